@@ -1,0 +1,1 @@
+"""GPU, system, calibration and runtime spec files (YAML data, no code)."""

@@ -1,0 +1,1 @@
+"""Hugging Face config.json files of the shipped models (JSON data, no code)."""

@@ -1,0 +1,17 @@
+"""aisim: analytical performance, memory and energy simulator for transformer models on GPUs.
+
+``aisim.estimate(model="opt-6.7b", device="a6000x8")`` returns an ``aisim.results.Estimate``. Heavy modules
+(torch, transformers) are imported only when a graph must be traced.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def estimate(*args, **kwargs):
+    from .estimate import estimate as _estimate
+
+    return _estimate(*args, **kwargs)
+
+
+__all__ = ["estimate", "__version__"]

@@ -1,0 +1,152 @@
+"""The ``aisim`` command line: parse, call the API, render. No modelling here; heavy imports happen lazily."""
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .errors import AisimError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="aisim: estimate runtime, memory, energy and throughput of transformer models on GPUs.")
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _run(fn, *args, **kwargs):
+    """Call ``fn``; bad input becomes a one-line error and exit code 2, never a traceback."""
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = fn(*args, **kwargs)
+        return result, [str(w.message) for w in caught if "aisim" in str(w.filename) or w.category is UserWarning]
+    except AisimError as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def estimate(
+    model: str = typer.Option(..., "--model", "-m", help="shipped name (opt-6.7b, facebook/opt-6.7b) or a config.json path"),
+    device: str = typer.Option(..., "--device", "-d", help="GPU name, or NAMExN for N GPUs in one host (a6000x8)"),
+    workload: str = typer.Option("forward", help="forward|prefill|decode|generate|encode|forward-backward|train"),
+    batch: int = typer.Option(1, help="batch size"),
+    seq: int = typer.Option(1024, help="input length; for decode the context length"),
+    gen: int = typer.Option(128, help="generate: new tokens"),
+    dtype: str = typer.Option("fp16", help="fp32|tf32|fp16|bf16"),
+    tp: Optional[int] = typer.Option(None, help="tensor parallel degree (default: all GPUs of the device)"),
+    pp: int = typer.Option(1, help="pipeline parallel degree"),
+    dp: int = typer.Option(1, help="data parallel degree"),
+    tp_scope: str = typer.Option("all", help="all|mlp|attention: which layers tensor parallelism shards"),
+    runtime: str = typer.Option("eager", help="eager|graphs|kernel-sum (aisim list runtimes)"),
+    with_loss: bool = typer.Option(False, "--with-loss", help="forward includes the LM loss over all logits"),
+    optimizer: str = typer.Option("adamw", help="train: adamw|sgd"),
+    quant: str = typer.Option("none", help="weight quantization: none|bitsandbytes-int8|int8|fp8|int4"),
+    as_json: bool = typer.Option(False, "--json", help="print the stable JSON object"),
+):
+    """Estimate one workload step of MODEL on DEVICE."""
+    from . import report
+    from .estimate import estimate as run_estimate
+
+    result, notes = _run(run_estimate, model=model, device=device, workload=workload, batch=batch, seq=seq,
+                         gen=gen, dtype=dtype, tp=tp, pp=pp, dp=dp, tp_scope=tp_scope, runtime=runtime,
+                         with_loss=with_loss, optimizer=optimizer, quant=quant)
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+    else:
+        report.print_estimate(result, notes)
+
+
+@app.command()
+def trace(
+    model: str = typer.Option(..., "--model", "-m"),
+    workload: str = typer.Option("forward"),
+    batch: int = typer.Option(1),
+    seq: int = typer.Option(1024),
+    dtype: str = typer.Option("fp16"),
+    device: str = typer.Option("h100", help="device used for the time share column"),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """The traced operator table: count, FLOPs, bytes and share of time per aten op."""
+    from . import report
+    from .estimate import estimate as run_estimate
+
+    result, _ = _run(run_estimate, model=model, device=device, workload=workload, batch=batch, seq=seq,
+                     dtype=dtype, top_ops=None)
+    if as_json:
+        import json
+        typer.echo(json.dumps({"model": result.model, "unknown_ops": result.unknown_ops,
+                               "ops": [r.model_dump() for r in result.top_ops]}, indent=2))
+    else:
+        report.print_op_table(result)
+
+
+@app.command("list")
+def list_(what: str = typer.Argument(..., help="models|devices|runtimes")):
+    """List shipped models, devices (GPUs and systems) or runtimes."""
+    from . import report
+
+    if what not in ("models", "devices", "runtimes"):
+        _fail(f"unknown list {what!r}; choose models, devices or runtimes")
+    report.print_list(what)
+
+
+@app.command()
+def validate(
+    suite: Optional[Path] = typer.Argument(None, help="suite YAML to measure on the local GPU(s)"),
+    out: Optional[Path] = typer.Option(None, help="measured JSONL (appended; finished cases are skipped)"),
+    reference: Optional[str] = typer.Option(None, help="compare with a published table: torchcap|cs336|tgi-bloomz|whisper-cpp"),
+    report_from: Optional[list[Path]] = typer.Option(None, "--report", help="measured JSONL file(s) to report on"),
+    fmt: str = typer.Option("rst", "--format", help="rst|markdown|csv|json"),
+    max_minutes: Optional[float] = typer.Option(None, help="stop the suite cleanly after this many minutes"),
+):
+    """Measure a suite on the local GPU(s), or report estimated vs measured for measured or published data."""
+    try:
+        if reference:
+            from .validation.published import compare_reference
+            typer.echo(compare_reference(reference, fmt=fmt))
+        elif report_from:
+            from .validation.report import build_report
+            typer.echo(build_report([str(p) for p in report_from], fmt=fmt))
+        elif suite:
+            from .validation.runner import run_suite
+            if out is None:
+                _fail("give --out FILE.jsonl for the measured results")
+            run_suite(str(suite), str(out), max_minutes=max_minutes)
+        else:
+            _fail("give a suite file, --report FILE.jsonl or --reference NAME")
+    except (AisimError, ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def calibrate(
+    device: str = typer.Option(..., "--device", help="aisim device name of the local GPU (h100-sxm, h200, ...)"),
+    out: Optional[Path] = typer.Option(None, help="calibration YAML (default hardware_specs/calibration/DEVICE.yaml)"),
+    quick: bool = typer.Option(False, help="small grids (about a minute)"),
+    max_minutes: float = typer.Option(4.0, help="time budget"),
+):
+    """Run microbenchmarks on the local GPU and write its calibration file."""
+    try:
+        from .validation.calibrate import run_calibration
+        target = out or Path("hardware_specs/calibration") / f"{device}.yaml"
+        path = run_calibration(device, target, quick=quick, max_minutes=max_minutes)
+        typer.echo(f"wrote {path}")
+    except (AisimError, RuntimeError, ValueError) as exc:
+        _fail(str(exc))
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

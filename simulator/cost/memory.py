@@ -1,0 +1,38 @@
+"""Peak memory per GPU: weights, live activations (traced liveness), KV cache, gradients, optimizer state, workspace.
+
+Reported as PyTorch's allocator would count it (torch.cuda.max_memory_allocated), not NVML's used memory: the
+CUDA context and the allocator's cached-but-free blocks are outside it. Known inaccuracies: the allocator's
+rounding and fragmentation are not modelled.
+"""
+from __future__ import annotations
+
+from ..catalog import Device
+from ..graph.ops import Graph
+from ..results import MemoryBreakdown
+from ..units import GB
+from ..workload import Workload
+
+CUBLAS_WORKSPACE_BYTES = {"hopper": 32 * 2**20, "default": 4096 * 2**10 * 2 + 16 * 2**10 * 8}
+# PyTorch's default CUBLAS_WORKSPACE_CONFIG: ':4096:8' on Hopper (sm90), ':4096:2:16:8' before it.
+OPTIMIZER_STATES = {"adamw": 2, "sgd": 0}  # exp_avg and exp_avg_sq, in the parameters' dtype
+QUANT_BYTES_PER_PARAM = {"bitsandbytes-int8": 1.0, "int8": 1.0, "fp8": 1.0, "int4": 0.5}
+
+
+def weight_bytes(graph: Graph, workload: Workload) -> float:
+    if workload.quant in QUANT_BYTES_PER_PARAM:
+        return graph.param_count * QUANT_BYTES_PER_PARAM[workload.quant]
+    return graph.param_bytes
+
+
+def breakdown(graph: Graph, workload: Workload, device: Device) -> MemoryBreakdown:
+    weights = weight_bytes(graph, workload)
+    training = workload.phase in ("forward-backward", "train")
+    grads = graph.param_bytes if training else 0.0
+    optimizer = OPTIMIZER_STATES[workload.optimizer] * graph.param_bytes if workload.phase == "train" else 0.0
+    kv = graph.persistent_bytes if workload.phase in ("prefill", "decode", "generate") else 0.0
+    activations = max(graph.peak_activation_bytes - kv - grads, 0.0)
+    workspace = CUBLAS_WORKSPACE_BYTES.get(device.gpu.architecture, CUBLAS_WORKSPACE_BYTES["default"])
+    total = weights + max(graph.peak_activation_bytes, kv + grads) + optimizer + workspace
+    return MemoryBreakdown(weights_gb=weights / GB, activations_gb=activations / GB, kv_cache_gb=kv / GB,
+                           gradients_gb=grads / GB, optimizer_gb=optimizer / GB, workspace_gb=workspace / GB,
+                           total_gb=total / GB, capacity_gb=device.gpu.memory_bytes / GB)

@@ -1,0 +1,63 @@
+"""Per-op GPU time: roofline over the device's datasheet peaks, divided by the calibrated efficiency.
+
+t_op = max(FLOPs / peak[dtype], bytes / bandwidth) / efficiency(op) + launches * launch_overhead_s.
+Collectives are costed in ``comm``; syncs and metadata ops take no GPU time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..catalog import Device
+from ..formulas import Cost, gemm_dims
+from ..graph.ops import Op
+from ..specs import CalibrationSpec
+from . import comm, efficiency
+
+
+@dataclass(frozen=True, slots=True)
+class OpTime:
+    gpu_s: float           # kernel time including the launch gap
+    compute_s: float       # FLOPs / peak (the compute floor)
+    memory_s: float        # bytes / bandwidth (the memory floor)
+    bound: str             # compute, memory, overhead, network or none
+
+
+def compute_dtype(op: Op, workload_dtype: str) -> str:
+    ins = op.inputs
+    dtype = ins[0].dtype if ins else workload_dtype
+    if op.name in ("aten.addmm", "aten.baddbmm") and len(ins) > 1:
+        dtype = ins[1].dtype
+    if dtype == "fp32" and workload_dtype == "tf32":
+        return "tf32"
+    return dtype if dtype in ("fp32", "fp16", "bf16", "fp8", "int8") else "fp32"
+
+
+def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_dtype: str,
+            compute_scale: float = 1.0, memory_scale: float = 1.0) -> OpTime:
+    gpu = device.gpu
+    if cost.kind == "comm":
+        seconds = comm.collective_time_s(op, cost, device, cal)
+        return OpTime(seconds, 0.0, 0.0, "network")
+    if cost.kind in ("none", "sync"):
+        return OpTime(0.0, 0.0, 0.0, "none")
+    dtype = compute_dtype(op, workload_dtype)
+    peak = gpu.peak_for(dtype) if cost.kind in ("gemm", "attention") else gpu.peak_for("fp32")
+    compute_s = cost.flops / peak
+    memory_s = cost.bytes / gpu.memory_bw_bytes_per_s
+    roofline_s = max(compute_s, memory_s)
+    if cost.kind == "gemm":
+        batch, m, n, k = gemm_dims(op) if op.name.startswith("aten.") and "conv" not in op.name else (1, 0, 0, 0)
+        eff = efficiency.gemm_efficiency(cal, dtype, batch * m, n, k, cost.flops) if m else \
+            efficiency.gemm_efficiency(cal, dtype, 0, 0, 0, cost.flops)
+        eff *= compute_scale if compute_s >= memory_s else memory_scale
+    elif cost.kind == "attention":
+        variant = "backward" if op.name.endswith("_backward") else ("decode" if op.inputs[0].shape[-2] == 1 else "")
+        eff = efficiency.attention_efficiency(cal, dtype, variant, cost.flops, cost.bytes) * compute_scale
+    else:
+        eff = efficiency.memory_efficiency(cal, cost.bytes) * memory_scale
+    kernel_s = roofline_s / eff
+    launch_s = cost.launches * cal.launch_overhead_s
+    bound = "compute" if compute_s >= memory_s else "memory"
+    if launch_s > kernel_s:
+        bound = "overhead"
+    return OpTime(kernel_s + launch_s, compute_s, memory_s, bound)

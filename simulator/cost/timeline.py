@@ -1,0 +1,51 @@
+"""The op timeline of one step: a CPU queue that dispatches and a GPU queue that runs kernels.
+
+Eager PyTorch: every aten op costs the CPU ``eager_dispatch_s`` (views too), every nn.Module call
+``module_overhead_s``; a kernel starts when both the GPU is free and the CPU has issued it. A sync
+(``Tensor.item()``) makes the CPU wait for the GPU. CUDA graphs: ``graphs_dispatch_s`` per kernel. 'none':
+kernel time only, as a profiler's sum of kernel times reports it. The step ends when both queues are done.
+
+Layer repeats (Graph.repeats) are applied to each op as a block of back-to-back calls; this keeps the totals
+exact and the overlap approximate where CPU-bound and GPU-bound ops alternate within a layer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..specs import CalibrationSpec, RuntimeSpec
+
+
+@dataclass
+class Timeline:
+    runtime_s: float
+    gpu_busy_s: float
+    cpu_busy_s: float
+
+
+def cpu_costs(kinds: list[str], launches: np.ndarray, cal: CalibrationSpec, runtime: RuntimeSpec) -> np.ndarray:
+    """CPU seconds to issue each op once."""
+    if runtime.dispatch == "none":
+        return np.zeros(len(kinds))
+    if runtime.dispatch == "graphs":
+        return launches * cal.graphs_dispatch_s
+    per_kind = {"module": cal.module_overhead_s, "comm": cal.eager_dispatch_s}
+    return np.array([per_kind.get(k, cal.eager_dispatch_s) for k in kinds])
+
+
+def simulate(gpu_s: np.ndarray, cpu_s: np.ndarray, repeats: np.ndarray, syncs: np.ndarray) -> Timeline:
+    cpu = gpu = 0.0
+    for g, c, r, sync in zip(gpu_s.tolist(), cpu_s.tolist(), repeats.tolist(), syncs.tolist()):
+        if r <= 0:
+            continue
+        if sync:
+            cpu = max(cpu, gpu) + c * r
+            continue
+        cpu += c * r
+        if g >= c:   # GPU-bound block: the first call waits for its dispatch, the rest queue behind it
+            gpu = max(gpu, cpu - c * (r - 1)) + g * r
+        else:        # CPU-bound block: the GPU follows the CPU, finishing one kernel after the last dispatch
+            gpu = max(gpu + g * r, cpu + g)
+    return Timeline(runtime_s=max(cpu, gpu), gpu_busy_s=float(np.dot(gpu_s, repeats)),
+                    cpu_busy_s=float(np.dot(cpu_s, repeats)))

@@ -1,0 +1,18 @@
+"""Errors for bad input: each says what was wrong and what to do. The CLI prints them without a traceback."""
+from __future__ import annotations
+
+import difflib
+
+
+class AisimError(Exception):
+    """Bad input or an impossible request; the message is written for the user."""
+
+
+class UnknownNameError(AisimError):
+    def __init__(self, kind: str, name: str, known: list[str], hint: str):
+        close = difflib.get_close_matches(name.lower(), [k.lower() for k in known], n=5, cutoff=0.4)
+        by_lower = {k.lower(): k for k in known}
+        close = [by_lower[c] for c in close]
+        near = f" Did you mean: {', '.join(close)}?" if close else ""
+        super().__init__(f"unknown {kind} {name!r}.{near} {hint}")
+        self.close_matches = close

@@ -1,0 +1,208 @@
+"""The public API: ``aisim.estimate(model=..., device=...)`` -> results.Estimate. The CLI only renders it.
+
+Flow: resolve names -> choose the parallel plan -> trace the per-GPU operator graph (cached) -> per-op cost from
+the formula registry -> per-op time on the device (calibrated roofline) -> timeline, memory, energy -> Estimate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import catalog
+from .errors import AisimError
+from .results import Estimate, OpCost
+from .specs import all_runtimes, load_calibration
+from .units import GB, MS_PER_S
+from .workload import ParallelPlan, Workload
+
+TOP_OPS = 12
+
+
+@dataclass
+class StepCost:
+    """Per-op arrays and totals for one traced graph on one device."""
+    runtime_s: float
+    energy_j: float
+    power_w: float
+    flops: float
+    bytes: float
+    table: list[OpCost]
+    unknown: list[str]
+
+
+def default_plan(device: catalog.Device, tp: int | None, pp: int, dp: int,
+                 tp_scope: str) -> tuple[ParallelPlan, str | None]:
+    """The plan for ``NAMExN`` when --tp is not given: tensor parallel over the GPUs that pp x dp leave."""
+    note = None
+    if tp is None:
+        if device.count % (pp * dp):
+            raise AisimError(f"--pp {pp} x --dp {dp} = {pp * dp} does not divide the {device.count} GPUs of "
+                             f"{device.name}")
+        tp = device.count // (pp * dp)
+        if device.count > 1:
+            note = f"default plan for {device.name}: tensor parallel {tp} x pipeline {pp} x data {dp}"
+    plan = ParallelPlan(tp=tp, pp=pp, dp=dp, tp_scope=tp_scope)
+    if plan.gpus != device.count:
+        raise AisimError(f"the plan tp {plan.tp} x pp {plan.pp} x dp {plan.dp} = {plan.gpus} GPUs does not match "
+                         f"the {device.count} GPU(s) of {device.name}; make the product equal {device.count}")
+    return plan, note
+
+
+def estimate(model: str, device: str, workload: str = "forward", batch: int = 1, seq: int = 1024, gen: int = 128,
+             dtype: str = "fp16", tp: int | None = None, pp: int = 1, dp: int = 1, tp_scope: str = "all",
+             runtime: str = "eager", with_loss: bool = False, optimizer: str = "adamw",
+             quant: str = "none", top_ops: int | None = TOP_OPS) -> Estimate:
+    """Estimate runtime, peak memory per GPU, energy and throughput of one workload step.
+
+    ``seq`` is the input length (forward, prefill, forward-backward, train) or the context length (decode);
+    generate runs a prefill of ``seq`` tokens and ``gen`` new tokens (gen - 1 decode steps).
+    """
+    name, config = catalog.resolve_model(model)
+    dev = catalog.resolve_device(device)
+    runtimes = all_runtimes()
+    if runtime not in runtimes:
+        raise catalog.UnknownNameError("runtime", runtime, sorted(runtimes), "")
+    rt = runtimes[runtime]
+    cal = load_calibration(dev.gpu.name)
+    try:
+        w = Workload(phase=workload, batch=batch, seq=seq, gen_tokens=gen, dtype=dtype, with_loss=with_loss,
+                     optimizer=optimizer, quant=quant)
+    except ValueError as exc:
+        raise AisimError(_pydantic_message(exc)) from None
+    plan, note = default_plan(dev, tp, pp, dp, tp_scope)
+    assumptions = list(dev.assumptions) + ([note] if note else [])
+    if not cal.measured:
+        assumptions.append(f"{dev.gpu.name} has no calibration file: efficiencies and overheads are the "
+                           "documented default rules (hardware_specs/calibration/default.yaml), not measurements")
+    if w.phase == "generate":
+        result = _generate(name, config, dev, cal, rt, w, plan, assumptions)
+        return result if top_ops is None else result.model_copy(update={"top_ops": result.top_ops[:top_ops]})
+    from .graph.extract import trace_workload
+
+    graph = trace_workload(config, w, plan)
+    result = _assemble(name, dev, cal, rt, w, plan, graph, assumptions)
+    return result if top_ops is None else result.model_copy(update={"top_ops": result.top_ops[:top_ops]})
+
+
+def _pydantic_message(exc: Exception) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors())
+    return str(exc)
+
+
+def step_cost(graph, dev, cal, rt, w: Workload, plan: ParallelPlan) -> StepCost:
+    from .cost.energy import step_energy_j
+    from .cost.ops_time import op_time
+    from .cost.timeline import cpu_costs, simulate
+    from .formulas import is_known, op_cost
+
+    costs = [op_cost(op) for op in graph.ops]
+    times = [op_time(op, c, dev, cal, w.dtype, rt.compute_efficiency_scale, rt.memory_efficiency_scale)
+             for op, c in zip(graph.ops, costs)]
+    gpu_s = np.array([t.gpu_s for t in times])
+    repeats = np.array(graph.repeats, dtype=float)
+    kinds = [c.kind for c in costs]
+    launches = np.array([c.launches for c in costs], dtype=float)
+    cpu_s = cpu_costs(kinds, launches, cal, rt)
+    syncs = np.array([k == "sync" for k in kinds])
+    timeline = simulate(gpu_s, cpu_s, repeats, syncs)
+    runtime_s = timeline.runtime_s + rt.per_step_overhead_s
+    compute_s = np.array([t.compute_s for t in times])
+    memory_s = np.array([t.memory_s for t in times])
+    energy, power = step_energy_j(dev.gpu, cal, gpu_s, compute_s, memory_s, repeats, runtime_s, plan.gpus)
+    flops = float(np.dot([c.flops for c in costs], repeats))
+    nbytes = float(np.dot([c.bytes for c in costs], repeats))
+    unknown = sorted({op.name for op in graph.ops if not is_known(op)})
+    return StepCost(runtime_s, energy, power, flops, nbytes, _top_ops(graph, costs, times, repeats, runtime_s),
+                    unknown)
+
+
+def _top_ops(graph, costs, times, repeats, runtime_s: float) -> list[OpCost]:
+    groups: dict[str, list] = {}
+    for op, c, t, r in zip(graph.ops, costs, times, repeats):
+        if c.kind in ("none", "module") and t.gpu_s == 0:
+            continue
+        g = groups.setdefault(op.name, [0.0, 0.0, 0.0, 0.0, {}])
+        g[0] += r
+        g[1] += c.flops * r
+        g[2] += c.bytes * r
+        g[3] += t.gpu_s * r
+        g[4][t.bound] = g[4].get(t.bound, 0.0) + t.gpu_s * r
+    rows = [OpCost(name=n, count=int(round(g[0])), flops=g[1], bytes=g[2], time_ms=g[3] * MS_PER_S,
+                   bound=max(g[4], key=g[4].get) if g[4] else "none",
+                   share=g[3] / runtime_s if runtime_s else 0.0) for n, g in groups.items()]
+    return sorted(rows, key=lambda r: -r.time_ms)
+
+
+def _tokens(w: Workload, plan: ParallelPlan) -> int:
+    if w.phase == "decode":
+        return w.batch
+    if w.phase == "generate":
+        return w.batch * w.gen_tokens
+    if w.phase == "encode":
+        return w.batch
+    return w.batch * w.seq
+
+
+def _assemble(name, dev, cal, rt, w: Workload, plan, graph, assumptions, extra: dict | None = None) -> Estimate:
+    from .cost.memory import breakdown
+
+    cost = step_cost(graph, dev, cal, rt, w, plan)
+    mem = breakdown(graph, w, dev)
+    runtime_s = cost.runtime_s * (plan.pp if plan.pp > 1 else 1)
+    return _result(name, dev, cal, rt, w, plan, mem, runtime_s, cost.energy_j * (plan.pp if plan.pp > 1 else 1),
+                   cost.power_w, cost.flops, cost.bytes, cost.table, cost.unknown, assumptions, extra or {})
+
+
+def _result(name, dev, cal, rt, w, plan, mem, runtime_s, energy_j, power_w, flops, nbytes, table, unknown,
+            assumptions, extra) -> Estimate:
+    fits = mem.total_gb <= mem.capacity_gb
+    tokens = _tokens(w, plan)
+    reason = None
+    if not fits:
+        reason = (f"does not fit: {mem.total_gb:.2f} GB needed per GPU (weights {mem.weights_gb:.2f}, activations "
+                  f"{mem.activations_gb:.2f}, KV cache {mem.kv_cache_gb:.2f}, gradients {mem.gradients_gb:.2f}, "
+                  f"optimizer {mem.optimizer_gb:.2f}, workspace {mem.workspace_gb:.2f}) > "
+                  f"{mem.capacity_gb:.2f} GB capacity of {dev.gpu.name}")
+    ok = fits
+    return Estimate(
+        model=name, device=dev.name, workload=w.model_dump(), plan=plan.model_dump(), runtime=rt.name,
+        runtime_ms=runtime_s * MS_PER_S if ok else None, memory_gb=mem.total_gb, memory=mem,
+        energy_j=energy_j if ok else None, energy_j_per_token=energy_j / tokens if ok else None,
+        power_w=power_w if ok else None, throughput_tokens_per_s=tokens / runtime_s if ok and runtime_s else None,
+        tokens=tokens, fits=fits, flops=flops, bytes=nbytes, top_ops=table, unknown_ops=unknown,
+        calibrated=cal.measured, assumptions=assumptions, not_fit_reason=reason,
+        ttft_ms=extra.get("ttft_ms") if ok else None, tpot_ms=extra.get("tpot_ms") if ok else None,
+        phases={k: v for k, v in extra.get("phases", {}).items()} if ok else {})
+
+
+def _generate(name, config, dev, cal, rt, w: Workload, plan, assumptions) -> Estimate:
+    """Prefill of ``seq`` tokens, then gen - 1 decode steps; decode time is linear in context, so the mean step
+    is the mean of the first (context seq + 1) and last (context seq + gen - 1) steps."""
+    from .cost.memory import breakdown
+    from .graph.extract import trace_workload
+
+    steps = max(w.gen_tokens - 1, 0)
+    prefill = w.model_copy(update={"phase": "prefill"})
+    first = w.model_copy(update={"phase": "decode", "seq": w.seq + 1})
+    last = w.model_copy(update={"phase": "decode", "seq": w.seq + max(steps, 1)})
+    g_prefill = trace_workload(config, prefill, plan)
+    g_first, g_last = trace_workload(config, first, plan), trace_workload(config, last, plan)
+    c_prefill = step_cost(g_prefill, dev, cal, rt, prefill, plan)
+    c_first = step_cost(g_first, dev, cal, rt, first, plan)
+    c_last = step_cost(g_last, dev, cal, rt, last, plan)
+    tpot_s = (c_first.runtime_s + c_last.runtime_s) / 2
+    decode_energy = (c_first.energy_j + c_last.energy_j) / 2 * steps
+    runtime_s = c_prefill.runtime_s + tpot_s * steps
+    mem = breakdown(g_last, last, dev)
+    mem_prefill = breakdown(g_prefill, prefill, dev)
+    if mem_prefill.total_gb > mem.total_gb:
+        mem = mem_prefill
+    table = sorted(c_prefill.table + c_last.table, key=lambda r: -r.time_ms)
+    extra = {"ttft_ms": c_prefill.runtime_s * MS_PER_S, "tpot_ms": tpot_s * MS_PER_S,
+             "phases": {"prefill_ms": c_prefill.runtime_s * MS_PER_S, "decode_total_ms": tpot_s * steps * MS_PER_S}}
+    return _result(name, dev, cal, rt, w, plan, mem, runtime_s, c_prefill.energy_j + decode_energy,
+                   c_prefill.power_w, c_prefill.flops + c_last.flops * steps, c_prefill.bytes + c_last.bytes * steps,
+                   table, sorted(set(c_prefill.unknown) | set(c_last.unknown)), assumptions, extra)

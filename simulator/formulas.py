@@ -1,0 +1,254 @@
+"""Per-op formulas: FLOPs, bytes read and written, kernel launches. One registry, filled by a decorator.
+
+Convention (stated once, tested): a multiply-add is 2 FLOPs. Bytes are the fewest a kernel must move: each
+input read once, each output written once. Formulas are pure functions of the traced shapes and dtypes.
+An op that is neither registered, nor a view, nor tagged pointwise by PyTorch is *unknown*: it is costed by the
+generic memory formula and listed in the estimate's ``unknown_ops`` (never silently zero).
+
+References: torch/utils/flop_counter.py (GEMM, convolution and attention FLOPs); FlashAttention-2
+(Dao 2023) for the causal half and the backward = 2.5x forward FLOPs; PyTorch's multi_tensor_apply for the
+optimizer's foreach launches. Known inaccuracies: broadcast inputs are counted at their expanded size; the
+flops of transcendental functions are counted as 1 per element.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from .graph.ops import ELEMENT_BYTES, Op, TensorMeta
+
+POINTWISE_FLOPS_PER_ELEMENT = 1
+SOFTMAX_FLOPS_PER_ELEMENT = 5      # max, subtract, exp, sum, divide
+NORM_FLOPS_PER_ELEMENT = 8         # mean, variance, normalise, scale, shift
+FLASH_BACKWARD_FLOPS_RATIO = 2.5   # FlashAttention-2: 5 matmuls in backward vs 2 in forward
+ADAMW_FLOPS_PER_PARAM = 12
+ADAMW_STREAMS_READ = 4             # param, grad, exp_avg, exp_avg_sq
+ADAMW_STREAMS_WRITTEN = 3          # param, exp_avg, exp_avg_sq
+SGD_STREAMS_READ = 2
+SGD_STREAMS_WRITTEN = 1
+FOREACH_TENSORS_PER_LAUNCH = 110   # multi_tensor_apply depth-4 list limit (ATen MultiTensorApply.cuh)
+ADAMW_FOREACH_OPS = 10             # foreach kernels in torch.optim.adamw._multi_tensor_adamw
+SGD_FOREACH_OPS = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """Counts for one op call. ``kind`` picks the efficiency curve: gemm, attention, memory, comm, none, sync."""
+    flops: float
+    bytes_read: float
+    bytes_written: float
+    launches: int
+    kind: str
+
+    @property
+    def bytes(self) -> float:
+        return self.bytes_read + self.bytes_written
+
+
+FORMULAS: dict[str, Callable[[Op], Cost]] = {}
+NO_COST = Cost(0.0, 0.0, 0.0, 0, "none")
+
+# Ops that only change metadata or allocate without a kernel.
+METADATA_OPS = {
+    "aten._unsafe_view", "aten.alias", "aten.detach", "aten.lift_fresh", "aten._reshape_alias", "aten.empty",
+    "aten.empty.memory_format", "aten.empty_strided", "aten.empty_like", "aten.new_empty", "aten.new_empty_strided",
+    "aten.set_", "aten.resize_", "aten._has_compatible_shallow_copy_type", "aten.sym_size", "aten.sym_stride",
+}
+
+
+def formula(*names: str):
+    def register(fn: Callable[[Op], Cost]) -> Callable[[Op], Cost]:
+        for name in names:
+            if name in FORMULAS:
+                raise ValueError(f"formula for {name} registered twice")
+            FORMULAS[name] = fn
+        return fn
+    return register
+
+
+def _bytes(tensors) -> float:
+    return float(sum(t.nbytes for t in tensors))
+
+
+def memory_cost(op: Op, flops_per_element: float = POINTWISE_FLOPS_PER_ELEMENT) -> Cost:
+    """Generic memory-bound kernel: inputs read once, outputs written once."""
+    out_elems = sum(t.numel for t in op.outputs)
+    return Cost(flops_per_element * out_elems, _bytes(op.inputs), _bytes(op.outputs), 1, "memory")
+
+
+def is_known(op: Op) -> bool:
+    return (op.name in FORMULAS or op.name in METADATA_OPS or op.attrs.get("view")
+            or op.attrs.get("pointwise", False))
+
+
+def op_cost(op: Op) -> Cost:
+    """The cost of one call of ``op``; unknown ops fall back to ``memory_cost`` (and are reported)."""
+    fn = FORMULAS.get(op.name)
+    if fn is not None:
+        return fn(op)
+    if op.name in METADATA_OPS or op.attrs.get("view"):
+        return NO_COST
+    return memory_cost(op)
+
+
+# ------------------------------------------------------------------ matrix products
+
+def gemm_dims(op: Op) -> tuple[int, int, int, int]:
+    """(batch, M, N, K) of a matmul-family op."""
+    ins = op.inputs
+    if op.name in ("aten.addmm", "aten.baddbmm"):
+        a, b = ins[1], ins[2]
+    else:
+        a, b = ins[0], ins[1]
+    batch = a.shape[0] if len(a.shape) == 3 else 1
+    return batch, a.shape[-2], b.shape[-1], a.shape[-1]
+
+
+@formula("aten.mm", "aten.bmm")
+def _mm(op: Op) -> Cost:
+    batch, m, n, k = gemm_dims(op)
+    # (B, M, K) @ (B, K, N): 2 * B * M * N * K
+    return Cost(2.0 * batch * m * n * k, _bytes(op.inputs), _bytes(op.outputs), 1, "gemm")
+
+
+@formula("aten.addmm", "aten.baddbmm")
+def _addmm(op: Op) -> Cost:
+    batch, m, n, k = gemm_dims(op)
+    return Cost(2.0 * batch * m * n * k + batch * m * n, _bytes(op.inputs), _bytes(op.outputs), 1, "gemm")
+
+
+@formula("aten.convolution", "aten.convolution_backward")
+def _convolution(op: Op) -> Cost:
+    w = op.inputs[1]
+    if op.name == "aten.convolution_backward":
+        grad_out, w = op.inputs[0], op.inputs[2]
+        out_numel = grad_out.numel
+        factor = 2  # grad input and grad weight, each a convolution of the forward's size
+    else:
+        out_numel = op.outputs[0].numel
+        factor = 1
+    per_output = w.shape[1] * math.prod(w.shape[2:])  # (C_in / groups) * kernel elements per output element
+    return Cost(factor * 2.0 * out_numel * per_output, _bytes(op.inputs), _bytes(op.outputs), factor, "gemm")
+
+
+# ------------------------------------------------------------------ attention
+
+def attention_pairs(q: TensorMeta, k: TensorMeta, is_causal: bool) -> float:
+    """Query-key pairs one head computes: Sq*Skv, or, causal with the queries aligned to the last keys,
+    Sq*(Skv-Sq) + Sq*(Sq+1)/2 (query i sees Skv-Sq+i+1 keys), as flash attention skips masked blocks."""
+    sq, skv = q.shape[-2], k.shape[-2]
+    if not is_causal:
+        return float(sq * skv)
+    return float(sq * (skv - sq) + sq * (sq + 1) / 2)
+
+
+def attention_flops(q: TensorMeta, k: TensorMeta, v: TensorMeta, is_causal: bool) -> float:
+    """QK^T and PV: 2 matmuls of 2 * pairs * D FLOPs each, per batch and query head."""
+    batch_heads = math.prod(q.shape[:-2])
+    return 2.0 * 2.0 * batch_heads * attention_pairs(q, k, is_causal) * q.shape[-1]
+
+
+@formula("attention.flash", "attention.efficient")
+def _attention(op: Op) -> Cost:
+    q, k, v = op.inputs[:3]
+    return Cost(attention_flops(q, k, v, op.attrs["is_causal"]), _bytes(op.inputs), _bytes(op.outputs), 1,
+                "attention")
+
+
+@formula("attention.flash_backward", "attention.efficient_backward")
+def _attention_backward(op: Op) -> Cost:
+    q, k, v = op.inputs[:3]
+    flops = FLASH_BACKWARD_FLOPS_RATIO * attention_flops(q, k, v, op.attrs["is_causal"])
+    return Cost(flops, _bytes(op.inputs), _bytes(op.outputs), 1, "attention")
+
+
+# ------------------------------------------------------------------ memory-bound ops with their own counts
+
+@formula("aten._softmax", "aten._log_softmax", "aten._safe_softmax", "aten._softmax_backward_data",
+         "aten._log_softmax_backward_data")
+def _softmax(op: Op) -> Cost:
+    return memory_cost(op, SOFTMAX_FLOPS_PER_ELEMENT)
+
+
+@formula("aten.native_layer_norm", "aten.native_layer_norm_backward", "aten._fused_rms_norm",
+         "aten._fused_rms_norm_backward", "aten.native_group_norm")
+def _norm(op: Op) -> Cost:
+    return memory_cost(op, NORM_FLOPS_PER_ELEMENT)
+
+
+@formula("aten.sum", "aten.sum.dim_IntList", "aten.mean", "aten.mean.dim", "aten.amax", "aten.max", "aten.min",
+         "aten.argmax", "aten.all", "aten.any", "aten.any.dim", "aten.cumsum", "aten.var_mean.correction",
+         "aten.var.correction", "aten.prod", "aten.norm.Scalar", "aten.linalg_vector_norm", "aten.all.dim",
+         "aten.max.dim", "aten.topk", "aten.sort", "aten.logsumexp")
+def _reduction(op: Op) -> Cost:
+    in_elems = sum(t.numel for t in op.inputs)
+    return Cost(float(in_elems), _bytes(op.inputs), _bytes(op.outputs), 1, "memory")
+
+
+@formula("aten.embedding", "aten.index_select", "aten.gather", "aten.index.Tensor")
+def _gather(op: Op) -> Cost:
+    """Reads only the selected rows (as many bytes as it writes) plus the indices."""
+    out = _bytes(op.outputs)
+    indices = sum(t.nbytes for t in op.inputs if t.dtype in ("int64", "int32", "bool"))
+    return Cost(0.0, out + indices, out, 1, "memory")
+
+
+@formula("aten.nll_loss_forward", "aten.nll_loss2d_forward")
+def _nll(op: Op) -> Cost:
+    target = op.inputs[1]
+    return Cost(float(target.numel), 2.0 * target.nbytes, _bytes(op.outputs), 1, "memory")
+
+
+@formula("aten.embedding_dense_backward", "aten.nll_loss_backward", "aten.slice_backward", "aten.select_backward",
+         "aten.index_put", "aten.index_put_", "aten.scatter_add", "aten.scatter", "aten.cat", "aten.stack",
+         "aten.constant_pad_nd", "aten.tril", "aten.triu", "aten.arange", "aten.arange.start",
+         "aten.arange.start_step", "aten.ones", "aten.zeros", "aten.full", "aten.ones_like", "aten.zeros_like",
+         "aten.full_like", "aten.scalar_tensor", "aten.copy_", "aten.clone", "aten.repeat", "aten.fill_.Scalar",
+         "aten.zero_", "aten.masked_fill.Scalar", "aten.masked_fill_.Scalar", "aten.masked_fill.Tensor",
+         "aten.native_dropout", "aten.native_dropout_backward", "aten.new_zeros", "aten.new_ones",
+         "aten.new_full", "aten.diff", "aten.index_copy_", "aten.roll", "aten.flip", "aten.linspace",
+         "aten._index_put_impl_", "aten.bernoulli_.float", "aten.randint", "aten.rand", "aten.randn",
+         "aten.unfold_backward", "aten._to_copy", "aten.expand_copy", "aten.split_with_sizes_copy", "aten.unbind_copy")
+def _memory_kernel(op: Op) -> Cost:
+    return memory_cost(op)
+
+
+@formula("module.call")
+def _module_call(op: Op) -> Cost:
+    """An nn.Module call: no kernel; the Python time it costs in eager mode is the timeline's."""
+    return Cost(0.0, 0.0, 0.0, 0, "module")
+
+
+@formula("aten._local_scalar_dense")
+def _sync(op: Op) -> Cost:
+    """Tensor.item(): a device-to-host copy that makes the CPU wait for the GPU queue to drain."""
+    return Cost(0.0, 0.0, 0.0, 0, "sync")
+
+
+# ------------------------------------------------------------------ collectives and optimizer
+
+@formula("nccl.all_reduce", "nccl.all_gather", "nccl.reduce_scatter", "nccl.send_recv")
+def _collective(op: Op) -> Cost:
+    """Collective bytes: the full (gathered / reduced) tensor size; the cost model applies the algorithm."""
+    return Cost(0.0, 0.0, _bytes(op.outputs), 1, "comm")
+
+
+def _optimizer(op: Op, flops_per_param: float, read: int, written: int, kernels: int) -> Cost:
+    params = op.inputs[0]
+    state_bytes = ELEMENT_BYTES.get(params.dtype, 4)
+    launches = kernels * math.ceil(op.attrs.get("n_tensors", 1) / FOREACH_TENSORS_PER_LAUNCH)
+    return Cost(flops_per_param * params.numel, read * params.numel * state_bytes,
+                written * params.numel * state_bytes, launches, "memory")
+
+
+@formula("optimizer.adamw")
+def _adamw(op: Op) -> Cost:
+    """AdamW (foreach): reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq."""
+    return _optimizer(op, ADAMW_FLOPS_PER_PARAM, ADAMW_STREAMS_READ, ADAMW_STREAMS_WRITTEN, ADAMW_FOREACH_OPS)
+
+
+@formula("optimizer.sgd")
+def _sgd(op: Op) -> Cost:
+    """Plain SGD (foreach add_): reads param and grad, writes param."""
+    return _optimizer(op, 2, SGD_STREAMS_READ, SGD_STREAMS_WRITTEN, SGD_FOREACH_OPS)

@@ -1,0 +1,71 @@
+"""Build the real transformers module from an HF config on the meta device (no weights, no hub, no remote code)."""
+from __future__ import annotations
+
+import copy
+
+from ..errors import AisimError
+
+# Config keys that hold a layer count, per model_type (others use num_hidden_layers through HF's attribute_map).
+LAYER_KEYS = {"whisper": ("encoder_layers", "decoder_layers")}
+NON_CONFIG_KEYS = ("_aisim_notes",)
+TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def layer_keys(config: dict) -> tuple[str, ...]:
+    return LAYER_KEYS.get(config.get("model_type", ""), ("num_hidden_layers",))
+
+
+def layer_count(config: dict) -> int:
+    hf = make_config(config)
+    counts = {getattr(hf, k) for k in layer_keys(config)}
+    if len(counts) != 1:
+        raise AisimError(f"layer stacks of unequal depth {sorted(counts)} are not supported yet")
+    return counts.pop()
+
+
+def make_config(config: dict, layers: int | None = None):
+    """An HF PretrainedConfig from a config.json dict, optionally with every layer stack cut to ``layers``."""
+    from transformers import AutoConfig
+
+    data = {k: v for k, v in copy.deepcopy(config).items() if k not in NON_CONFIG_KEYS}
+    model_type = data.pop("model_type", None)
+    if model_type is None:
+        raise AisimError("the config has no 'model_type'; give an HF config.json")
+    try:
+        hf = AutoConfig.for_model(model_type, **data)
+    except ValueError as exc:
+        raise AisimError(f"transformers does not know model_type {model_type!r}: {exc}") from None
+    if layers is not None:
+        for key in layer_keys(config):
+            setattr(hf, key, layers)
+    return hf
+
+
+def model_class(config: dict):
+    import transformers
+
+    for arch in config.get("architectures") or []:
+        cls = getattr(transformers, arch, None)
+        if cls is not None:
+            return cls
+    if config.get("is_encoder_decoder"):
+        return transformers.AutoModelForSeq2SeqLM
+    return transformers.AutoModelForCausalLM
+
+
+def build_meta_model(config: dict, dtype: str, layers: int | None = None):
+    """The HF model on the meta device, in eval mode, with SDPA attention where the class supports it."""
+    import torch
+
+    hf = make_config(config, layers)
+    cls = model_class(config)
+    attn = "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
+    hf._attn_implementation = attn
+    torch_dtype = getattr(torch, TORCH_DTYPES[dtype])
+    with torch.device("meta"):
+        if hasattr(cls, "from_config"):
+            model = cls.from_config(hf, dtype=torch_dtype)
+        else:
+            model = cls._from_config(hf, dtype=torch_dtype)
+    model.eval()
+    return model, attn

@@ -1,0 +1,215 @@
+"""Record every aten op of a PyTorch run on the meta device, with shapes, dtypes, module scope and liveness.
+
+A TorchDispatchMode sees each aten op after autograd (forward and backward); a TorchFunctionMode replaces
+``F.scaled_dot_product_attention`` by one recorded attention op (what the GPU runs is one fused kernel, not the
+math decomposition that the meta device would fall back to). Liveness: each new storage is counted from the op
+that allocates it until the last Python tensor on it dies (weakref finalizers; autograd keeps saved tensors'
+Python objects alive, so saved activations stay live until backward frees them).
+
+Known inaccuracies: the caching allocator's rounding and fragmentation are not modelled; ``Tensor.item()`` on the
+meta device has no value, so it returns True / 0 (the common case of HF's input checks) and is recorded as a
+device-to-host sync.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+
+from .ops import DTYPE_NAMES, Op, TensorMeta
+
+_ITEM = torch.ops.aten._local_scalar_dense.default
+
+
+def tensor_meta(t: torch.Tensor) -> TensorMeta:
+    return TensorMeta(tuple(int(d) for d in t.shape), DTYPE_NAMES.get(str(t.dtype), str(t.dtype)))
+
+
+def _describe(value):
+    if isinstance(value, torch.Tensor):
+        return tensor_meta(value)
+    if isinstance(value, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
+        return str(value)
+    return value
+
+
+class Tracer:
+    """Holds the recorded ops and the live-memory accounting while the dispatch modes are active."""
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+        self.phase = "forward"
+        self.scope: list[str] = []
+        self.suppress = 0
+        self._storage_refs: dict[int, int] = {}
+        self._storage_bytes: dict[int, float] = {}
+        self.live_bytes = 0.0
+        self.peak_bytes = 0.0
+
+    # ---- liveness
+    def track(self, t: torch.Tensor, new: bool = True) -> None:
+        """Count ``t``'s storage as live (once) until every tracked tensor on it has died.
+
+        ``new=False`` (a view or in-place result) only adds a reference to a storage already tracked."""
+        key = t.untyped_storage()._cdata
+        if key not in self._storage_refs:
+            if not new:
+                return
+            self._storage_refs[key] = 0
+            self._storage_bytes[key] = float(t.untyped_storage().nbytes())
+            self.live_bytes += self._storage_bytes[key]
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        self._storage_refs[key] += 1
+        weakref.finalize(t, self._release, key)
+
+    def _release(self, key: int) -> None:
+        self._storage_refs[key] -= 1
+        if self._storage_refs[key] == 0:
+            self.live_bytes -= self._storage_bytes.pop(key)
+            del self._storage_refs[key]
+
+    # ---- recording
+    def record(self, name: str, args, kwargs, outputs, alias: bool, attrs: dict | None = None) -> Op:
+        op = Op(name=name, args=tree_map(_describe, tuple(args)), kwargs=tree_map(_describe, dict(kwargs)),
+                outputs=tuple(tensor_meta(o) for o in outputs), alias=alias, phase=self.phase,
+                scope=self.scope[-1] if self.scope else "", attrs=attrs or {})
+        op.attrs["live_bytes"] = self.live_bytes
+        self.ops.append(op)
+        return op
+
+
+class _Dispatch(TorchDispatchMode):
+    def __init__(self, tracer: Tracer):
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tracer = self.tracer
+        if func is _ITEM:
+            tracer.record("aten._local_scalar_dense", args, kwargs, (), alias=True, attrs={"sync": True})
+            return True if args[0].dtype == torch.bool else 0
+        out = func(*args, **kwargs)
+        if tracer.suppress:
+            return out
+        outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, torch.Tensor)]
+        in_storages = {a.untyped_storage()._cdata for a in _tensors(args, kwargs)}
+        alias = all(o.untyped_storage()._cdata in in_storages for o in outs) if outs else True
+        name = f"aten.{func._schema.name.split('::')[-1]}" + (
+            f".{func._overloadname}" if func._overloadname != "default" else "")
+        attrs = {"view": bool(func.is_view), "pointwise": torch.Tag.pointwise in func.tags}
+        tracer.record(name, args, kwargs, outs, alias, attrs)
+        for o in outs:
+            tracer.track(o, new=not alias)
+        tracer.ops[-1].attrs["live_bytes"] = tracer.live_bytes
+        return out
+
+
+def _tensors(args, kwargs):
+    found = []
+    tree_map(lambda v: found.append(v) if isinstance(v, torch.Tensor) else None, (args, kwargs))
+    return found
+
+
+class _Attention(torch.autograd.Function):
+    """One fused attention kernel (flash or memory-efficient), recorded instead of its decomposition."""
+
+    @staticmethod
+    def forward(ctx, tracer, attrs, q, k, v, mask):
+        tracer.suppress += 1
+        out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+        tracer.suppress -= 1
+        ctx.tracer, ctx.attrs = tracer, attrs
+        ctx.save_for_backward(q, k, v, out)
+        tracer.record(f"attention.{attrs['backend']}", (q, k, v, mask), {}, (out,), alias=False, attrs=dict(attrs))
+        tracer.track(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out = ctx.saved_tensors
+        tracer = ctx.tracer
+        tracer.suppress += 1
+        grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+        tracer.suppress -= 1
+        tracer.record(f"attention.{ctx.attrs['backend']}_backward", (q, k, v, out, grad_out), {}, grads,
+                      alias=False, attrs=dict(ctx.attrs))
+        for g in grads:
+            tracer.track(g)
+        return None, None, *grads, None
+
+
+class _Functions(TorchFunctionMode):
+    def __init__(self, tracer: Tracer):
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            return self._attention(*args, **kwargs)
+        return func(*args, **kwargs)
+
+    def _attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                   enable_gqa=False):
+        head_dim = query.shape[-1]
+        fused_ok = query.dtype in (torch.float16, torch.bfloat16) and head_dim <= 256 and attn_mask is None
+        backend = "flash" if fused_ok else "efficient"
+        attrs = {"is_causal": bool(is_causal) and query.shape[-2] > 1, "has_mask": attn_mask is not None,
+                 "backend": backend, "dropout_p": float(dropout_p)}
+        return _Attention.apply(self.tracer, attrs, query, key, value, attn_mask)
+
+
+class ScopeHooks:
+    """Module pre/post hooks that keep the tracer's module-path stack (forward pass only)."""
+
+    def __init__(self, model: torch.nn.Module, tracer: Tracer):
+        self.handles = []
+        for name, module in model.named_modules():
+            self.handles.append(module.register_forward_pre_hook(self._push(name, tracer)))
+            self.handles.append(module.register_forward_hook(self._pop(tracer)))
+
+    @staticmethod
+    def _push(name, tracer):
+        def hook(module, args):
+            tracer.scope.append(name)
+            if not tracer.suppress:
+                tracer.record("module.call", (), {}, (), alias=True, attrs={"module": type(module).__name__})
+        return hook
+
+    @staticmethod
+    def _pop(tracer):
+        def hook(module, args, output):
+            if tracer.scope:
+                tracer.scope.pop()
+        return hook
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+class tracing:
+    """Context manager: ``with tracing(model) as tracer: model(...)`` records ops into ``tracer.ops``."""
+
+    def __init__(self, model: torch.nn.Module | None = None, tracer: Tracer | None = None):
+        self.tracer = tracer or Tracer()
+        self.model = model
+
+    def __enter__(self) -> Tracer:
+        self._hooks = ScopeHooks(self.model, self.tracer) if self.model is not None else None
+        self._fn = _Functions(self.tracer)
+        self._dispatch = _Dispatch(self.tracer)
+        self._fn.__enter__()
+        self._dispatch.__enter__()
+        return self.tracer
+
+    def __exit__(self, *exc):
+        self._dispatch.__exit__(*exc)
+        self._fn.__exit__(*exc)
+        if self._hooks:
+            self._hooks.remove()
+        return False

@@ -1,0 +1,98 @@
+"""Rendering only: rich tables for estimates, op tables and lists. No modelling happens here."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from .results import Estimate
+
+console = Console()
+
+
+def _fmt(value, digits: int = 2, unit: str = "") -> str:
+    if value is None:
+        return "n/a"
+    if abs(value) >= 1e4 or (value and abs(value) < 10 ** -digits):
+        return f"{value:.3e}{unit}"
+    return f"{value:,.{digits}f}{unit}"
+
+
+def print_estimate(e: Estimate, notes: list[str] | None = None) -> None:
+    w, p = e.workload, e.plan
+    title = (f"{e.model} on {e.device}: {w['phase']} batch {w['batch']} x seq {w['seq']} {w['dtype']}, "
+             f"tp {p['tp']} pp {p['pp']} dp {p['dp']}" + (f" (tp scope {p['tp_scope']})" if p['tp'] > 1 else "")
+             + f", runtime {e.runtime}")
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    rows = [("runtime (ms)", _fmt(e.runtime_ms)), ("peak memory per GPU (GB)", _fmt(e.memory_gb)),
+            ("  weights / activations / KV cache", f"{e.memory.weights_gb:.2f} / {e.memory.activations_gb:.2f} / "
+             f"{e.memory.kv_cache_gb:.2f}"),
+            ("  gradients / optimizer / workspace", f"{e.memory.gradients_gb:.2f} / {e.memory.optimizer_gb:.2f} / "
+             f"{e.memory.workspace_gb:.2f}"),
+            ("  capacity per GPU (GB)", _fmt(e.memory.capacity_gb)),
+            ("fits", "yes" if e.fits else "[bold red]DOES NOT FIT[/]"),
+            ("energy (J)", _fmt(e.energy_j)), ("energy (J/token)", _fmt(e.energy_j_per_token, 5)),
+            ("average power per GPU (W)", _fmt(e.power_w, 0)),
+            ("throughput (tokens/s)", _fmt(e.throughput_tokens_per_s, 1)), ("tokens", str(e.tokens)),
+            ("FLOPs per GPU", f"{e.flops:.3e}"), ("bytes moved per GPU", f"{e.bytes:.3e}")]
+    if e.ttft_ms is not None:
+        rows[1:1] = [("  time to first token (ms)", _fmt(e.ttft_ms)), ("  time per output token (ms)", _fmt(e.tpot_ms))]
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    if e.not_fit_reason:
+        console.print(f"[bold red]{e.not_fit_reason}[/]")
+    if e.top_ops:
+        console.print(_ops_table(e, "top ops by time"))
+    _notes(e, notes)
+
+
+def _ops_table(e: Estimate, title: str) -> Table:
+    table = Table(title=title, header_style="bold")
+    for col in ("op", "count", "GFLOP", "MB moved", "time (ms)", "share", "bound"):
+        table.add_column(col, justify="left" if col in ("op", "bound") else "right")
+    for r in e.top_ops:
+        table.add_row(r.name, str(r.count), f"{r.flops / 1e9:,.2f}", f"{r.bytes / 1e6:,.1f}", f"{r.time_ms:,.3f}",
+                      f"{100 * r.share:.1f}%", r.bound)
+    return table
+
+
+def _notes(e: Estimate, notes: list[str] | None) -> None:
+    for a in e.assumptions + (notes or []):
+        console.print(f"[yellow]note:[/] {a}")
+    if e.unknown_ops:
+        console.print(f"[yellow]ops the formula registry does not know (costed as memory-bound copies):[/] "
+                      f"{', '.join(e.unknown_ops)}")
+    if not e.calibrated:
+        console.print("[yellow]uncalibrated device:[/] run `aisim calibrate` on it to measure its efficiencies")
+
+
+def print_op_table(e: Estimate) -> None:
+    console.print(_ops_table(e, f"{e.model}: traced ops ({e.workload['phase']}, share of time on {e.device})"))
+    _notes(e, None)
+
+
+def print_list(what: str) -> None:
+    from . import catalog, specs
+
+    if what == "models":
+        for name in catalog.model_names():
+            console.print(name)
+    elif what == "devices":
+        table = Table(header_style="bold")
+        for col in ("name", "aliases", "GPU", "memory (GB)", "fp16 TFLOP/s", "bandwidth (GB/s)", "calibrated"):
+            table.add_column(col)
+        for key, g in specs.all_hardware().items():
+            cal = specs.load_calibration(g.name)
+            table.add_row(key, ", ".join(g.aliases), g.display_name, f"{g.memory_bytes / 1e9:.1f}",
+                          f"{g.peak_for('fp16') / 1e12:.0f}", f"{g.memory_bw_bytes_per_s / 1e9:.0f}",
+                          "yes" if cal.measured else "no (default rules)")
+        for key, s in specs.all_systems().items():
+            table.add_row(key, ", ".join(s.aliases), f"{s.gpu_count} x {s.gpu} ({s.interconnect.kind})", "", "", "",
+                          "")
+        console.print(table)
+        console.print("Any GPU name takes a suffix xN for N GPUs in one host (e.g. l40sx4).")
+    else:
+        for key, r in specs.all_runtimes().items():
+            console.print(f"{key}: {r.description}")

@@ -1,0 +1,187 @@
+"""Spec files: pydantic models for hardware, systems, runtimes and calibration, and their YAML loading.
+
+Every spec is data (YAML shipped in ``aisim.hardware_specs``); adding a GPU means adding a file, never code.
+Fields carry their unit in their name; extra fields are forbidden so a typo in a spec file is an error.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DType = Literal["fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
+
+
+class Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PeakFlops(Spec):
+    """Dense peak FLOP/s per dtype (no sparsity). ``None`` where the GPU has no such unit."""
+    fp32: float
+    tf32: float | None = None
+    fp16: float
+    bf16: float | None = None
+    fp8: float | None = None
+    int8: float | None = None
+
+
+class HardwareSpec(Spec):
+    """One GPU model, from its datasheet. ``sources`` names a citation for each numeric field."""
+    name: str
+    display_name: str
+    aliases: list[str] = Field(default_factory=list)
+    vendor: str = "nvidia"
+    architecture: str
+    compute_capability: str
+    has_tensor_cores: bool
+    peak_flops_per_s: PeakFlops
+    memory_bytes: float
+    memory_bw_bytes_per_s: float
+    l2_bytes: float
+    sm_count: int
+    boost_clock_mhz: float
+    base_clock_mhz: float | None = None
+    board_power_w: float
+    idle_power_w: float
+    pcie_gen: int
+    pcie_lanes: int
+    nvlink_bw_bytes_per_s: float = Field(0.0, description="total NVLink bandwidth per GPU, both directions; 0 if none")
+    nvlink_kind: Literal["none", "bridge", "switch"] = "none"
+    sources: dict[str, str]
+    notes: str = ""
+
+    @model_validator(mode="after")
+    def _every_number_cited(self) -> "HardwareSpec":
+        needed = {"peak_flops_per_s", "memory_bytes", "memory_bw_bytes_per_s", "l2_bytes", "sm_count",
+                  "boost_clock_mhz", "board_power_w", "idle_power_w", "pcie_gen"}
+        if self.nvlink_bw_bytes_per_s:
+            needed.add("nvlink_bw_bytes_per_s")
+        missing = sorted(needed - set(self.sources))
+        if missing:
+            raise ValueError(f"hardware spec {self.name!r}: no source given for {missing}")
+        return self
+
+    def peak_for(self, dtype: str) -> float:
+        """Dense peak FLOP/s for a compute dtype, falling back to the next wider unit the GPU has."""
+        order = {"fp8": ["fp8", "fp16"], "int8": ["int8", "fp16"], "bf16": ["bf16", "fp16"],
+                 "fp16": ["fp16"], "tf32": ["tf32", "fp32"], "fp32": ["fp32"]}[dtype]
+        for d in order:
+            value = getattr(self.peak_flops_per_s, d)
+            if value:
+                return value
+        return self.peak_flops_per_s.fp32
+
+
+class InterconnectSpec(Spec):
+    """How the GPUs of one host talk to each other, as seen by a collective."""
+    kind: Literal["pcie", "pcie-switch", "nvlink-bridge", "nvswitch", "none"]
+    algorithm: Literal["ring", "tree", "switch"] = "ring"
+    link_bw_bytes_per_s: float = Field(description="achievable one-direction bandwidth per GPU into the fabric")
+    latency_s: float = Field(description="per-step latency of a collective (launch + sync)")
+    source: str
+
+
+class SystemSpec(Spec):
+    """N GPUs of one kind in one host and the links between them."""
+    name: str
+    aliases: list[str] = Field(default_factory=list)
+    gpu: str
+    gpu_count: int
+    interconnect: InterconnectSpec
+    host_power_w: float = 0.0
+    notes: str = ""
+
+
+class Curve(Spec):
+    """Piecewise-linear curve in log10(x): achieved fraction of a peak as a function of op size."""
+    x: list[float]
+    efficiency: list[float]
+
+    @model_validator(mode="after")
+    def _same_length(self) -> "Curve":
+        if len(self.x) != len(self.efficiency) or not self.x:
+            raise ValueError("curve needs equal, non-empty x and efficiency lists")
+        if any(b <= a for a, b in zip(self.x, self.x[1:])):
+            raise ValueError("curve x must increase")
+        return self
+
+
+class GemmTable(Spec):
+    """Measured GEMM efficiency (roofline time / measured time) on a grid of M, N, K (log-interpolated)."""
+    m: list[int]
+    n: list[int]
+    k: list[int]
+    efficiency: list[list[list[float]]]
+
+
+class CalibrationSpec(Spec):
+    """Efficiencies, overheads and power coefficients of one device, each with its provenance."""
+    device: str
+    measured: bool = Field(description="true: microbenchmarks on the device; false: documented default rules")
+    provenance: dict[str, str]
+    gemm_efficiency: dict[str, Curve] = Field(description="per dtype: efficiency vs FLOPs of one GEMM")
+    gemm_tables: dict[str, GemmTable] = Field(default_factory=dict)
+    attention_efficiency: dict[str, Curve] = Field(description="per dtype: efficiency vs FLOPs of one attention call")
+    memory_efficiency: Curve = Field(description="achieved fraction of memory bandwidth vs bytes moved")
+    launch_overhead_s: float = Field(description="GPU-side gap between back-to-back kernels")
+    eager_dispatch_s: float = Field(description="CPU time to dispatch one aten op in eager PyTorch")
+    graphs_dispatch_s: float = Field(description="CPU time per kernel under CUDA graphs / fused engines")
+    module_overhead_s: float = Field(0.0, description="extra Python time per nn.Module call in eager HF models")
+    power_compute_fraction: float = Field(description="power at full compute load / board power")
+    power_memory_fraction: float = Field(description="power at full memory-bound load / board power")
+    idle_power_w: float | None = None
+    allreduce_bus_bw_bytes_per_s: float | None = None
+    allreduce_latency_s: float | None = None
+    notes: str = ""
+
+
+class RuntimeSpec(Spec):
+    """A serving/execution engine profile: per-step overheads and efficiency factors, documented."""
+    name: str
+    description: str
+    dispatch: Literal["eager", "graphs", "none"] = Field(
+        description="eager: CPU dispatch per aten op; graphs: per kernel; none: kernel time only (profiler sums)")
+    per_step_overhead_s: float = 0.0
+    compute_efficiency_scale: float = 1.0
+    memory_efficiency_scale: float = 1.0
+    source: str
+
+
+# ---------------------------------------------------------------- loading
+
+def _spec_dir(sub: str) -> Path:
+    return Path(str(resources.files("aisim.hardware_specs"))) / sub
+
+
+def _load_yaml(path: Path) -> dict:
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+@lru_cache(maxsize=None)
+def all_hardware() -> dict[str, HardwareSpec]:
+    return {p.stem: HardwareSpec(**_load_yaml(p)) for p in sorted(_spec_dir("gpus").glob("*.yaml"))}
+
+
+@lru_cache(maxsize=None)
+def all_systems() -> dict[str, SystemSpec]:
+    return {p.stem: SystemSpec(**_load_yaml(p)) for p in sorted(_spec_dir("systems").glob("*.yaml"))}
+
+
+@lru_cache(maxsize=None)
+def all_runtimes() -> dict[str, RuntimeSpec]:
+    return {p.stem: RuntimeSpec(**_load_yaml(p)) for p in sorted(_spec_dir("runtimes").glob("*.yaml"))}
+
+
+@lru_cache(maxsize=None)
+def load_calibration(device: str) -> CalibrationSpec:
+    """The device's measured calibration file, else the documented default rules (``measured: false``)."""
+    path = _spec_dir("calibration") / f"{device}.yaml"
+    if not path.exists():
+        path = _spec_dir("calibration") / "default.yaml"
+    return CalibrationSpec(**_load_yaml(path))

@@ -1,0 +1,35 @@
+"""What to run: the workload (phase, batch, seq, dtype) and the parallel plan, as validated pydantic data."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Phase = Literal["forward", "prefill", "decode", "generate", "encode", "forward-backward", "train", "transcribe"]
+TpScope = Literal["all", "mlp", "attention"]
+
+
+class Workload(BaseModel):
+    """One workload. ``seq`` is the input length (forward/prefill/encode/train) or the context length (decode)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    phase: Phase = "forward"
+    batch: int = Field(1, ge=1)
+    seq: int = Field(1024, ge=1)
+    gen_tokens: int = Field(128, ge=0, description="decode steps after prefill (generate)")
+    dtype: Literal["fp32", "tf32", "fp16", "bf16"] = "fp16"
+    with_loss: bool = Field(False, description="forward includes the LM loss over the full logits (labels given)")
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    quant: Literal["none", "bitsandbytes-int8", "int8", "fp8", "int4"] = "none"
+
+
+class ParallelPlan(BaseModel):
+    """Tensor (Megatron column/row), pipeline and data parallel degrees. ``tp_scope='mlp'`` shards only the MLP."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    dp: int = Field(1, ge=1)
+    tp_scope: TpScope = "all"
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp

@@ -1,0 +1,155 @@
+"""NCCL collective microbenchmarks (one process per GPU) and the alpha-beta fit of their times.
+
+Bus bytes follow the nccl-tests convention (doc/PERFORMANCE.md there): for a message of ``size`` bytes on
+n ranks, all-reduce moves 2*(n-1)/n*size per rank and all-gather (size = the gathered output) (n-1)/n*size.
+The fit is t = latency_s + bus_bytes / bus_bw_bytes_per_s, by least squares on the measured points, with
+relative residuals by default so that 20 us small-message latencies and ms-long large transfers weigh alike.
+
+NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1),
+set in this process before the workers start and again in each worker: on shared hosts a program that uses it
+can put the GPUs out of service.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from .gpu import NCCL_SAFE_ENV as SAFE_ENV     # NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, ...
+
+OPS = ("all_reduce", "all_gather")
+SIZES_BYTES = tuple(4096 * 4**i for i in range(10))          # 4 KiB .. 1 GiB
+QUICK_SIZES_BYTES = SIZES_BYTES[::3]                          # 4 KiB, 256 KiB, 16 MiB, 1 GiB
+
+
+def bus_bytes(op: str, size_bytes: float, world_size: int) -> float:
+    """nccl-tests bus bytes: all_reduce 2*(n-1)/n*size, all_gather (n-1)/n*size (size = output bytes)."""
+    factor = {"all_reduce": 2.0, "all_gather": 1.0}[op]
+    return factor * (world_size - 1) / world_size * size_bytes
+
+
+def fit_alpha_beta(bus_bytes_list: list[float], times_s: list[float], *, relative: bool = True
+                   ) -> tuple[float, float]:
+    """Least squares t = a + x / bw over points (x bus bytes, t seconds) -> (latency a, bus bandwidth bw).
+
+    relative=True minimises sum(((a + b*x) - t) / t)^2 (weights 1/t^2), else plain sum((a + b*x) - t)^2.
+    Closed form of weighted least squares: with weights w, Sw = sum w, Sx = sum w x, St = sum w t,
+    Sxx = sum w x^2, Sxt = sum w x t: b = (Sw Sxt - Sx St) / (Sw Sxx - Sx^2), a = (St - b Sx) / Sw.
+    The latency is floored at 0 (a negative intercept means the points are not affine; see the notes).
+    """
+    if len(bus_bytes_list) != len(times_s) or len(set(bus_bytes_list)) < 2:
+        raise ValueError("fit_alpha_beta needs matching lists with at least two distinct sizes")
+    w = [1.0 / t**2 if relative else 1.0 for t in times_s]
+    sw, sx, st = sum(w), sum(wi * x for wi, x in zip(w, bus_bytes_list)), sum(wi * t for wi, t in zip(w, times_s))
+    sxx = sum(wi * x * x for wi, x in zip(w, bus_bytes_list))
+    sxt = sum(wi * x * t for wi, x, t in zip(w, bus_bytes_list, times_s))
+    b = (sw * sxt - sx * st) / (sw * sxx - sx * sx)
+    a = (st - b * sx) / sw
+    if b <= 0:
+        raise ValueError("collective times do not grow with size: no bandwidth can be fitted")
+    return max(a, 0.0), 1.0 / b
+
+
+def fit_collectives(records: list[dict]) -> tuple[dict, list[str]]:
+    """Collective records -> ({'allreduce_latency_s', 'allreduce_bus_bw_bytes_per_s'}, notes).
+    Both None when no all-reduce was measured (one GPU); the all-gather fit goes to the notes only."""
+    fields: dict = {"allreduce_latency_s": None, "allreduce_bus_bw_bytes_per_s": None}
+    notes = []
+    for op in OPS:
+        rows = [r for r in records if r["bench"] == "collective" and r["op"] == op and r.get("time_s")]
+        if len({r["size_bytes"] for r in rows}) < 2:
+            continue
+        n = rows[0]["world_size"]
+        lat, bw = fit_alpha_beta([bus_bytes(op, r["size_bytes"], n) for r in rows], [r["time_s"] for r in rows])
+        notes.append(f"{op}: alpha-beta fit on {len(rows)} sizes {rows[0]['size_bytes']}..{rows[-1]['size_bytes']} "
+                     f"B, {n} GPUs (NCCL, nccl-tests bus bytes, relative least squares): latency {lat * 1e6:.2f} us, "
+                     f"bus bandwidth {bw / 1e9:.1f} GB/s")
+        if op == "all_reduce":
+            fields = {"allreduce_latency_s": lat, "allreduce_bus_bw_bytes_per_s": bw}
+    return fields, notes
+
+
+# ---------------------------------------------------------------- measurement (GPU, one process per GPU)
+
+def measure_collectives(world_size: int, *, quick: bool = False, timeout_s: float = 120.0) -> list[dict]:
+    """Spawn one process per GPU, time each op and size (mean of back-to-back iterations, as nccl-tests;
+    the slowest rank's time), and return records. Workers still running after ``timeout_s`` are ended."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    os.environ.update(SAFE_ENV)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sizes = QUICK_SIZES_BYTES if quick else SIZES_BYTES
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "collectives.json"
+        ctx = mp.start_processes(_worker, args=(world_size, port, list(sizes), str(result)), nprocs=world_size,
+                                 join=False, start_method="spawn")
+        t_end = time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=1.0):
+                if time.monotonic() > t_end:
+                    raise TimeoutError(f"workers ran past {timeout_s:.0f} s")
+        except Exception as err:        # a worker failed (NCCL error) or hung: end ours, measure nothing
+            for p in ctx.processes:     # only the workers started just above, by their handles
+                if p.is_alive():
+                    p.terminate()
+            print(f"collectives: not measured ({str(err).splitlines()[0][:200]})", flush=True)
+            return []
+        return json.loads(result.read_text()) if result.exists() else []
+
+
+def _iters(size_bytes: int) -> int:
+    """Back-to-back iterations per timing: about 256 MB of traffic, between 5 and 50."""
+    return max(5, min(50, int(2.56e8 / size_bytes)))
+
+
+def _bytes(op: str, size: int, world_size: int) -> int:
+    """Message size as measured: all_gather's output is world_size x the per-rank fp32 input."""
+    per_rank = max(1, size // 4 // world_size)
+    return 4 * per_rank * world_size if op == "all_gather" else 4 * max(1, size // 4)
+
+
+def _worker(rank: int, world_size: int, port: int, sizes: list[int], result_path: str) -> None:
+    os.environ.update(SAFE_ENV)
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                            device_id=torch.device("cuda", rank))
+    mine = []
+    for op in OPS:
+        for size in sizes:
+            per_rank = max(1, size // 4 // world_size)     # fp32; all_gather output = world_size x input
+            out = torch.randn(per_rank * world_size if op == "all_gather" else max(1, size // 4), device="cuda")
+            inp = torch.randn(per_rank, device="cuda")
+            call = ((lambda: dist.all_reduce(out)) if op == "all_reduce"
+                    else (lambda: dist.all_gather_into_tensor(out, inp)))
+            for _ in range(3):
+                call()
+            torch.cuda.synchronize()
+            n = _iters(size)
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(n):
+                call()
+            e.record()
+            torch.cuda.synchronize()
+            mine.append(s.elapsed_time(e) * 1e-3 / n)
+    every = [None] * world_size
+    dist.all_gather_object(every, mine)
+    if rank == 0:
+        keys = [(op, size) for op in OPS for size in sizes]
+        recs = [{"bench": "collective", "op": op, "world_size": world_size, "size_bytes": _bytes(op, size, world_size),
+                 "time_s": max(r[i] for r in every), "time_s_per_rank": [r[i] for r in every],
+                 "median_rank_time_s": statistics.median(r[i] for r in every)}
+                for i, (op, size) in enumerate(keys)]
+        Path(result_path).write_text(json.dumps(recs))
+    dist.barrier()
+    dist.destroy_process_group()

@@ -1,0 +1,158 @@
+"""The local machine: provenance header, NVML energy / memory / power readings, torch device handling.
+
+NVML readings (pynvml, package ``nvidia-ml-py``) are optional: where NVML or a counter is missing the reading
+is ``None`` (never zero) and the result says ``energy_available: false``. GB means 1e9 bytes.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import socket
+from functools import lru_cache
+
+GB = 1e9
+MJ_PER_J = 1e3
+MW_PER_W = 1e3
+
+# Kept set in every process this package starts: NVLink multicast (NVLS) can take a shared host's GPUs out
+# of service, so NCCL, PyTorch symmetric memory and NVSHMEM must not use it.
+NCCL_SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def set_safe_env() -> None:
+    import os
+
+    os.environ.update(NCCL_SAFE_ENV)
+
+
+@lru_cache(maxsize=1)
+def _nvml():
+    """The initialised pynvml module, or None where NVML cannot be used (no package, no driver)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:  # noqa: BLE001 - any failure means "no NVML", reported as unavailable
+        return None
+
+
+def nvml_handle(torch_index: int):
+    """NVML handle of torch's CUDA device ``torch_index`` (matched by UUID, so CUDA_VISIBLE_DEVICES is honoured)."""
+    nv = _nvml()
+    if nv is None:
+        return None
+    import torch
+
+    try:
+        uuid = str(torch.cuda.get_device_properties(torch_index).uuid)
+        for candidate in (uuid if uuid.startswith("GPU-") else f"GPU-{uuid}", uuid):
+            try:
+                return nv.nvmlDeviceGetHandleByUUID(candidate)
+            except nv.NVMLError:
+                continue
+    except Exception:  # noqa: BLE001 - older torch without .uuid: fall back to the index
+        pass
+    try:
+        return nv.nvmlDeviceGetHandleByIndex(torch_index)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def energy_mj(handle) -> int | None:
+    """Total energy since the driver loaded, in millijoules (nvmlDeviceGetTotalEnergyConsumption), or None."""
+    nv = _nvml()
+    if nv is None or handle is None:
+        return None
+    try:
+        return int(nv.nvmlDeviceGetTotalEnergyConsumption(handle))
+    except Exception:  # noqa: BLE001 - NotSupported on GPUs before Volta and some virtual GPUs
+        return None
+
+
+def used_memory_gb(handle) -> float | None:
+    """Device memory in use by all processes (NVML), GB; includes the CUDA context and allocator cache."""
+    nv = _nvml()
+    if nv is None or handle is None:
+        return None
+    try:
+        return nv.nvmlDeviceGetMemoryInfo(handle).used / GB
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def sm_clock_mhz(handle) -> float | None:
+    nv = _nvml()
+    if nv is None or handle is None:
+        return None
+    try:
+        return float(nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def power_limit_w(handle) -> float | None:
+    nv = _nvml()
+    if nv is None or handle is None:
+        return None
+    try:
+        return nv.nvmlDeviceGetPowerManagementLimit(handle) / MW_PER_W
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def driver_version() -> str | None:
+    nv = _nvml()
+    if nv is None:
+        return None
+    try:
+        version = nv.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def torch_device(gpus: list[int] | None, rank: int = 0):
+    """The torch device for ``rank``: ``cuda:gpus[rank]`` (or ``cuda:rank``) where CUDA exists, else CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    index = gpus[rank] if gpus else rank
+    return torch.device("cuda", index)
+
+
+def aisim_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("aisim")
+    except Exception:  # noqa: BLE001 - running from a source tree that is not installed
+        return "unknown"
+
+
+def environment_header(gpus: list[int] | None = None, device_name: str | None = None) -> dict:
+    """Provenance of a measured dataset: the first line of every JSONL section."""
+    import torch
+    import transformers
+
+    cuda = torch.cuda.is_available()
+    index = (gpus[0] if gpus else 0) if cuda else None
+    handle = nvml_handle(index) if cuda else None
+    gpu_name = device_name or (torch.cuda.get_device_name(index) if cuda else "cpu")
+    count = (len(gpus) if gpus else torch.cuda.device_count()) if cuda else 0
+    return {
+        "type": "header",
+        "gpu_name": gpu_name,
+        "gpu_count": count,
+        "gpus": list(gpus) if gpus else (list(range(count)) if cuda else []),
+        "driver": driver_version(),
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "power_limit_w": power_limit_w(handle),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "aisim_version": aisim_version(),
+    }

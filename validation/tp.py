@@ -1,0 +1,242 @@
+"""Megatron-style tensor parallelism on a plain HF model: sharded weights plus all-reduce hooks.
+
+``shard_model(model, rank, world, scope)`` slices the weights of every attention and MLP block in place:
+
+- column-parallel (output features split, heads kept whole): Llama q/k/v/gate/up_proj, OPT q/k/v_proj and fc1,
+  BLOOM query_key_value (fused per head: [heads, 3, head_dim] rows) and dense_h_to_4h;
+- row-parallel (input features split, bias kept on rank 0 only): Llama o_proj/down_proj, OPT out_proj/fc2,
+  BLOOM self_attention.dense and dense_4h_to_h. A forward hook all-reduces (SUM) each row-parallel output
+  ("g": all-reduce forward, identity backward); a pre-hook on each block's input is Megatron's "f"
+  (identity forward, all-reduce of the input gradient backward), so forward-backward also has the right
+  collectives: 2 all-reduces per layer forward, 2 backward.
+
+Head-count attributes used by the attention code (``num_heads``) are divided by ``world``; BLOOM's ALiBi
+tensor is built for all heads and sliced to this rank's heads. Embeddings, norms and the LM head stay
+replicated (not vocab-parallel): every rank computes the full logits. ``scope='mlp'`` shards only the MLPs
+(TorchCAP's plan). Plain tensors and ``torch.distributed.all_reduce`` are used, not DTensor
+``parallelize_module`` (measured 14x slower for the same sharding).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TP_IMPL = "plain-sharded-allreduce-hooks"
+
+
+@dataclass
+class _Block:
+    """One attention or MLP block: its entry module (whose first input is replicated), column and row linears."""
+    kind: str                       # "attention" or "mlp"
+    entry: object                   # nn.Module whose first input gets the "f" operator
+    column: list = field(default_factory=list)    # (linear, layout) with layout "plain" or "bloom-qkv"
+    row: list = field(default_factory=list)
+    heads_owner: object | None = None             # attention module whose head attributes are divided
+
+
+def _has(module, *names: str) -> bool:
+    return all(hasattr(module, n) for n in names)
+
+
+def find_blocks(model) -> list[_Block]:
+    """Attention and MLP blocks of a Llama-, OPT- or BLOOM-style model, in module order."""
+    blocks = []
+    for _, m in model.named_modules():
+        if _has(m, "q_proj", "k_proj", "v_proj") and (hasattr(m, "o_proj") or hasattr(m, "out_proj")):
+            out = m.o_proj if hasattr(m, "o_proj") else m.out_proj
+            blocks.append(_Block("attention", m, [(m.q_proj, "plain"), (m.k_proj, "plain"), (m.v_proj, "plain")],
+                                 [out], m))
+        elif _has(m, "gate_proj", "up_proj", "down_proj"):
+            blocks.append(_Block("mlp", m, [(m.gate_proj, "plain"), (m.up_proj, "plain")], [m.down_proj]))
+        elif _has(m, "query_key_value", "dense"):
+            blocks.append(_Block("attention", m, [(m.query_key_value, "bloom-qkv")], [m.dense], m))
+        elif _has(m, "dense_h_to_4h", "dense_4h_to_h"):
+            blocks.append(_Block("mlp", m, [(m.dense_h_to_4h, "plain")], [m.dense_4h_to_h]))
+        elif _has(m, "fc1", "fc2") and not _has(m, "gate_proj"):
+            blocks.append(_Block("mlp", m.fc1, [(m.fc1, "plain")], [m.fc2]))
+    return blocks
+
+
+def _new_param(old, data):
+    import torch
+
+    return torch.nn.Parameter(data.clone().contiguous(), requires_grad=old.requires_grad)
+
+
+def _shard_column(linear, rank: int, world: int, layout: str, heads: int | None = None) -> None:
+    """Keep this rank's slice of the output features (rows of ``weight``)."""
+    w, b = linear.weight, linear.bias
+    out_features = w.shape[0]
+    if out_features % world:
+        raise ValueError(f"{linear}: {out_features} output features do not divide by tp={world}")
+    if layout == "bloom-qkv":
+        # rows are [heads, 3 (q,k,v), head_dim]: keep whole heads with their q, k and v together
+        h = heads // world
+        linear.weight = _new_param(w, w.view(heads, -1, w.shape[1])[rank * h:(rank + 1) * h].reshape(-1, w.shape[1]))
+        if b is not None:
+            linear.bias = _new_param(b, b.view(heads, -1)[rank * h:(rank + 1) * h].reshape(-1))
+    else:
+        n = out_features // world
+        linear.weight = _new_param(w, w[rank * n:(rank + 1) * n])
+        if b is not None:
+            linear.bias = _new_param(b, b[rank * n:(rank + 1) * n])
+    linear.out_features = linear.weight.shape[0]
+
+
+def _shard_row(linear, rank: int, world: int) -> None:
+    """Keep this rank's slice of the input features (columns of ``weight``); the bias only on rank 0."""
+    w = linear.weight
+    if w.shape[1] % world:
+        raise ValueError(f"{linear}: {w.shape[1]} input features do not divide by tp={world}")
+    n = w.shape[1] // world
+    linear.weight = _new_param(w, w[:, rank * n:(rank + 1) * n])
+    linear.in_features = n
+    if linear.bias is not None and rank != 0:
+        linear.bias = None
+
+
+def _attention_heads(block: _Block) -> tuple[int, int]:
+    """(query heads, key/value heads) of an attention block, from its weight shapes and head_dim."""
+    attn = block.heads_owner
+    head_dim = attn.head_dim
+    linear, layout = block.column[0]
+    if layout == "bloom-qkv":
+        heads = linear.weight.shape[0] // (3 * head_dim)
+        return heads, heads
+    return linear.weight.shape[0] // head_dim, block.column[1][0].weight.shape[0] // head_dim
+
+
+def _divide_head_attrs(attn, world: int) -> None:
+    for name in ("num_heads", "num_attention_heads", "num_key_value_heads", "n_heads"):
+        value = getattr(attn, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            setattr(attn, name, value // world)
+
+
+class _AllReduceForward:
+    """Megatron "g": all-reduce (SUM) in forward, identity in backward."""
+    _fn = None
+
+    @classmethod
+    def apply(cls, x, group):
+        if cls._fn is None:
+            import torch
+            import torch.distributed as dist
+
+            class G(torch.autograd.Function):
+                @staticmethod
+                def forward(ctx, t, grp):
+                    ctx.mark_dirty(t)
+                    dist.all_reduce(t, group=grp)
+                    return t
+
+                @staticmethod
+                def backward(ctx, grad):
+                    return grad, None
+
+            cls._fn = G
+        return cls._fn.apply(x, group)
+
+
+class _AllReduceBackward:
+    """Megatron "f": identity in forward, all-reduce (SUM) of the gradient in backward."""
+    _fn = None
+
+    @classmethod
+    def apply(cls, x, group):
+        if cls._fn is None:
+            import torch
+            import torch.distributed as dist
+
+            class F(torch.autograd.Function):
+                @staticmethod
+                def forward(ctx, t, grp):
+                    ctx.grp = grp
+                    return t.view_as(t)
+
+                @staticmethod
+                def backward(ctx, grad):
+                    grad = grad.contiguous()
+                    dist.all_reduce(grad, group=ctx.grp)
+                    return grad, None
+
+            cls._fn = F
+        return cls._fn.apply(x, group)
+
+
+def _row_output_hook(group):
+    def hook(module, args, output):
+        import torch
+        import torch.distributed as dist
+
+        if torch.is_grad_enabled() and output.requires_grad:
+            return _AllReduceForward.apply(output, group)
+        dist.all_reduce(output, group=group)
+        return output
+    return hook
+
+
+def _entry_pre_hook(group):
+    def hook(module, args, kwargs):
+        import torch
+
+        if not torch.is_grad_enabled():
+            return None
+        if args and isinstance(args[0], torch.Tensor) and args[0].requires_grad:
+            return (_AllReduceBackward.apply(args[0], group), *args[1:]), kwargs
+        x = kwargs.get("hidden_states")
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            return args, {**kwargs, "hidden_states": _AllReduceBackward.apply(x, group)}
+        return None
+    return hook
+
+
+def _slice_bloom_alibi(model, rank: int, world: int) -> None:
+    """BLOOM builds ALiBi for ``num_heads`` heads of the whole model: build it for all, keep this rank's heads."""
+    transformer = getattr(model, "transformer", None)
+    if transformer is None or not hasattr(transformer, "build_alibi_tensor"):
+        return
+    full_builder = transformer.build_alibi_tensor
+
+    def build(attention_mask, num_heads, dtype):
+        alibi = full_builder(attention_mask, num_heads, dtype)   # [batch * heads, 1, kv_len]
+        batch, h = attention_mask.shape[0], num_heads // world
+        return alibi.view(batch, num_heads, 1, -1)[:, rank * h:(rank + 1) * h].reshape(batch * h, 1, -1)
+
+    transformer.build_alibi_tensor = build
+
+
+def shard_model(model, rank: int, world: int, scope: str = "all", group=None):
+    """Shard ``model`` in place for tensor-parallel rank ``rank`` of ``world``; returns it.
+
+    ``scope``: 'all' (attention and MLP) or 'mlp'. Needs torch.distributed initialised only when the model
+    runs (the hooks call all_reduce on ``group``, the default group if None). Raises ValueError for a model
+    with no recognised blocks or heads that do not divide by ``world``.
+    """
+    if scope not in ("all", "mlp"):
+        raise ValueError(f"tp scope {scope!r}: use 'all' or 'mlp'")
+    if world == 1:
+        return model
+    blocks = [b for b in find_blocks(model) if scope == "all" or b.kind == "mlp"]
+    if not blocks:
+        raise ValueError(f"{type(model).__name__}: no Llama-, OPT- or BLOOM-style attention/MLP blocks found "
+                         "to shard; tensor parallelism supports those architectures")
+    for block in blocks:
+        heads = None
+        if block.kind == "attention":
+            heads, kv_heads = _attention_heads(block)
+            if heads % world or kv_heads % world:
+                raise ValueError(f"{type(model).__name__}: {heads} query / {kv_heads} key-value heads do not "
+                                 f"divide by tp={world}")
+            _divide_head_attrs(block.heads_owner, world)
+        for linear, layout in block.column:
+            _shard_column(linear, rank, world, layout, heads)
+        for linear in block.row:
+            _shard_row(linear, rank, world)
+            linear.register_forward_hook(_row_output_hook(group))
+        block.entry.register_forward_pre_hook(_entry_pre_hook(group), with_kwargs=True)
+    if scope == "all" and any(b.column[0][1] == "bloom-qkv" for b in blocks):
+        _slice_bloom_alibi(model, rank, world)
+        for layer in getattr(getattr(model, "transformer", None), "h", []):
+            _divide_head_attrs(layer, world)
+    model.aisim_tp = {"rank": rank, "world": world, "scope": scope, "impl": TP_IMPL}
+    return model
