@@ -111,8 +111,8 @@ def test_gpu_numbers_are_consistent(stem):
         assert p.tf32 is None and p.bf16 is None and p.fp8 is None
     if p.fp8 is not None:
         assert spec.architecture in {"ada", "hopper"} and p.fp8 >= p.fp16
-    # peak FP32 = SMs x FP32 lanes x 2 x clock, within 3% (128 lanes per SM from Ampere on, 64 on Turing)
-    lanes = 64 if spec.architecture == "turing" else 128
+    # peak FP32 = SMs x FP32 lanes x 2 x clock, within 3% (64 lanes per SM on Turing and GA100, else 128)
+    lanes = 64 if spec.architecture == "turing" or spec.compute_capability == "8.0" else 128
     assert p.fp32 == pytest.approx(spec.sm_count * lanes * 2 * spec.boost_clock_mhz * 1e6, rel=0.03)
     assert 2**30 < spec.memory_bytes < 160 * 2**30
     assert 100e9 <= spec.memory_bw_bytes_per_s <= 5e12
@@ -135,4 +135,5 @@ def test_system_numbers_are_consistent(stem):
         assert gpu.nvlink_kind == "switch"
         assert ic.link_bw_bytes_per_s < gpu.nvlink_bw_bytes_per_s / 2  # achievable busbw < nominal one-way
     if ic.kind == "pcie":
-        assert ic.link_bw_bytes_per_s < 16 * 1.969e9 * gpu.pcie_gen / 4 * 2 ** (gpu.pcie_gen - 4)
+        x16_one_way = {3: 15.75e9, 4: 31.5e9, 5: 63.0e9}[gpu.pcie_gen]  # PCIe base spec, per direction
+        assert ic.link_bw_bytes_per_s < x16_one_way

@@ -54,6 +54,7 @@ MEMORY_DTYPES = ("fp16", "fp32")
 # tensors of the input's size that each op reads + writes (bytes moved = this x input bytes)
 MEMORY_OPS = {"copy": 2, "add": 3, "gelu": 2, "silu": 2, "layer_norm": 2, "rms_norm": 2, "softmax": 2}
 MEMORY_SIZES = tuple(4096 * 4**i for i in range(10)) + (2 * 2**30,)     # input bytes, 4 KiB .. 2 GiB
+SLEEP_CYCLES_PER_S = 2.0e9       # torch.cuda._sleep counts SM cycles; ~H100/H200 boost (1.98 GHz); slower = longer
 CURVE_BIN_DECADES = 0.5          # curves: median efficiency in bins of half a decade of log10(size)
 ELEM_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
 # share of max_minutes by which each phase must have finished (unused time passes to the next phase)
@@ -261,6 +262,11 @@ def fit_calibration(raw: dict, defaults: CalibrationSpec | None = None) -> Calib
                     "power": ("idle_power_w", "power_compute_fraction", "power_memory_fraction")}[name]
             fields.update({k: getattr(defaults, k) for k in keys})
             notes.append(f"{name}: not measured; values are the default rules' (default.yaml)")
+            continue
+        if name == "power":
+            notes.append(f"power: NVML averages ({raw['provenance'].get('energy_method', '?')}); idle = nothing "
+                         "running but this process's CUDA context open; compute = 8192^3 bf16 GEMM loop, memory = "
+                         f"1 GiB copy loop, each over the enforced power limit {args[1]:.0f} W")
     coll, n4 = fit_collectives(recs)
     notes += n4
     notes.append(_conventions_note(peaks))
@@ -305,24 +311,30 @@ class Budget:
 
 
 def time_gpu_s(fns: list, *, target_s: float = 0.03, min_reps: int = 5, max_reps: int = 100) -> float:
-    """Median GPU time (s) of one call, rotating through ``fns`` (one per input set); see module docstring."""
+    """Median GPU time (s) of one call, rotating through ``fns`` (one per input set); see module docstring.
+
+    Where the GPU time of a call is not well above the CPU time to queue it, a sleep kernel long enough for
+    the CPU to queue every rep (1.5x the measured queueing time, at most 0.2 s) goes first.
+    """
     import torch
 
     fns[0]()
     torch.cuda.synchronize()
     warm = 3
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cpu_t0 = time.perf_counter()
     s.record()
     for i in range(warm):
         fns[(i + 1) % len(fns)]()
     e.record()
+    cpu_s = (time.perf_counter() - cpu_t0) / warm        # CPU time to queue one call (and its events)
     torch.cuda.synchronize()
     est_s = s.elapsed_time(e) * 1e-3 / warm
     reps = max(min_reps, min(max_reps, int(target_s / max(est_s, 1e-7))))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    if est_s < 2e-4:   # let the CPU queue every rep while the GPU sleeps: events then time GPU work only
-        torch.cuda._sleep(int(min(reps * 40e-6, 0.02) * 2.0e9))   # cycles at ~2 GHz (H100 boost 1.98 GHz)
+    if est_s < 4 * (cpu_s + 10e-6):
+        torch.cuda._sleep(int(min(1.5 * reps * (cpu_s + 10e-6), 0.2) * SLEEP_CYCLES_PER_S))
     for r in range(reps):
         starts[r].record()
         fns[(warm + 1 + r) % len(fns)]()
@@ -520,7 +532,7 @@ def _memory_call(torch, it: dict, dt):
             "softmax": lambda: torch.softmax(x, dim=-1)}[op]
 
 
-def bench_overheads(repeats: int = 5, count: int = 2000, graph_kernels: int = 1000) -> list[dict]:
+def bench_overheads(repeats: int = 7, count: int = 2000, graph_kernels: int = 1000) -> list[dict]:
     """Tiny-kernel overheads, each repeated ``repeats`` times (the fit takes medians):
     graph_kernel_s = GPU time of a CUDA-graph replay of ``graph_kernels`` x.add_(1.0) / graph_kernels;
     eager_op_s = wall time of ``count`` eager x.add_(1.0) + one synchronize, / count;
@@ -552,12 +564,13 @@ def bench_overheads(repeats: int = 5, count: int = 2000, graph_kernels: int = 10
     a = torch.randn(8, 64, device="cuda")
     calls = {"eager_op_s": lambda: x.add_(1.0), "module_call_s": lambda: lin(a),
              "functional_call_s": lambda: F.linear(a, lin.weight, lin.bias)}
-    recs = [{"bench": "overhead", "name": "graph_kernel_s", "samples_s": graph_s}]
+    samples = {name: [] for name in calls}
     with torch.no_grad():
-        for name, fn in calls.items():
-            recs.append({"bench": "overhead", "name": name, "samples_s": [_wall_per_call_s(torch, fn, count)
-                                                                         for _ in range(repeats)]})
-    return recs
+        for _ in range(repeats):            # interleaved, so that drift hits the module and F.linear alike
+            for name, fn in calls.items():
+                samples[name].append(_wall_per_call_s(torch, fn, count))
+    return [{"bench": "overhead", "name": "graph_kernel_s", "samples_s": graph_s}] + [
+        {"bench": "overhead", "name": name, "samples_s": vals} for name, vals in samples.items()]
 
 
 def _wall_per_call_s(torch, fn, count: int) -> float:

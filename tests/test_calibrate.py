@@ -1,0 +1,275 @@
+"""aisim calibrate: the pure fitting path (raw measurements -> CalibrationSpec) with hand-worked numbers,
+the written files, the default rules, and the no-GPU error. No GPU needed."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from aisim.errors import AisimError, UnknownNameError
+from aisim.specs import CalibrationSpec
+from aisim.validation import calibrate as cal
+from aisim.validation.collectives import bus_bytes, fit_alpha_beta, fit_collectives
+
+PEAKS = {"flops_per_s": {"fp32": 50e12, "tf32": 400e12, "fp16": 800e12, "bf16": 800e12},
+         "memory_bw_bytes_per_s": 2e12}
+BW = PEAKS["memory_bw_bytes_per_s"]
+
+
+# ---------------------------------------------------------------- formulas
+
+def test_gemm_and_attention_formulas_hand_worked():
+    assert cal.gemm_flops(2, 3, 4) == 48                         # 2 * 2 * 3 * 4
+    assert cal.gemm_bytes(2, 3, 4, 2) == (8 + 12 + 6) * 2       # x 2x4, W 3x4, out 2x3, fp16
+    # B=1, H=2, S=4, D=8: non-causal 4*1*2*4*4*8 = 1024; causal 4*1*2*8*(4*5/2) = 640
+    assert cal.attention_flops(1, 2, 4, 4, 8, causal=False) == 1024
+    assert cal.attention_flops(1, 2, 4, 4, 8, causal=True) == 640
+    # decode (Sq = 1) attends every key: 4*B*H*Skv*D = 4*1*2*10*8 = 640, causal or not
+    assert cal.attention_flops(1, 2, 1, 10, 8, causal=True) == cal.attention_flops(1, 2, 1, 10, 8, False) == 640
+    # bytes: q, out (Sq rows) + k, v (Skv rows): 1*2*8*(2*1 + 2*10) * 2 B = 704
+    assert cal.attention_bytes(1, 2, 1, 10, 8, 2) == 704
+    # backward reads q, k, v, out, dout and writes dq, dk, dv: 1*2*8*(4*4 + 4*4) * 2 = 1024
+    assert cal.attention_bytes(1, 2, 4, 4, 8, 2, backward=True) == 1024
+
+
+def test_efficiency_is_roofline_over_measured():
+    # m=n=k=1000 fp16: 2e9 FLOPs / 800e12 = 2.5 us; 6e6 B / 2e12 = 3 us (memory-bound); measured 6 us -> 0.5
+    flops, nbytes = cal.gemm_flops(1000, 1000, 1000), cal.gemm_bytes(1000, 1000, 1000, 2)
+    assert cal.roofline_time_s(flops, nbytes, 800e12, BW) == pytest.approx(3e-6)
+    assert cal.efficiency(flops, nbytes, 6e-6, 800e12, BW) == pytest.approx(0.5)
+
+
+# ---------------------------------------------------------------- curves and tables
+
+def test_binned_curve_hand_worked():
+    # bins of 0.5 decade: 6.1, 6.2, 6.4 -> bin [6.0, 6.5); 7.0, 7.3 -> bin [7.0, 7.5)
+    sizes = [10**6.1, 10**6.2, 10**6.4, 10**7.0, 10**7.3]
+    curve = cal.binned_curve(sizes, [0.1, 0.2, 0.3, 0.5, 0.7])
+    assert curve.x == pytest.approx([6.2, 7.15])
+    assert curve.efficiency == pytest.approx([0.2, 0.6])
+
+
+def _gemm_records(grid, eff_of, skip=()):
+    recs = []
+    for dtype in ("fp16", "fp32"):
+        for m in grid["m"]:
+            for n in grid["n"]:
+                for k in grid["k"]:
+                    if (m, n, k) in skip:
+                        continue
+                    t = cal.roofline_time_s(cal.gemm_flops(m, n, k), cal.gemm_bytes(m, n, k, cal.ELEM_BYTES[dtype]),
+                                            PEAKS["flops_per_s"][dtype], BW) / eff_of(m, n, k)
+                    recs.append({"bench": "gemm", "dtype": dtype, "m": m, "n": n, "k": k, "time_s": t})
+    return recs
+
+
+GRID = {"m": [1, 128, 4096], "n": [512, 8192], "k": [512, 8192]}
+
+
+def _eff(m, n, k):   # a known efficiency, different at every grid point
+    return 0.1 + 0.2 * GRID["m"].index(m) + 0.1 * GRID["n"].index(n) + 0.05 * GRID["k"].index(k)
+
+
+def test_gemm_efficiency_recovered_exactly_and_gaps_filled():
+    skip = {(4096, 8192, 8192)}
+    curves, tables, notes = cal.fit_gemm(_gemm_records(GRID, _eff, skip), PEAKS, GRID)
+    assert set(tables) == {"fp16", "fp32"}
+    table = tables["fp16"]
+    for i, m in enumerate(GRID["m"]):
+        for j, n in enumerate(GRID["n"]):
+            for l, k in enumerate(GRID["k"]):
+                if (m, n, k) not in skip:
+                    assert table.efficiency[i][j][l] == pytest.approx(_eff(m, n, k))
+    # the skipped corner (indices 2,1,1) has three neighbours at distance 1; the first in (m, n, k) order,
+    # (1, 1, 1) = m=128 n=8192 k=8192, wins: 0.1 + 0.2 + 0.1 + 0.05 = 0.45
+    assert table.efficiency[2][1][1] == pytest.approx(0.45)
+    assert "m=4096 n=8192 k=8192 <- m=128 n=8192 k=8192" in notes[0]
+    # curve: median efficiency in half-decade bins of log10(FLOPs); smallest GEMM 2*1*512*512 = 524288 FLOPs,
+    # alone in bin [5.5, 6.0) with efficiency 0.1
+    assert curves["fp16"].x[0] == pytest.approx(math.log10(524288), abs=1e-4)
+    assert curves["fp16"].efficiency[0] == pytest.approx(0.1)
+    assert all(b > a for a, b in zip(curves["fp16"].x, curves["fp16"].x[1:]))
+
+
+def test_memory_curve_hand_worked():
+    # bw 2e12. 1 MB input: copy moves 2e6 B -> 1 us roofline, measured 2 us -> 0.5; add moves 3e6 -> 1.5 us,
+    # measured 2 us -> 0.75. One point: median efficiency 0.625 at x = (log10 2e6 + log10 3e6) / 2 = 6.3891.
+    # 100 MB copy: 2e8 B / 2e12 = 100 us roofline, measured 125 us -> 0.8 at x = log10(2e8) = 8.30103.
+    recs = [{"bench": "memory", "op": "copy", "dtype": "fp16", "size_bytes": 10**6, "time_s": 2e-6},
+            {"bench": "memory", "op": "add", "dtype": "fp16", "size_bytes": 10**6, "time_s": 2e-6},
+            {"bench": "memory", "op": "copy", "dtype": "fp16", "size_bytes": 10**8, "time_s": 1e-4 / 0.8}]
+    curve, per_op, _ = cal.fit_memory(recs, BW)
+    assert curve.x == pytest.approx([6.3891, 8.30103], abs=1e-4)
+    assert curve.efficiency == pytest.approx([0.625, 0.8])
+    assert per_op["add"].efficiency == pytest.approx([0.75])
+
+
+def _attention_records():
+    recs = []
+    for direction, factor in (("forward", 1.0), ("backward", cal.ATTN_BACKWARD_FLOPS_FACTOR)):
+        for b, s in ((1, 4096), (16, 1024)):
+            flops = cal.attention_flops(b, 32, s, s, 128, True) * factor
+            nbytes = cal.attention_bytes(b, 32, s, s, 128, 2, backward=direction == "backward")
+            t = cal.roofline_time_s(flops, nbytes, PEAKS["flops_per_s"]["bf16"], BW) / 0.6   # efficiency 0.6
+            recs.append({"bench": "attention", "dtype": "bf16", "direction": direction, "batch": b, "heads": 32,
+                         "q_len": s, "kv_len": s, "head_dim": 128, "causal": True, "time_s": t})
+    nbytes = cal.attention_bytes(8, 32, 1, 4096, 128, 2)                # decode: memory-bound
+    recs.append({"bench": "attention", "dtype": "bf16", "direction": "forward", "batch": 8, "heads": 32,
+                 "q_len": 1, "kv_len": 4096, "head_dim": 128, "causal": False, "time_s": nbytes / BW / 0.4})
+    return recs
+
+
+def test_attention_curves_keys_and_recovered_efficiency():
+    curves, _ = cal.fit_attention(_attention_records(), PEAKS)
+    assert set(curves) == {"bf16", "bf16-backward", "bf16-decode"}
+    # both prefill shapes have 4*32*128*S*(S+1)/2*B = 1.37e11 FLOPs: one bin
+    assert curves["bf16"].efficiency == pytest.approx([0.6])
+    assert curves["bf16-backward"].efficiency == pytest.approx([0.6])  # 2.5x forward FLOPs convention
+    assert curves["bf16-decode"].efficiency == pytest.approx([0.4])
+    # decode x is log10(bytes): 8*32*128*(2*1 + 2*4096)*2 B
+    assert curves["bf16-decode"].x == pytest.approx([math.log10(8 * 32 * 128 * 8194 * 2)], abs=1e-4)
+
+
+def test_overheads_and_power():
+    recs = [{"bench": "overhead", "name": "graph_kernel_s", "samples_s": [2.1e-6, 2.0e-6, 2.2e-6]},
+            {"bench": "overhead", "name": "eager_op_s", "samples_s": [7e-6, 8e-6, 9e-6]},
+            {"bench": "overhead", "name": "module_call_s", "samples_s": [12e-6]},
+            {"bench": "overhead", "name": "functional_call_s", "samples_s": [8e-6]}]
+    out = cal.fit_overheads(recs)
+    assert out["launch_overhead_s"] == out["graphs_dispatch_s"] == pytest.approx(2.1e-6)
+    assert out["eager_dispatch_s"] == pytest.approx(8e-6)
+    assert out["module_overhead_s"] == pytest.approx(4e-6)           # 12 us - 8 us
+    power = [{"bench": "power", "load": "idle", "avg_power_w": 70.0},
+             {"bench": "power", "load": "compute", "avg_power_w": 630.0},
+             {"bench": "power", "load": "memory", "avg_power_w": 490.0}]
+    assert cal.fit_power(power, 700.0) == pytest.approx(
+        {"idle_power_w": 70.0, "power_compute_fraction": 0.9, "power_memory_fraction": 0.7})
+
+
+# ---------------------------------------------------------------- collectives
+
+def test_alpha_beta_fit_hand_worked():
+    # plain least squares through (0, 1), (1, 2), (2, 4): slope = sum dx*dt / sum dx^2 = 3 / 2 = 1.5,
+    # intercept = mean t - 1.5 * mean x = 7/3 - 1.5 = 5/6; bandwidth = 1 / slope
+    lat, bw = fit_alpha_beta([0.0, 1.0, 2.0], [1.0, 2.0, 4.0], relative=False)
+    assert lat == pytest.approx(5 / 6)
+    assert bw == pytest.approx(1 / 1.5)
+    # exact alpha-beta data is recovered exactly by either weighting: 20 us + bus bytes / 300 GB/s
+    x = [bus_bytes("all_reduce", s, 4) for s in (4096, 2**20, 2**26, 2**30)]
+    assert x[0] == 1.5 * 4096                                        # 2*(4-1)/4 = 1.5
+    t = [20e-6 + xi / 300e9 for xi in x]
+    for relative in (True, False):
+        lat, bw = fit_alpha_beta(x, t, relative=relative)
+        assert lat == pytest.approx(20e-6, rel=1e-9)
+        assert bw == pytest.approx(300e9, rel=1e-9)
+
+
+def test_fit_collectives_records_and_single_gpu():
+    recs = [{"bench": "collective", "op": "all_reduce", "world_size": 2, "size_bytes": s,
+             "time_s": 10e-6 + bus_bytes("all_reduce", s, 2) / 200e9} for s in (4096, 2**24, 2**30)]
+    fields, notes = fit_collectives(recs)
+    assert fields["allreduce_latency_s"] == pytest.approx(10e-6)
+    assert fields["allreduce_bus_bw_bytes_per_s"] == pytest.approx(200e9)
+    assert "3 sizes" in notes[0]
+    assert fit_collectives([]) == ({"allreduce_latency_s": None, "allreduce_bus_bw_bytes_per_s": None}, [])
+
+
+# ---------------------------------------------------------------- the whole fit, the files, the CLI
+
+def _raw():
+    recs = _gemm_records(GRID, _eff) + _attention_records()
+    recs += [{"bench": "memory", "op": op, "dtype": "fp16", "size_bytes": s,
+              "time_s": cal.MEMORY_OPS[op] * s / BW / 0.8} for op in ("copy", "add") for s in (4096, 2**26)]
+    recs += [{"bench": "overhead", "name": n, "samples_s": [v]} for n, v in
+             (("graph_kernel_s", 2e-6), ("eager_op_s", 7e-6), ("module_call_s", 11e-6), ("functional_call_s", 8e-6))]
+    recs += [{"bench": "power", "load": ld, "avg_power_w": w} for ld, w in (("idle", 70), ("compute", 630),
+                                                                            ("memory", 490))]
+    return {"device": "h100-sxm", "peaks": PEAKS, "records": recs, "grid": {"gemm": GRID},
+            "provenance": {"gpu_name": "synthetic", "power_limit_w": "700.0", "method": "synthetic test data"}}
+
+
+def test_fit_calibration_writes_valid_yaml_and_raw_json(tmp_path):
+    out = cal.write_outputs(_raw(), tmp_path / "h100-sxm.yaml")
+    spec = CalibrationSpec(**yaml.safe_load(out.read_text()))
+    assert spec.measured and spec.device == "h100-sxm"
+    assert spec.gemm_tables["fp16"].efficiency[2][1][1] == pytest.approx(_eff(4096, 8192, 8192))
+    assert spec.memory_efficiency.efficiency == pytest.approx([0.8, 0.8])
+    assert spec.module_overhead_s == pytest.approx(3e-6)
+    assert spec.power_compute_fraction == pytest.approx(0.9)
+    assert spec.allreduce_bus_bw_bytes_per_s is None                 # one GPU: no collectives
+    assert "2.5x forward" in spec.notes
+    raw = json.loads((tmp_path / "h100-sxm.raw.json").read_text())
+    assert len(raw["records"]) == len(_raw()["records"])
+
+
+def test_missing_power_falls_back_to_default_rules():
+    raw = _raw()
+    raw["records"] = [r for r in raw["records"] if r["bench"] != "power"]
+    spec = cal.fit_calibration(raw, defaults=cal.load_default_rules())
+    assert spec.power_compute_fraction == 0.9 and "power: not measured" in spec.notes
+    with pytest.raises(AisimError, match="no usable power records"):
+        cal.fit_calibration(raw)
+
+
+def test_refit_cli_without_gpu(tmp_path, capsys):
+    raw_path = tmp_path / "x.raw.json"
+    raw_path.write_text(json.dumps(_raw()))
+    assert cal.main(["--refit", str(raw_path)]) == 0
+    CalibrationSpec(**yaml.safe_load((tmp_path / "x.yaml").read_text()))
+    assert "calibration written" in capsys.readouterr().out
+
+
+def test_no_cuda_is_a_clear_error_not_a_traceback(tmp_path, monkeypatch, capsys):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(AisimError, match="no CUDA GPU is visible"):
+        cal.run_calibration("h100-sxm", tmp_path / "h100-sxm.yaml")
+    assert cal.main(["--device", "h100-sxm", "--out", str(tmp_path / "h.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "error: no CUDA GPU is visible" in err and "Traceback" not in err
+    assert not (tmp_path / "h.yaml").exists()
+
+
+def test_unknown_device_lists_close_matches():
+    with pytest.raises(UnknownNameError, match="h100-sxm"):
+        cal.resolve_device("h100-sxmm")
+
+
+# ---------------------------------------------------------------- plans and the default rules
+
+def test_gemm_plan_skips_slow_and_huge_and_orders_coarse_first():
+    h100 = {"flops_per_s": {"fp32": 66.9e12, "tf32": 494.7e12, "fp16": 989.4e12, "bf16": 989.4e12},
+            "memory_bw_bytes_per_s": 3.35e12}
+    todo, skipped = cal.gemm_plan(False, h100, 50e6)
+    assert len(todo) + len(skipped) == 4 * 8 * 4 * 4
+    # fp32 32768^3: 7.0e13 FLOPs / 66.9e12 / 0.6 = 1.75 s predicted -> skipped
+    assert any(r["dtype"] == "fp32" and r["m"] == r["n"] == r["k"] == 32768 for r in skipped)
+    assert all(r["time_s"] is None and r["skipped"] for r in skipped)
+    levels = [it["level"] for it in todo]
+    assert levels == sorted(levels)
+    quick, quick_skipped = cal.gemm_plan(True, h100, 50e6)
+    assert len(quick) + len(quick_skipped) == 4 * 3 * 2 * 2
+
+
+def test_rotation_sets():
+    assert cal.rotation_sets(100e6, 50e6) == 1                       # one set exceeds L2
+    assert cal.rotation_sets(10e6, 50e6) == 15                       # ceil(3 * 50 / 10)
+    assert cal.rotation_sets(4096, 50e6) == 64                       # capped
+
+
+def test_default_rules_documented_and_valid():
+    spec = cal.load_default_rules()
+    assert spec.measured is False
+    assert "rules, not measurements" in spec.provenance["kind"]
+    for key in ("gemm", "attention", "memory", "overheads", "power"):
+        assert "http" in spec.provenance[key] or "arXiv" in spec.provenance[key] or "#" in spec.provenance[key]
+    assert spec.gemm_efficiency["bf16"].efficiency[0] == pytest.approx(0.05)
+    assert spec.gemm_efficiency["bf16"].efficiency[-1] == pytest.approx(0.75)
+    assert spec.gemm_efficiency["fp32"].efficiency[-1] == pytest.approx(0.85)
+    assert spec.memory_efficiency.efficiency[0] == pytest.approx(0.1)
+    assert spec.memory_efficiency.x[-1] == pytest.approx(math.log10(64e6), abs=0.01)
+    assert (spec.launch_overhead_s, spec.eager_dispatch_s, spec.graphs_dispatch_s, spec.module_overhead_s) == (
+        2e-6, 8e-6, 2.5e-6, 4e-6)
+    assert (spec.power_compute_fraction, spec.power_memory_fraction) == (0.9, 0.7)

@@ -1,0 +1,160 @@
+"""The traced operator graph: cross-checks with torch.utils.flop_counter and fvcore, parameter counts, invariants."""
+import math
+import warnings
+
+import pytest
+import torch
+
+from aisim.catalog import resolve_model
+from aisim.formulas import attention_flops, op_cost
+from aisim.graph.build import make_config, model_class
+from aisim.graph.extract import _trace_once, trace_workload
+from aisim.workload import ParallelPlan, Workload
+
+warnings.filterwarnings("ignore")
+
+
+def flops_by_kind(graph, kinds=("gemm",)):
+    return sum(op_cost(o).flops * r for o, r in zip(graph.ops, graph.repeats) if op_cost(o).kind in kinds)
+
+
+def attention_as_full(graph):
+    """Attention FLOPs counted without the causal skip (as flop_counter and fvcore count the matmuls)."""
+    return sum(attention_flops(o.inputs[0], o.inputs[1], o.inputs[2], False) * r
+               for o, r in zip(graph.ops, graph.repeats) if o.name.startswith("attention.") and o.phase == "forward")
+
+
+def cpu_model(config, attn="eager"):
+    hf = make_config(config)
+    hf._attn_implementation = attn
+    torch.manual_seed(0)
+    return model_class(config)(hf).eval()
+
+
+# Tolerance: aisim counts addmm's bias adds (M*N per linear); flop_counter does not (about 0.05% here).
+FLOP_COUNTER_REL_TOL = 2e-3
+# fvcore counts a multiply-add as 1 FLOP (doubled here) and adds layer-norm FLOPs of its own.
+FVCORE_REL_TOL = 5e-3
+
+
+@pytest.mark.parametrize("name", ["gpt2", "opt-125m", "bloom-560m", "cs336-small"])
+def test_flops_match_torch_flop_counter(name):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    _, config = resolve_model(name)
+    graph = trace_workload(config, Workload(phase="forward", batch=2, seq=64, dtype="fp32"), ParallelPlan())
+    ours = flops_by_kind(graph) + attention_as_full(graph)
+    model = cpu_model(config)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(input_ids=torch.zeros(2, 64, dtype=torch.long), use_cache=False)
+    assert ours == pytest.approx(counter.get_total_flops(), rel=FLOP_COUNTER_REL_TOL)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "opt-125m"])
+def test_flops_match_fvcore(name):
+    from fvcore.nn import FlopCountAnalysis
+
+    _, config = resolve_model(name)
+    graph = trace_workload(config, Workload(phase="forward", batch=2, seq=64, dtype="fp32"), ParallelPlan())
+    ours = flops_by_kind(graph) + attention_as_full(graph)
+
+    class Logits(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids):
+            return self.m(input_ids=ids, use_cache=False).logits
+
+    analysis = FlopCountAnalysis(Logits(cpu_model(config)), (torch.zeros(2, 64, dtype=torch.long),))
+    analysis.unsupported_ops_warnings(False)
+    analysis.uncalled_modules_warnings(False)
+    assert ours == pytest.approx(2 * analysis.total(), rel=FVCORE_REL_TOL)
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("opt-6.7b", 6_658_473_984), ("Meta-Llama-3-8B", 8_030_261_248), ("gpt2", 124_439_808),
+    ("bloom-560m", 559_214_592), ("Llama-2-70b-hf", 68_976_648_192)])
+def test_parameter_count_from_two_traced_layers_matches_the_full_model(name, expected):
+    _, config = resolve_model(name)
+    graph = trace_workload(config, Workload(phase="forward", batch=1, seq=8), ParallelPlan())
+    assert graph.param_count == expected
+
+
+def test_layer_scaling_equals_a_full_depth_trace(tiny_llama):
+    w = Workload(phase="forward-backward", batch=2, seq=16, dtype="fp32")
+    scaled = trace_workload(tiny_llama, w, ParallelPlan(), use_cache=False)
+    full = _trace_once(tiny_llama, w, ParallelPlan(), layers=4)
+    assert sum(scaled.repeats) == pytest.approx(len(full["ops"]))
+    assert flops_by_kind(scaled, ("gemm", "attention")) == pytest.approx(
+        sum(op_cost(o).flops for o in full["ops"] if op_cost(o).kind in ("gemm", "attention")))
+    assert scaled.peak_activation_bytes == pytest.approx(full["peak_bytes"], rel=1e-6)
+    assert scaled.param_count == full["param_count"]
+
+
+def test_tensor_parallel_two_halves_the_matmul_flops_per_gpu(tiny_llama):
+    w = Workload(phase="forward", batch=2, seq=16)
+    one = trace_workload(tiny_llama, w, ParallelPlan())
+    two = trace_workload(tiny_llama, w, ParallelPlan(tp=2))
+    # exact but for the rotary embedding's small bmm (inv_freq x positions), which every rank computes whole
+    assert flops_by_kind(two, ("gemm", "attention")) == pytest.approx(
+        flops_by_kind(one, ("gemm", "attention")) / 2, rel=1e-4)
+    # two all-reduces per layer (after o_proj and down_proj) and one all-gather of the vocab-parallel logits
+    names = [o.name for o, r in zip(two.ops, two.repeats) for _ in range(round(r))]
+    assert names.count("nccl.all_reduce") == 2 * 4 and names.count("nccl.all_gather") == 1
+
+
+def test_tp_scope_mlp_shards_only_the_mlp(tiny_llama):
+    w = Workload(phase="forward", batch=2, seq=16)
+    one = trace_workload(tiny_llama, w, ParallelPlan())
+    mlp = trace_workload(tiny_llama, w, ParallelPlan(tp=2, tp_scope="mlp"))
+    # per layer: q,k,v,o = 64*(64+32+32+64) weights kept, gate/up/down = 3*64*128 halved
+    assert one.param_count - mlp.param_count == 4 * 3 * 64 * 128 // 2
+    names = [o.name for o, r in zip(mlp.ops, mlp.repeats) for _ in range(round(r))]
+    assert names.count("nccl.all_reduce") == 4
+
+
+def test_forward_backward_matmuls_are_three_times_forward(tiny_llama):
+    fwd = trace_workload(tiny_llama, Workload(phase="forward", batch=2, seq=16, dtype="fp32", with_loss=True),
+                         ParallelPlan())
+    fb = trace_workload(tiny_llama, Workload(phase="forward-backward", batch=2, seq=16, dtype="fp32"), ParallelPlan())
+    # exact but for the rotary embedding's bmm, which has no backward
+    assert flops_by_kind(fb) == pytest.approx(3 * flops_by_kind(fwd), rel=1e-4)
+
+
+def test_decode_step_is_prefill_with_one_query(tiny_llama):
+    decode = trace_workload(tiny_llama, Workload(phase="decode", batch=3, seq=40), ParallelPlan())
+    one_token = trace_workload(tiny_llama, Workload(phase="prefill", batch=3, seq=1), ParallelPlan())
+    assert flops_by_kind(decode) == pytest.approx(flops_by_kind(one_token))
+    attn = [o for o in decode.ops if o.name.startswith("attention.")]
+    assert attn and attn[0].inputs[0].shape[-2] == 1 and attn[0].inputs[1].shape[-2] == 40
+
+
+def test_prefill_keeps_exactly_the_kv_cache(tiny_llama):
+    graph = trace_workload(tiny_llama, Workload(phase="prefill", batch=2, seq=32, dtype="fp16"), ParallelPlan())
+    head_dim = 64 // 4
+    kv = 2 * 4 * 2 * 2 * 32 * head_dim * 2  # K and V, 4 layers, batch 2, 2 kv heads, 32 tokens, fp16
+    last_logits = 2 * 1 * 256 * 2
+    assert graph.persistent_bytes == pytest.approx(kv + last_logits, abs=1024)
+
+
+def test_training_keeps_saved_activations_and_gradients(tiny_llama):
+    fwd = trace_workload(tiny_llama, Workload(phase="forward", batch=2, seq=16, dtype="fp32"), ParallelPlan())
+    fb = trace_workload(tiny_llama, Workload(phase="forward-backward", batch=2, seq=16, dtype="fp32"), ParallelPlan())
+    assert fb.persistent_bytes == pytest.approx(fb.param_bytes, rel=1e-6)  # gradients remain after backward
+    assert fb.peak_activation_bytes > fwd.peak_activation_bytes
+
+
+def test_unknown_model_type_is_a_clear_error():
+    from aisim.errors import AisimError
+
+    with pytest.raises(AisimError, match="model_type"):
+        trace_workload({"model_type": "no-such-arch"}, Workload(), ParallelPlan(), use_cache=False)
+
+
+def test_causal_attention_counts_the_lower_triangle(tiny_llama):
+    graph = trace_workload(tiny_llama, Workload(phase="forward", batch=1, seq=64), ParallelPlan())
+    attn = [o for o in graph.ops if o.name == "attention.flash"]
+    assert attn and attn[0].attrs["is_causal"]
+    assert op_cost(attn[0]).flops == 4 * 4 * (64 * 65 / 2) * 16
+    assert math.isclose(graph.repeats[graph.ops.index(attn[0])], 4)
