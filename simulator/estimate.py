@@ -11,6 +11,7 @@ import numpy as np
 
 from . import catalog
 from .errors import AisimError
+from .plan import choose_plan
 from .results import Estimate, OpCost
 from .specs import all_runtimes, load_calibration
 from .units import GB, MS_PER_S
@@ -29,24 +30,6 @@ class StepCost:
     bytes: float
     table: list[OpCost]
     unknown: list[str]
-
-
-def default_plan(device: catalog.Device, tp: int | None, pp: int, dp: int,
-                 tp_scope: str) -> tuple[ParallelPlan, str | None]:
-    """The plan for ``NAMExN`` when --tp is not given: tensor parallel over the GPUs that pp x dp leave."""
-    note = None
-    if tp is None:
-        if device.count % (pp * dp):
-            raise AisimError(f"--pp {pp} x --dp {dp} = {pp * dp} does not divide the {device.count} GPUs of "
-                             f"{device.name}")
-        tp = device.count // (pp * dp)
-        if device.count > 1:
-            note = f"default plan for {device.name}: tensor parallel {tp} x pipeline {pp} x data {dp}"
-    plan = ParallelPlan(tp=tp, pp=pp, dp=dp, tp_scope=tp_scope)
-    if plan.gpus != device.count:
-        raise AisimError(f"the plan tp {plan.tp} x pp {plan.pp} x dp {plan.dp} = {plan.gpus} GPUs does not match "
-                         f"the {device.count} GPU(s) of {device.name}; make the product equal {device.count}")
-    return plan, note
 
 
 def estimate(model: str, device: str, workload: str = "forward", batch: int = 1, seq: int = 1024, gen: int = 128,
@@ -70,7 +53,7 @@ def estimate(model: str, device: str, workload: str = "forward", batch: int = 1,
                      optimizer=optimizer, quant=quant)
     except ValueError as exc:
         raise AisimError(_pydantic_message(exc)) from None
-    plan, note = default_plan(dev, tp, pp, dp, tp_scope)
+    plan, note = choose_plan(config, dev.count, dev.name, batch, tp, pp, dp, tp_scope)
     assumptions = list(dev.assumptions) + ([note] if note else [])
     if not cal.measured:
         assumptions.append(f"{dev.gpu.name} has no calibration file: efficiencies and overheads are the "

@@ -237,6 +237,16 @@ def test_unknown_device_lists_close_matches():
         cal.resolve_device("h100-sxmm")
 
 
+def test_local_gpu_must_be_the_named_device():
+    from aisim.specs import all_hardware
+
+    hw = all_hardware()
+    assert cal.gpu_name_mismatch("NVIDIA H100 80GB HBM3", "h100-sxm", hw) is None
+    msg = cal.gpu_name_mismatch("NVIDIA H200", "h100-sxm", hw)
+    assert "--device h200" in msg
+    assert cal.gpu_name_mismatch("Some Future GPU", "h100-sxm", hw) is None     # unknown name: warn only
+
+
 # ---------------------------------------------------------------- plans and the default rules
 
 def test_gemm_plan_skips_slow_and_huge_and_orders_coarse_first():

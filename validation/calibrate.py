@@ -676,6 +676,13 @@ def run_calibration(device_name: str, out_path: Path, *, quick: bool = False, ma
     peaks = {"flops_per_s": {d: hw.peak_for(d) for d in GEMM_DTYPES}, "memory_bw_bytes_per_s": hw.memory_bw_bytes_per_s,
              "source": f"hardware_specs/gpus/{key}.yaml (datasheet)"}
     props = torch.cuda.get_device_properties(0)
+    from ..specs import all_hardware
+
+    mismatch = gpu_name_mismatch(props.name, key, all_hardware())
+    if mismatch:
+        raise AisimError(mismatch)
+    if props.name.strip().lower() not in {a.lower() for a in (hw.name, hw.display_name, *hw.aliases)}:
+        print(f"warning: no GPU spec lists the local GPU name {props.name!r}; calibrating it as {key!r}", flush=True)
     l2_bytes = float(getattr(props, "L2_cache_size", 0) or hw.l2_bytes)
     _log(budget, f"calibrating {props.name} as {key!r} ({'quick' if quick else 'full'}, budget {max_minutes} min)")
     torch.randn(1024, 1024, device="cuda") @ torch.randn(1024, 1024, device="cuda")    # context, cuBLAS handle
@@ -737,6 +744,25 @@ def resolve_device(name: str):
             return key, spec
     raise UnknownNameError("GPU", name, sorted(hardware), "Calibration needs the GPU's datasheet spec in "
                            "hardware_specs/gpus/<name>.yaml (add one for a new GPU).")
+
+
+def gpu_name_mismatch(local_name: str, key: str, hardware: dict) -> str | None:
+    """An error message when the local GPU (torch's name for it) is another known GPU than ``key``, else None.
+
+    Each GPU spec lists torch's device name among its aliases; a local name no spec lists passes (a new
+    board name of a known GPU, say), with a printed warning by the caller.
+    """
+    def names(spec) -> set[str]:
+        return {a.lower() for a in (spec.name, spec.display_name, *spec.aliases)}
+
+    local = local_name.strip().lower()
+    if local in names(hardware[key]):
+        return None
+    others = [k for k, spec in hardware.items() if local in names(spec)]
+    if others:
+        return (f"the local GPU is {local_name!r}, which aisim knows as {others[0]!r}, not {key!r}: "
+                f"run with --device {others[0]} (a calibration file must describe the GPU it was measured on)")
+    return None
 
 
 def _require_cuda():

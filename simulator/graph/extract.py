@@ -21,7 +21,7 @@ from ..workload import ParallelPlan, Workload
 from .ops import Graph, Op, TensorMeta
 
 TRACED_LAYERS = (1, 2)
-FORMAT_VERSION = "3"
+FORMAT_VERSION = "4"
 WHISPER_WINDOW_FRAMES = 3000  # 30 s of audio at 100 mel frames per second (whisper's fixed input window)
 
 
@@ -119,18 +119,17 @@ def _trace_once(config: dict, workload: Workload, plan: ParallelPlan, layers: in
     import torch
 
     from .build import build_meta_model
-    from .sharding import check_divisible, shard_model
+    from .sharding import shard_model
     from .tracer import Tracer, tracing
 
     model, attn = build_meta_model(config, workload.dtype, layers)
     tracer = Tracer()
-    check_divisible(model.config, plan.tp, plan.tp_scope)
     shard_model(model, plan.tp, plan.tp_scope, tracer)
     params = list(model.parameters())
     batch = workload.batch // plan.dp
     driver = _DRIVERS[workload.phase]
     training = workload.phase in ("forward-backward", "train")
-    model.train(training)
+    model.eval()  # dropout off in every phase, as the validation suite measures (docs/model.md)
     with torch.set_grad_enabled(training):
         kept = driver(model, config, workload, batch, tracer, tracing)
     persistent = tracer.live_bytes
@@ -176,10 +175,13 @@ def _decode(model, config, w: Workload, batch, tracer, tracing):
     import torch
 
     kwargs = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
-    with torch.no_grad():
+    from .tracer import Tracer
+
+    with torch.no_grad(), tracing(None, Tracer()):  # the cache is built untraced (item() needs the modes)
         past = model(input_ids=_ids(batch, max(w.seq - 1, 1)), use_cache=True, **kwargs).past_key_values
     for t in _tensors_in(past):
         tracer.track(t)
+    tracer.peak_bytes = tracer.live_bytes
     with tracing(model, tracer):
         out = model(input_ids=_ids(batch, 1), past_key_values=past, use_cache=True, **kwargs)
     return out, past

@@ -30,27 +30,6 @@ def _roles(scope: str) -> tuple[set[str], set[str]]:
     return column, row
 
 
-def check_divisible(hf_config, tp: int, scope: str) -> None:
-    """Raise an AisimError naming the dimension that ``tp`` does not divide."""
-    if tp == 1:
-        return
-    dims = {}
-    if scope in ("all", "attention"):
-        heads = getattr(hf_config, "num_attention_heads", None) or getattr(hf_config, "n_head", None)
-        dims["num_attention_heads"] = heads
-        kv = getattr(hf_config, "num_key_value_heads", None)
-        if kv:
-            dims["num_key_value_heads"] = kv
-    if scope in ("all", "mlp"):
-        ffn = (getattr(hf_config, "intermediate_size", None) or getattr(hf_config, "ffn_dim", None)
-               or 4 * getattr(hf_config, "hidden_size"))
-        dims["intermediate_size"] = ffn
-    for name, value in dims.items():
-        if value and value % tp:
-            raise AisimError(f"tensor parallel degree {tp} does not divide {name} = {value}; "
-                             f"choose --tp among the divisors of {value}")
-
-
 def shard_model(model, tp: int, scope: str, tracer) -> int:
     """Shard the meta model in place for one rank; returns how many linears were sharded."""
     if tp == 1:

@@ -48,6 +48,7 @@ class Tracer:
         self._storage_bytes: dict[int, float] = {}
         self.live_bytes = 0.0
         self.peak_bytes = 0.0
+        self.py_calls = 0  # Python-level torch calls since the last recorded op (eager CPU cost)
 
     # ---- liveness
     def track(self, t: torch.Tensor, new: bool = True) -> None:
@@ -77,6 +78,8 @@ class Tracer:
                 outputs=tuple(tensor_meta(o) for o in outputs), alias=alias, phase=self.phase,
                 scope=self.scope[-1] if self.scope else "", attrs=attrs or {})
         op.attrs["live_bytes"] = self.live_bytes
+        op.attrs["py_calls"] = self.py_calls
+        self.py_calls = 0
         self.ops.append(op)
         return op
 
@@ -150,7 +153,10 @@ class _Functions(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.nn.functional.scaled_dot_product_attention:
+            self.tracer.py_calls += 1
             return self._attention(*args, **kwargs)
+        if not self.tracer.suppress and getattr(func, "__name__", "") != "__get__":
+            self.tracer.py_calls += 1
         return func(*args, **kwargs)
 
     def _attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

@@ -1,0 +1,101 @@
+"""The CLI as a user meets it: exit codes, JSON keys, errors without tracebacks (typer's CliRunner)."""
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from aisim.cli import app
+
+runner = CliRunner()
+JSON_KEYS = {"runtime_ms", "memory_gb", "energy_j", "energy_j_per_token", "throughput_tokens_per_s", "tokens", "fits"}
+
+
+def run(*args):
+    return runner.invoke(app, list(args), env={"COLUMNS": "200"})
+
+
+def test_estimate_json_has_the_stable_keys():
+    r = run("estimate", "--model", "opt-125m", "--device", "h100", "--batch", "2", "--seq", "128", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert JSON_KEYS <= set(data)
+    assert data["fits"] is True and data["tokens"] == 256
+    assert data["runtime_ms"] > 0 and data["energy_j_per_token"] > 0
+    assert data["throughput_tokens_per_s"] == pytest.approx(256 / (data["runtime_ms"] / 1e3))
+
+
+def test_estimate_table_names_top_ops_and_the_default_plan():
+    r = run("estimate", "--model", "opt-1.3b", "--device", "a6000x8", "--seq", "128")
+    assert r.exit_code == 0, r.output
+    assert "top ops by time" in r.output and "default plan" in r.output and "nccl.all_reduce" in r.output
+
+
+def test_generate_reports_ttft_and_tpot():
+    r = run("estimate", "--model", "opt-125m", "--device", "h100", "--workload", "generate", "--seq", "64",
+            "--gen", "16", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert data["ttft_ms"] > 0 and data["tpot_ms"] > 0
+    assert data["runtime_ms"] == pytest.approx(data["ttft_ms"] + 15 * data["tpot_ms"])
+    assert data["tokens"] == 16
+
+
+def test_unknown_model_lists_close_matches_without_traceback():
+    r = run("estimate", "--model", "opt-6.8b", "--device", "h100")
+    assert r.exit_code == 2
+    assert "unknown model 'opt-6.8b'" in r.output and "opt-6.7b" in r.output
+    assert "Traceback" not in r.output
+
+
+def test_unknown_device_lists_close_matches():
+    r = run("estimate", "--model", "opt-125m", "--device", "a6000x8x")
+    assert r.exit_code == 2 and "unknown device" in r.output
+    r = run("estimate", "--model", "opt-125m", "--device", "h10")
+    assert r.exit_code == 2 and "h100" in r.output
+
+
+def test_default_plan_falls_back_to_data_parallel_where_tp_does_not_divide():
+    r = run("estimate", "--model", "opt-125m", "--device", "h100x8", "--batch", "2", "--seq", "64", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["plan"] == {"tp": 4, "pp": 1, "dp": 2, "tp_scope": "all"}
+
+
+def test_plan_that_does_not_divide_names_the_dimension():
+    r = run("estimate", "--model", "opt-125m", "--device", "h100x8", "--tp", "8")
+    assert r.exit_code == 2 and "num_attention_heads = 12" in r.output
+    r = run("estimate", "--model", "opt-125m", "--device", "h100x8", "--tp", "2")
+    assert r.exit_code == 2 and "does not match the 8 GPU(s)" in r.output
+
+
+def test_bad_workload_is_a_clear_error():
+    r = run("estimate", "--model", "opt-125m", "--device", "h100", "--workload", "fly")
+    assert r.exit_code == 2 and "phase" in r.output and "Traceback" not in r.output
+
+
+def test_config_that_does_not_fit_says_so_with_numbers():
+    r = run("estimate", "--model", "Llama-2-70b-hf", "--device", "rtx-a5000", "--seq", "128", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert data["fits"] is False and data["runtime_ms"] is None
+    assert "does not fit" in data["not_fit_reason"] and "GB" in data["not_fit_reason"]
+    assert data["memory_gb"] > 130
+
+
+def test_local_config_path(tmp_path):
+    from aisim.catalog import resolve_model
+
+    _, config = resolve_model("opt-125m")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    r = run("estimate", "--model", str(path), "--device", "l4", "--seq", "64", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["fits"]
+
+
+def test_lists_and_trace():
+    r = run("list", "models")
+    assert r.exit_code == 0 and "facebook/opt-6.7b" in r.output and "openai/whisper-medium.en" in r.output
+    r = run("list", "devices")
+    assert r.exit_code == 0 and "rtx-a6000" in r.output and "a6000x8" in r.output
+    r = run("trace", "--model", "gpt2", "--seq", "64")
+    assert r.exit_code == 0 and "aten.addmm" in r.output
