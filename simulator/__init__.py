@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 
 
 def estimate(*args, **kwargs):
-    from .estimate import estimate as _estimate
+    from .api import estimate as _estimate
 
     return _estimate(*args, **kwargs)
 

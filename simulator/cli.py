@@ -51,7 +51,7 @@ def estimate(
 ):
     """Estimate one workload step of MODEL on DEVICE."""
     from . import report
-    from .estimate import estimate as run_estimate
+    from .api import estimate as run_estimate
 
     result, notes = _run(run_estimate, model=model, device=device, workload=workload, batch=batch, seq=seq,
                          gen=gen, dtype=dtype, tp=tp, pp=pp, dp=dp, tp_scope=tp_scope, runtime=runtime,
@@ -74,7 +74,7 @@ def trace(
 ):
     """The traced operator table: count, FLOPs, bytes and share of time per aten op."""
     from . import report
-    from .estimate import estimate as run_estimate
+    from .api import estimate as run_estimate
 
     result, _ = _run(run_estimate, model=model, device=device, workload=workload, batch=batch, seq=seq,
                      dtype=dtype, top_ops=None)

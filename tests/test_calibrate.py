@@ -34,6 +34,21 @@ def test_gemm_and_attention_formulas_hand_worked():
     assert cal.attention_bytes(1, 2, 4, 4, 8, 2, backward=True) == 1024
 
 
+def test_counts_match_the_cost_models_formulas():
+    # calibration must measure efficiency against the very counts the estimate divides by
+    from aisim.formulas import op_cost
+    from aisim.graph.ops import Op, TensorMeta
+
+    x, w_t, out = TensorMeta((64, 256), "bf16"), TensorMeta((256, 512), "bf16"), TensorMeta((64, 512), "bf16")
+    mm = op_cost(Op("aten.mm", (x, w_t), {}, (out,), False))
+    assert (mm.flops, mm.bytes) == (cal.gemm_flops(64, 512, 256), cal.gemm_bytes(64, 512, 256, 2))
+    q, kv, o = (TensorMeta((2, 8, s, 64), "fp16") for s in (100, 300, 100))
+    for causal in (True, False):
+        att = op_cost(Op("attention.flash", (q, kv, kv), {}, (o,), False, attrs={"is_causal": causal}))
+        assert att.flops == cal.attention_flops(2, 8, 100, 300, 64, causal)
+        assert att.bytes == cal.attention_bytes(2, 8, 100, 300, 64, 2)
+
+
 def test_efficiency_is_roofline_over_measured():
     # m=n=k=1000 fp16: 2e9 FLOPs / 800e12 = 2.5 us; 6e6 B / 2e12 = 3 us (memory-bound); measured 6 us -> 0.5
     flops, nbytes = cal.gemm_flops(1000, 1000, 1000), cal.gemm_bytes(1000, 1000, 1000, 2)
@@ -283,3 +298,18 @@ def test_default_rules_documented_and_valid():
     assert (spec.launch_overhead_s, spec.eager_dispatch_s, spec.graphs_dispatch_s, spec.module_overhead_s) == (
         2e-6, 8e-6, 2.5e-6, 4e-6)
     assert (spec.power_compute_fraction, spec.power_memory_fraction) == (0.9, 0.7)
+
+
+def test_power_meter_aligns_to_energy_counter_steps():
+    # a fake NVML whose energy counter (mJ) advances in 100 ms steps at 250 W; a window that started or ended
+    # between steps would be off by up to 0.1 s / 0.5 s = 20 %, aligned to steps it is off by one 5 ms poll
+    import time
+
+    class FakeNvml:
+        t0 = time.perf_counter()
+
+        def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+            return int((time.perf_counter() - self.t0) // 0.1) * 0.1 * 250.0 * 1e3
+
+    meter = cal.PowerMeter(FakeNvml(), None, "energy counter", 700.0, "test")
+    assert meter.average_w(0.5) == pytest.approx(250.0, rel=0.05)

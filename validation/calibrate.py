@@ -33,6 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import AisimError, UnknownNameError
+from ..formulas import FLASH_BACKWARD_FLOPS_RATIO
+from ..formulas import attention_flops as _formula_attention_flops
+from ..graph.ops import TensorMeta
 from ..specs import CalibrationSpec, Curve, GemmTable
 
 # ---------------------------------------------------------------- conventions and grids (documented constants)
@@ -49,7 +52,7 @@ ATTN_HEAD_DIMS = (128, 64)
 ATTN_PREFILL = ((1, 128), (1, 512), (4, 1024), (16, 1024), (1, 4096), (8, 2048))    # (batch, seq)
 ATTN_DECODE_KV = (128, 1024, 4096)
 ATTN_DECODE_BATCH = (1, 8, 64)
-ATTN_BACKWARD_FLOPS_FACTOR = 2.5  # flash-attention backward: 5 matmuls of the forward's 2 -> 2.5x forward
+ATTN_BACKWARD_FLOPS_FACTOR = FLASH_BACKWARD_FLOPS_RATIO   # 2.5: flash backward, 5 matmuls to the forward's 2
 MEMORY_DTYPES = ("fp16", "fp32")
 # tensors of the input's size that each op reads + writes (bytes moved = this x input bytes)
 MEMORY_OPS = {"copy": 2, "add": 3, "gelu": 2, "silu": 2, "layer_norm": 2, "rms_norm": 2, "softmax": 2}
@@ -74,19 +77,12 @@ def gemm_bytes(m: int, n: int, k: int, elem_bytes: float) -> float:
 
 
 def attention_flops(batch: int, heads: int, q_len: int, kv_len: int, head_dim: int, causal: bool) -> float:
-    """SDPA forward: QK^T and PV are each 2*q*kv*d FLOPs per head -> 4*B*H*Sq*Skv*D.
-
-    Causal counts only the attended (query, key) pairs, the mask aligned bottom-right:
-    Sq*(Skv-Sq) + Sq*(Sq+1)/2 pairs; for Sq == Skv that is Sq*(Sq+1)/2 (about half), and a decode step
-    (Sq = 1) attends all Skv keys. Softmax FLOPs are not counted (as torch.utils.flop_counter).
-    """
-    if not causal:
-        pairs = q_len * kv_len
-    else:
-        if q_len > kv_len:
-            raise ValueError(f"causal attention needs q_len <= kv_len, got {q_len} > {kv_len}")
-        pairs = q_len * (kv_len - q_len) + q_len * (q_len + 1) / 2
-    return 4.0 * batch * heads * head_dim * pairs
+    """SDPA forward FLOPs by the cost model's own formula (aisim.formulas.attention_flops, written once):
+    4*B*H*Sq*Skv*D; causal counts the attended pairs with the mask aligned bottom-right, Sq*(Skv-Sq) +
+    Sq*(Sq+1)/2, i.e. Sq*(Sq+1)/2 for Sq == Skv and all Skv keys for a decode step (Sq = 1)."""
+    q = TensorMeta((batch, heads, q_len, head_dim), "fp16")
+    kv = TensorMeta((batch, heads, kv_len, head_dim), "fp16")
+    return _formula_attention_flops(q, kv, kv, causal)
 
 
 def attention_bytes(batch: int, heads: int, q_len: int, kv_len: int, head_dim: int, elem_bytes: float,
@@ -596,20 +592,36 @@ class PowerMeter:
     driver: str
 
     def average_w(self, seconds: float, work=None) -> float:
-        """Average board power over ``seconds`` while ``work()`` (one batch of GPU work + sync) repeats."""
-        if work is not None:
-            t_end = time.perf_counter() + 0.5       # ramp clocks and power first
-            while time.perf_counter() < t_end:
-                work()
-        energy = self.method.startswith("energy")
-        e0, t0, samples = self._energy_j() if energy else 0.0, time.perf_counter(), []
-        while time.perf_counter() - t0 < seconds:
-            work() if work is not None else time.sleep(0.05)
-            if not energy:
+        """Average board power over ``seconds`` while ``work()`` (one batch of GPU work + sync) repeats.
+
+        The energy counter advances in steps, so the window runs from one step to another (found by polling
+        between batches): the error is one batch, not one counter period.
+        """
+        step = work if work is not None else (lambda: time.sleep(0.005))
+        t_end = time.perf_counter() + (0.5 if work is not None else 0.0)     # ramp clocks and power first
+        while time.perf_counter() < t_end:
+            step()
+        if not self.method.startswith("energy"):
+            samples, t0 = [], time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                step()
                 samples.append(self.nvml.nvmlDeviceGetPowerUsage(self.handle) / 1e3)
-        if energy:
-            return (self._energy_j() - e0) / (time.perf_counter() - t0)
-        return statistics.fmean(samples)
+            return statistics.fmean(samples)
+        e0, t0 = self._next_energy_step(step)
+        while time.perf_counter() - t0 < seconds:
+            step()
+        e1, t1 = self._next_energy_step(step)
+        return (e1 - e0) / (t1 - t0)
+
+    def _next_energy_step(self, step, limit_s: float = 1.0) -> tuple[float, float]:
+        """(energy J, time) just after the counter next changes, running ``step`` meanwhile."""
+        first, t_stop = self._energy_j(), time.perf_counter() + limit_s
+        while time.perf_counter() < t_stop:
+            step()
+            now = self._energy_j()
+            if now != first:
+                return now, time.perf_counter()
+        return self._energy_j(), time.perf_counter()
 
     def _energy_j(self) -> float:
         return self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle) / 1e3    # mJ -> J
@@ -821,7 +833,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m aisim.validation.calibrate", description=__doc__.splitlines()[0])
     p.add_argument("--device", help="aisim GPU name of the local GPU (a file stem in hardware_specs/gpus/)")
     p.add_argument("--out", type=Path, help="YAML to write (default hardware_specs/calibration/<device>.yaml)")
-    p.add_argument("--quick", action="store_true", help="small grids (about a minute)")
+    p.add_argument("--quick", action="store_true", help="small grids (about 20 s on an H100)")
     p.add_argument("--max-minutes", type=float, default=4.0, help="wall-clock budget; grids shrink to fit")
     p.add_argument("--refit", type=Path, help="refit an existing .raw.json (no GPU needed) instead of measuring")
     args = p.parse_args(argv)

@@ -1,0 +1,215 @@
+"""Run a measurement suite into a JSONL dataset: ``python -m aisim.validation.runner SUITE --out FILE``.
+
+The file is a sequence of sections: a provenance header line (``type: header``: GPU, driver, CUDA, torch,
+transformers, power limit, date, host, aisim version) followed by one ``type: case`` line per finished case,
+appended and flushed as soon as the case ends. A rerun with the same file skips cases already finished
+(status ok or oom) under a header of the same GPU name, and writes a new header for the lines it adds.
+Cases that share a model, dtype and TP plan run together on one built model; a case that fails (oom, error) is
+recorded and the run goes on; ``max_minutes`` stops cleanly between cases.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .suite import Case, MeasureSettings, Suite, group_cases, load_suite
+
+FINISHED = ("ok", "oom")
+STATUSES = ("ok", "oom", "error", "skipped")
+METRIC_FIELDS = ("runtime_ms_median", "runtime_ms_mean", "runtime_ms_std", "runtime_ms_min", "trials",
+                 "peak_memory_gb", "nvml_memory_gb", "energy_j_per_step", "energy_j_per_token", "avg_power_w",
+                 "throughput_tokens_per_s", "tp_impl")
+
+
+class RunError(Exception):
+    """The run cannot start (e.g. the output file holds measurements of another GPU); the message says why."""
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The lines of a dataset; a torn last line (a run killed mid-write) is ignored."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    lines = []
+    with open(path) as f:
+        for number, text in enumerate(f, 1):
+            if not text.strip():
+                continue
+            try:
+                lines.append(json.loads(text))
+            except json.JSONDecodeError:
+                print(f"warning: {path}:{number}: not JSON, ignored", file=sys.stderr)
+    return lines
+
+
+def finished_keys(lines: list[dict], gpu_name: str) -> set[str]:
+    """Keys of cases finished (ok or oom) in sections whose header names ``gpu_name``."""
+    keys, current = set(), None
+    for line in lines:
+        if line.get("type") == "header":
+            current = line.get("gpu_name")
+        elif line.get("type") == "case" and current == gpu_name and line.get("status") in FINISHED:
+            keys.add(line["key"])
+    return keys
+
+
+def _check_header(lines: list[dict], header: dict, path: Path, new_section: bool) -> None:
+    headers = [line for line in lines if line.get("type") == "header"]
+    if not headers or headers[-1].get("gpu_name") == header["gpu_name"] or new_section:
+        return
+    raise RunError(f"{path} holds measurements from {headers[-1].get('gpu_name')!r}, but this machine's GPU is "
+                   f"{header['gpu_name']!r}. Write to another --out file, or pass --new-section (new_section=True) "
+                   "to append a section for this GPU.")
+
+
+def case_record(case: Case, status: str, result: dict | None = None, error: str | None = None) -> dict:
+    """One JSONL case line: the case, its status, and the measurement (None everywhere it was not measured)."""
+    record = {"type": "case", "key": case.key, **case.model_dump(), "status": status, "error": error}
+    record.update({name: None for name in METRIC_FIELDS})
+    record.update({"energy_available": False, "tokens": case.tokens})
+    record.update(result or {})
+    return record
+
+
+class _Writer:
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(path, "a")
+        self.lines = 0
+
+    def write(self, line: dict) -> None:
+        self.file.write(json.dumps(line, default=str) + "\n")
+        self.file.flush()
+        self.lines += 1
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _run_local_group(cases: list[Case], settings: MeasureSettings, device, deadline: float | None, emit) -> bool:
+    """Measure a single-device group in this process. Returns True if the time budget stopped it."""
+    from .distributed import classify_error
+    from .measure import build_model, free_memory, measure_case
+
+    first = cases[0]
+    try:
+        bm = build_model(first.model, first.dtype, device, seed=settings.seed)
+    except Exception as exc:  # noqa: BLE001 - recorded for every case of the group
+        status, message = classify_error(exc)
+        bm = None
+    free_memory()
+    if bm is None:
+        for case in cases:
+            emit(case, status, error=message)
+        return False
+    try:
+        for case in cases:
+            if deadline is not None and time.time() >= deadline:
+                return True
+            result, status, message = None, "ok", None
+            try:
+                result = measure_case(bm, case, settings)
+            except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+                status, message = classify_error(exc)
+            free_memory()
+            emit(case, status, result=result, error=message)
+    finally:
+        del bm
+        free_memory()
+    return False
+
+
+def _progress(enabled: bool):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=Console(stderr=True), disable=not enabled, transient=False)
+
+
+def run_suite(suite_path: str | Path, out_jsonl: str | Path, *, gpus: list[int] | None = None,
+              device_name: str | None = None, max_minutes: float | None = None, new_section: bool = False,
+              only: str | None = None, settings: MeasureSettings | None = None, progress: bool = True) -> dict:
+    """Measure every unfinished case of a suite, appending to ``out_jsonl``; returns counts per status.
+
+    gpus: CUDA device indices to use (rank r of a TP case uses gpus[r]); default all. device_name: the GPU
+    name to record (default torch's name; 'cpu' without CUDA). only: run just the cases whose key contains
+    this text. settings: override the suite's MeasureSettings. Raises RunError on a GPU-name mismatch with
+    the file's last header unless new_section.
+    """
+    from .distributed import run_tp_group
+    from .gpu import environment_header, set_safe_env, torch_device
+
+    set_safe_env()
+    suite: Suite = load_suite(suite_path)
+    settings = settings or suite.settings
+    out = Path(out_jsonl)
+    header = {**environment_header(gpus, device_name), "suite": suite.name, "settings": settings.model_dump()}
+    lines = read_jsonl(out)
+    _check_header(lines, header, out, new_section)
+    done = finished_keys(lines, header["gpu_name"])
+    todo = [c for c in suite.cases if c.key not in done and (only is None or only in c.key)]
+    counts = {s: 0 for s in STATUSES} | {"already_done": len(done & {c.key for c in suite.cases}),
+                                         "stopped_by_budget": False, "out": str(out)}
+    deadline = time.time() + max_minutes * 60 if max_minutes is not None else None
+    writer = _Writer(out)
+    try:
+        with _progress(progress) as bar:
+            task = bar.add_task(suite.name, total=len(todo))
+
+            def emit(case: Case, status: str, result: dict | None = None, error: str | None = None) -> None:
+                if not writer.lines:
+                    writer.write(header)   # a header only for a run that adds lines
+                writer.write(case_record(case, status, result, error))
+                counts[status] += 1
+                bar.update(task, advance=1, description=f"{case.key} [{status}]")
+
+            for group in group_cases(todo):
+                if deadline is not None and time.time() >= deadline:
+                    counts["stopped_by_budget"] = True
+                    break
+                bar.update(task, description=f"building {group[0].model} ({group[0].dtype}, tp={group[0].tp})")
+                if group[0].tp > 1:
+                    stopped = run_tp_group(group, settings, emit=emit, gpus=gpus, deadline=deadline)
+                else:
+                    stopped = _run_local_group(group, settings, torch_device(gpus), deadline, emit)
+                if stopped:
+                    counts["stopped_by_budget"] = True
+                    break
+    finally:
+        writer.close()
+    return counts
+
+
+def _parse_gpus(text: str | None) -> list[int] | None:
+    return [int(g) for g in text.split(",")] if text else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m aisim.validation.runner", description=__doc__.split("\n")[0])
+    parser.add_argument("suite", help="suite YAML, e.g. validation/suites/h100.yaml")
+    parser.add_argument("--out", help="JSONL to append to (default validation/data/<suite name>.jsonl)")
+    parser.add_argument("--gpus", help="comma-separated CUDA device indices, e.g. 0,1 (default: all)")
+    parser.add_argument("--device-name", help="GPU name to record instead of torch's")
+    parser.add_argument("--max-minutes", type=float, help="stop cleanly between cases after this long")
+    parser.add_argument("--new-section", action="store_true", help="append even if the file is from another GPU")
+    parser.add_argument("--only", help="run only cases whose key contains this text")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    out = args.out or str(Path("validation/data") / f"{load_suite(args.suite).name}.jsonl")
+    try:
+        counts = run_suite(args.suite, out, gpus=_parse_gpus(args.gpus), device_name=args.device_name,
+                           max_minutes=args.max_minutes, new_section=args.new_section, only=args.only,
+                           progress=not args.no_progress)
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(counts))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
