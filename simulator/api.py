@@ -88,7 +88,7 @@ def step_cost(graph, dev, cal, rt, w: Workload, plan: ParallelPlan) -> StepCost:
     repeats = np.array(graph.repeats, dtype=float)
     kinds = [c.kind for c in costs]
     launches = np.array([c.launches for c in costs], dtype=float)
-    cpu_s = cpu_costs(kinds, launches, cal, rt)
+    cpu_s = cpu_costs(graph.ops, kinds, launches, cal, rt)
     syncs = np.array([k == "sync" for k in kinds])
     timeline = simulate(gpu_s, cpu_s, repeats, syncs)
     runtime_s = timeline.runtime_s + rt.per_step_overhead_s

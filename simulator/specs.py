@@ -132,6 +132,9 @@ class CalibrationSpec(Spec):
     eager_dispatch_s: float = Field(description="CPU time to dispatch one aten op in eager PyTorch")
     graphs_dispatch_s: float = Field(description="CPU time per kernel under CUDA graphs / fused engines")
     module_overhead_s: float = Field(0.0, description="extra Python time per nn.Module call in eager HF models")
+    eager_python_call_s: float | None = Field(None, description="CPU time per Python-level torch call (fit)")
+    eager_kernel_dispatch_s: float | None = Field(None, description="CPU time per kernel-launching aten op (fit)")
+    eager_view_dispatch_s: float | None = Field(None, description="CPU time per view aten op (fit)")
     power_compute_fraction: float = Field(description="power at full compute load / board power")
     power_memory_fraction: float = Field(description="power at full memory-bound load / board power")
     idle_power_w: float | None = None

@@ -218,13 +218,37 @@ def fit_memory(records: list[dict], memory_bw_bytes_per_s: float) -> tuple[Curve
     return curve, per_op, [f"memory: {len(rows)} (op, dtype, size) points, ops {sorted(per_op)}"]
 
 
+# Python-level torch calls, kernel-launching aten ops and view aten ops that one call of each benchmark makes
+# (as aisim's tracer counts them): a.view(-1) = 1 call + 1 view; x.add_(1) = 1 call + 1 kernel;
+# F.linear(a, w) = 1 call + t (view) + mm (kernel); a.t().contiguous() = 2 calls + t (view) + clone (kernel);
+# torch.add(a, a) = 1 call + 1 kernel (allocating its output).
+DISPATCH_MIX = {"view_call_s": (1, 0, 1), "eager_op_s": (1, 1, 0), "linear_nobias_s": (1, 1, 1),
+                "t_contiguous_s": (2, 1, 1), "add_out_s": (1, 1, 0)}
+
+
+def fit_dispatch(med: dict[str, float]) -> dict[str, float]:
+    """Least squares of wall time per call = calls * P + kernels * K + views * V over DISPATCH_MIX (non-negative)."""
+    import numpy as np
+
+    names = [n for n in DISPATCH_MIX if n in med]
+    if len(names) < 3:
+        return {}
+    a = np.array([DISPATCH_MIX[n] for n in names], dtype=float)
+    b = np.array([med[n] for n in names])
+    coef, *_ = np.linalg.lstsq(a, b, rcond=None)
+    coef = np.clip(coef, 0.0, None)
+    return {"eager_python_call_s": float(coef[0]), "eager_kernel_dispatch_s": float(coef[1]),
+            "eager_view_dispatch_s": float(coef[2])}
+
+
 def fit_overheads(records: list[dict]) -> dict[str, float]:
-    """Overhead samples -> launch/graphs dispatch (graph replay per kernel), eager dispatch (wall per tiny op)
-    and module overhead (nn.Linear call minus F.linear call, floored at 0); medians of the samples."""
+    """Overhead samples -> launch/graphs dispatch (graph replay per kernel), eager dispatch (wall per tiny op),
+    module overhead (nn.Linear call minus F.linear call, floored at 0) and the eager dispatch split
+    (fit_dispatch); medians of the samples."""
     med = {r["name"]: statistics.median(r["samples_s"]) for r in records if r["bench"] == "overhead"}
     graph = med["graph_kernel_s"]
     return {"launch_overhead_s": graph, "graphs_dispatch_s": graph, "eager_dispatch_s": med["eager_op_s"],
-            "module_overhead_s": max(0.0, med["module_call_s"] - med["functional_call_s"])}
+            "module_overhead_s": max(0.0, med["module_call_s"] - med["functional_call_s"]), **fit_dispatch(med)}
 
 
 def fit_power(records: list[dict], power_limit_w: float) -> dict[str, float]:
@@ -558,8 +582,12 @@ def bench_overheads(repeats: int = 7, count: int = 2000, graph_kernels: int = 10
         graph_s.append(s.elapsed_time(e) * 1e-3 / graph_kernels)
     lin = torch.nn.Linear(64, 64, device="cuda")
     a = torch.randn(8, 64, device="cuda")
+    w2 = torch.randn(64, 64, device="cuda")
     calls = {"eager_op_s": lambda: x.add_(1.0), "module_call_s": lambda: lin(a),
-             "functional_call_s": lambda: F.linear(a, lin.weight, lin.bias)}
+             "functional_call_s": lambda: F.linear(a, lin.weight, lin.bias),
+             # known (python calls, kernels, views) per call, for the eager dispatch fit (DISPATCH_MIX)
+             "view_call_s": lambda: a.view(-1), "linear_nobias_s": lambda: F.linear(a, w2),
+             "t_contiguous_s": lambda: a.t().contiguous(), "add_out_s": lambda: torch.add(a, a)}
     samples = {name: [] for name in calls}
     with torch.no_grad():
         for _ in range(repeats):            # interleaved, so that drift hits the module and F.linear alike

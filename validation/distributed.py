@@ -8,6 +8,7 @@ reported as errors. NVLink multicast stays off in every process (gpu.NCCL_SAFE_E
 """
 from __future__ import annotations
 
+import os
 import socket
 import time
 from datetime import timedelta
@@ -101,6 +102,8 @@ def _worker(rank: int, world: int, case_dicts: list[dict], settings_dict: dict, 
     device = gpu.torch_device(gpus, rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    else:  # CPU ranks (tests): share the cores instead of oversubscribing them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rank, world_size=world, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     try:

@@ -156,3 +156,31 @@ def environment_header(gpus: list[int] | None = None, device_name: str | None = 
         "python": platform.python_version(),
         "aisim_version": aisim_version(),
     }
+
+
+def energy_counter_period_s(torch_index: int = 0, seconds: float = 2.0) -> dict:
+    """How often NVML's total-energy counter changes under load (bounds the error of a short energy window).
+
+    Runs bf16 matrix products for ``seconds`` while polling the counter; returns the median interval between
+    changes and the average power over the probe. None values where NVML energy is unavailable.
+    """
+    import statistics
+    import time
+
+    import torch
+
+    handle = nvml_handle(torch_index)
+    if energy_mj(handle) is None:
+        return {"energy_available": False, "update_period_s": None, "avg_power_w": None}
+    a = torch.randn(4096, 4096, device=f"cuda:{torch_index}", dtype=torch.bfloat16)
+    samples, start = [], time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ a
+        torch.cuda.synchronize(torch_index)
+        samples.append((time.perf_counter(), energy_mj(handle)))
+    changes = [t for (t, e), (_, e_prev) in zip(samples[1:], samples) if e != e_prev]
+    gaps = [b - a_ for a_, b in zip(changes, changes[1:])]
+    joules = (samples[-1][1] - samples[0][1]) / MJ_PER_J
+    return {"energy_available": True, "update_period_s": statistics.median(gaps) if gaps else None,
+            "changes": len(changes), "polls": len(samples),
+            "avg_power_w": joules / (samples[-1][0] - samples[0][0])}

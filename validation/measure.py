@@ -339,6 +339,7 @@ def measure_case(bm: BuiltModel, case: Case, settings: MeasureSettings) -> dict:
 
     Raises what the workload raises (torch.OutOfMemoryError included); the caller records it and frees memory.
     """
+    start = time.perf_counter()
     steps = prepare(bm, case, settings)
     try:
         energy = gpu.energy_mj(bm.nvml) is not None
@@ -353,8 +354,8 @@ def measure_case(bm: BuiltModel, case: Case, settings: MeasureSettings) -> dict:
         "attn_implementation": bm.attn_implementation,
         "model_mode": "eval (dropout off)",
         "tp_impl": None if bm.world == 1 else "plain-sharded-allreduce-hooks",
-        "tp_scope": case.tp_scope if bm.world > 1 else None,
         "build_s": bm.build_s,
+        "case_s": time.perf_counter() - start,
         **steps.info,
     })
     return result

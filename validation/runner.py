@@ -122,6 +122,14 @@ def _run_local_group(cases: list[Case], settings: MeasureSettings, device, deadl
     return False
 
 
+def _log_case(case: Case, status: str, result: dict | None, error: str | None) -> None:
+    """One line per case on stderr (when the progress bar is off, e.g. in a log file)."""
+    r = result or {}
+    detail = (f"{r['runtime_ms_median']:.3f} ms, {r.get('peak_memory_gb') or 0:.2f} GB, "
+              f"{r.get('avg_power_w') or 0:.0f} W, {r.get('case_s', 0):.1f} s" if status == "ok" else error)
+    print(f"[{time.strftime('%H:%M:%S')}] {case.key}: {status} ({detail})", file=sys.stderr, flush=True)
+
+
 def _progress(enabled: bool):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -166,6 +174,8 @@ def run_suite(suite_path: str | Path, out_jsonl: str | Path, *, gpus: list[int] 
                 writer.write(case_record(case, status, result, error))
                 counts[status] += 1
                 bar.update(task, advance=1, description=f"{case.key} [{status}]")
+                if not progress:
+                    _log_case(case, status, result, error)
 
             for group in group_cases(todo):
                 if deadline is not None and time.time() >= deadline:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..specs import CalibrationSpec, Curve, GemmTable
 
-MIN_EFFICIENCY = 1e-3  # guards against a zero or negative point in a calibration file
+MIN_EFFICIENCY = 1e-6  # guards against a zero or negative point in a calibration file
 
 
 def curve_value(curve: Curve, x: float) -> float:

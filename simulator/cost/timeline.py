@@ -1,6 +1,6 @@
 """The op timeline of one step: a CPU queue that dispatches and a GPU queue that runs kernels.
 
-Eager PyTorch: every aten op costs the CPU ``eager_dispatch_s`` (views too), every nn.Module call
+Eager PyTorch: every aten op costs the CPU its dispatch (``cpu_costs``), every nn.Module call
 ``module_overhead_s``; a kernel starts when both the GPU is free and the CPU has issued it. A sync
 (``Tensor.item()``) makes the CPU wait for the GPU. CUDA graphs: ``graphs_dispatch_s`` per kernel. 'none':
 kernel time only, as a profiler's sum of kernel times reports it. The step ends when both queues are done.
@@ -24,14 +24,28 @@ class Timeline:
     cpu_busy_s: float
 
 
-def cpu_costs(kinds: list[str], launches: np.ndarray, cal: CalibrationSpec, runtime: RuntimeSpec) -> np.ndarray:
-    """CPU seconds to issue each op once."""
+def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
+              runtime: RuntimeSpec) -> np.ndarray:
+    """CPU seconds to issue each op once.
+
+    Eager, with the calibrated split: py_calls * P (Python-level torch calls the op's Python code made) plus K
+    for a kernel-launching aten op or V for a view; M per nn.Module call. Without the split (older files): one
+    ``eager_dispatch_s`` per aten op."""
     if runtime.dispatch == "none":
         return np.zeros(len(kinds))
     if runtime.dispatch == "graphs":
         return launches * cal.graphs_dispatch_s
-    per_kind = {"module": cal.module_overhead_s, "comm": cal.eager_dispatch_s}
-    return np.array([per_kind.get(k, cal.eager_dispatch_s) for k in kinds])
+    split = None not in (cal.eager_python_call_s, cal.eager_kernel_dispatch_s, cal.eager_view_dispatch_s)
+    costs = np.empty(len(kinds))
+    for i, (op, kind) in enumerate(zip(ops, kinds)):
+        if kind == "module":
+            costs[i] = cal.module_overhead_s
+        elif not split:
+            costs[i] = cal.eager_dispatch_s
+        else:
+            per_op = cal.eager_kernel_dispatch_s if launches[i] else cal.eager_view_dispatch_s
+            costs[i] = op.attrs.get("py_calls", 0) * cal.eager_python_call_s + per_op * max(launches[i], 1)
+    return costs
 
 
 def simulate(gpu_s: np.ndarray, cpu_s: np.ndarray, repeats: np.ndarray, syncs: np.ndarray) -> Timeline:

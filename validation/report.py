@@ -1,0 +1,313 @@
+"""Measured vs estimated: join measured JSONL datasets with ``aisim.estimate`` and render the comparison.
+
+``python -m aisim.validation.report validation/data/h100.jsonl --fmt rst``
+
+For each measured case the estimator is called with the same model, workload, batch, seq, dtype and TP degree
+on the aisim device named after the measured GPU (``NVIDIA H100 80GB HBM3`` -> ``h100-sxm``; ``x2`` appended
+for tp=2). Error = (estimated - measured) / measured (TorchCAP's page divides |m - e| by the estimate
+instead). Missing values (energy not metered, a failed case, a failed estimate) are ``n/a``, never 0.
+Energy per token is the energy of all GPUs of the case; memory is the peak of one GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .runner import read_jsonl
+from .suite import TRAINING_WORKLOADS
+from .tables import Column, render_csv, render_markdown, render_rst_grid, rst_heading
+
+# (key, column title, measured field, Estimate attribute)
+METRICS = (
+    ("runtime_ms", "Runtime (ms)", "runtime_ms_median", "runtime_ms"),
+    ("memory_gb", "Memory (GB)", "peak_memory_gb", "memory_gb"),
+    ("energy_j_per_token", "Energy (J/token)", "energy_j_per_token", "energy_j_per_token"),
+    ("throughput_tokens_per_s", "Throughput (token/s)", "throughput_tokens_per_s", "throughput_tokens_per_s"),
+)
+ORDERS = {"measured-first": ("Measured", "Estimated", "Error"), "estimated-first": ("Estimated", "Measured", "Error")}
+FORMATS = ("rst", "markdown", "csv", "json")
+NA = "n/a"
+
+# Measured GPU name (torch.cuda.get_device_name) -> aisim device, where the GPU specs' aliases do not say.
+GPU_TO_DEVICE = {"NVIDIA H100 80GB HBM3": "h100-sxm", "NVIDIA H200": "h200", "NVIDIA H100 PCIe": "h100-pcie",
+                 "NVIDIA RTX A6000": "rtx-a6000", "NVIDIA RTX A5000": "rtx-a5000"}
+
+Estimator = Callable[..., object]
+
+
+@dataclass
+class Pair:
+    estimated: float | None
+    measured: float | None
+
+    @property
+    def error(self) -> float | None:
+        """(estimated - measured) / measured, or None where either is missing."""
+        if self.estimated is None or self.measured is None or self.measured == 0:
+            return None
+        return (self.estimated - self.measured) / self.measured
+
+
+@dataclass
+class ComparisonRow:
+    key: str
+    model: str
+    gpu_name: str
+    device: str
+    workload: str
+    batch: int
+    seq: int
+    dtype: str
+    tp: int
+    status: str
+    metrics: dict[str, Pair] = field(default_factory=dict)
+    fits: bool | None = None
+    estimate_error: str | None = None
+    measure_error: str | None = None
+
+    def as_dict(self) -> dict:
+        out = {k: v for k, v in asdict(self).items() if k != "metrics"}
+        for name, pair in self.metrics.items():
+            out[f"{name}_measured"], out[f"{name}_estimated"], out[f"{name}_error"] = (
+                pair.measured, pair.estimated, pair.error)
+        return out
+
+
+@dataclass
+class SummaryRow:
+    category: str
+    metric: str
+    n: int
+    mape_pct: float | None
+    max_abs_error_pct: float | None
+    missing: int
+
+
+def load_measurements(paths: Sequence[str | Path]) -> list[dict]:
+    """Case lines of the datasets, each with its section header's gpu_name/driver/torch; for a key measured
+    more than once on one GPU, the last ok (else the last) line."""
+    chosen: dict[tuple[str, str], dict] = {}
+    for path in paths:
+        header: dict = {}
+        for line in read_jsonl(path):
+            if line.get("type") == "header":
+                header = line
+                continue
+            if line.get("type") != "case":
+                continue
+            record = {**line, "gpu_name": header.get("gpu_name", "unknown"), "source": str(path),
+                      "header": {k: header.get(k) for k in ("driver", "cuda", "torch", "transformers", "date")}}
+            ident = (record["gpu_name"], record["key"])
+            if ident not in chosen or record["status"] == "ok" or chosen[ident]["status"] != "ok":
+                chosen[ident] = record
+    return list(chosen.values())
+
+
+def aisim_device_name(gpu_name: str, count: int = 1) -> str:
+    """The aisim device for ``count`` GPUs named ``gpu_name``: a GPU spec alias, else GPU_TO_DEVICE."""
+    base = GPU_TO_DEVICE.get(gpu_name)
+    if base is None:
+        try:
+            from aisim.catalog import resolve_gpu
+
+            base = resolve_gpu(gpu_name).name
+        except Exception:  # noqa: BLE001 - no spec: the estimator reports the unknown name
+            base = gpu_name.lower().replace("nvidia ", "").replace(" ", "-")
+    return base if count == 1 else f"{base}x{count}"
+
+
+def _value(obj, name: str) -> float | None:
+    value = obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def _default_estimator() -> Estimator:
+    import aisim
+
+    return aisim.estimate
+
+
+def compare_one(m: dict, estimator: Estimator) -> ComparisonRow:
+    """Estimate one measured case and pair the metrics."""
+    tp = int(m.get("tp") or 1)
+    device = aisim_device_name(m["gpu_name"], tp)
+    est, est_error = None, None
+    try:
+        est = estimator(model=m["model"], device=device, workload=m["workload"], batch=m["batch"], seq=m["seq"],
+                        dtype=m["dtype"], tp=tp, tp_scope=m.get("tp_scope") or "all",
+                        with_loss=m["workload"] in TRAINING_WORKLOADS)
+    except Exception as exc:  # noqa: BLE001 - shown as n/a with the reason
+        est_error = f"{type(exc).__name__}: {exc}"
+    ok = m.get("status") == "ok"
+    metrics = {key: Pair(_value(est, attr) if est is not None else None, _value(m, field_) if ok else None)
+               for key, _, field_, attr in METRICS}
+    fits = None if est is None else (est.get("fits") if isinstance(est, dict) else getattr(est, "fits", None))
+    return ComparisonRow(m["key"], m["model"], m["gpu_name"], device, m["workload"], m["batch"], m["seq"],
+                         m["dtype"], tp, m.get("status", "unknown"), metrics, fits, est_error, m.get("error"))
+
+
+def compare(measured: list[dict], estimator: Estimator | None = None) -> list[ComparisonRow]:
+    """One ComparisonRow per measured case (estimator default: aisim.estimate)."""
+    estimator = estimator or _default_estimator()
+    return [compare_one(m, estimator) for m in measured]
+
+
+CATEGORIES = (
+    ("forward/prefill runtime", "runtime_ms", lambda r: r.workload in ("forward", "prefill") and r.tp == 1),
+    ("decode runtime", "runtime_ms", lambda r: r.workload == "decode" and r.tp == 1),
+    ("forward-backward/train runtime", "runtime_ms", lambda r: r.workload in TRAINING_WORKLOADS and r.tp == 1),
+    ("tp runtime", "runtime_ms", lambda r: r.tp > 1),
+    ("peak memory", "memory_gb", lambda r: True),
+    ("energy per token", "energy_j_per_token", lambda r: True),
+    ("throughput", "throughput_tokens_per_s", lambda r: True),
+)
+
+
+def summarize(rows: Sequence[ComparisonRow]) -> list[SummaryRow]:
+    """Per category: n (rows with both values), MAPE = mean |error| and max |error|, in percent."""
+    out = []
+    for category, metric, selected in CATEGORIES:
+        errors = [r.metrics[metric].error for r in rows if selected(r)]
+        present = [abs(e) for e in errors if e is not None]
+        out.append(SummaryRow(category, metric, len(present),
+                              100 * sum(present) / len(present) if present else None,
+                              100 * max(present) if present else None, len(errors) - len(present)))
+    return out
+
+
+# ------------------------------------------------------------------ rendering
+
+def fmt_value(x: float | None) -> str:
+    if x is None:
+        return NA
+    return f"{x:.2f}" if abs(x) >= 1 else f"{x:#.3g}"
+
+
+def fmt_error(e: float | None) -> str:
+    return NA if e is None else f"{100 * e:+.2f}%"
+
+
+def _csv_number(x: float | None, scale: float = 1.0) -> str:
+    return NA if x is None else f"{x * scale:.6g}"
+
+
+def metric_columns(order: str = "measured-first", csv: bool = False) -> list[Column]:
+    subs = tuple("Error (%)" if csv and s == "Error" else s for s in ORDERS[order])
+    return [Column(title, subs) for _, title, _, _ in METRICS]
+
+
+def _metric_cells(row: ComparisonRow, order: str, csv: bool) -> list[str]:
+    cells = []
+    for key, _, _, _ in METRICS:
+        pair = row.metrics[key]
+        values = {"Measured": pair.measured, "Estimated": pair.estimated}
+        for sub in ORDERS[order]:
+            if sub == "Error":
+                cells.append(_csv_number(pair.error, 100) if csv else fmt_error(pair.error))
+            else:
+                cells.append(_csv_number(values[sub]) if csv else fmt_value(values[sub]))
+    return cells
+
+
+def _device_label(row: ComparisonRow) -> str:
+    return row.gpu_name if row.tp == 1 else f"{row.gpu_name} x {row.tp}"
+
+
+def _model_label(row: ComparisonRow) -> str:
+    return row.model if row.status == "ok" else f"{row.model} ({row.status})"
+
+
+def flat_table(rows: Sequence[ComparisonRow], order: str = "measured-first", csv: bool = False):
+    """(columns, cells) with one line per case: Model | Device | Workload | Batch | Seq | DType | metrics."""
+    columns = [Column("Model", align="left"), Column("Device", align="left"), Column("Workload", align="left"),
+               Column("Batch"), Column("Seq"), Column("DType", align="left"), *metric_columns(order, csv)]
+    cells = [[_model_label(r), _device_label(r), r.workload, str(r.batch), str(r.seq), r.dtype,
+              *_metric_cells(r, order, csv)] for r in rows]
+    return columns, cells
+
+
+def seed_table(rows: Sequence[ComparisonRow], order: str = "measured-first"):
+    """(columns, cells) in TorchCAP's layout: Model | Device | the four metric groups."""
+    columns = [Column("Model", align="left"), Column("Device", align="left"), *metric_columns(order)]
+    return columns, [[_model_label(r), _device_label(r), *_metric_cells(r, order, False)] for r in rows]
+
+
+def _shape_title(workload: str, batch: int, seq: int, dtype: str, rst: bool) -> str:
+    size = f":math:`{batch} \\times {seq}`" if rst else f"{batch} x {seq}"
+    if workload == "decode":
+        return f"Decode step, batch {batch}, context {seq} ({dtype})"
+    return f"{workload.capitalize()}, Input Sequence Size = {size} ({dtype})"
+
+
+def summary_table(summary: Sequence[SummaryRow]):
+    columns = [Column("Category", align="left"), Column("n"), Column("MAPE"), Column("Max abs error")]
+    pct = lambda v: NA if v is None else f"{v:.2f}%"  # noqa: E731
+    return columns, [[s.category, str(s.n), pct(s.mape_pct), pct(s.max_abs_error_pct)] for s in summary]
+
+
+def _sections(rows: Sequence[ComparisonRow], order: str, rst: bool) -> list[str]:
+    render = render_rst_grid if rst else render_markdown
+    parts, shapes = [], {}
+    for r in rows:
+        shapes.setdefault((r.workload, r.batch, r.seq, r.dtype), []).append(r)
+    for (workload, batch, seq, dtype), group in shapes.items():
+        title = _shape_title(workload, batch, seq, dtype, rst)
+        parts.append(rst_heading(title, "-") if rst else f"## {title}")
+        for label, members in (("Single GPU", [r for r in group if r.tp == 1]),
+                               ("Multi GPU", [r for r in group if r.tp > 1])):
+            if members:
+                parts += [rst_heading(label, "~") if rst else f"### {label}", render(*seed_table(members, order))]
+    return parts
+
+
+def render_report(rows: Sequence[ComparisonRow], fmt: str = "rst", *, order: str = "measured-first",
+                  layout: str = "sections", title: str = "Benchmark") -> str:
+    """The comparison as rst / markdown (tables per shape, or one flat table, then the summary), csv or json."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format {fmt!r}: use one of {', '.join(FORMATS)}")
+    if order not in ORDERS:
+        raise ValueError(f"order {order!r}: use one of {', '.join(ORDERS)}")
+    summary = summarize(rows)
+    if fmt == "json":
+        return json.dumps({"rows": [r.as_dict() for r in rows], "summary": [asdict(s) for s in summary]}, indent=1)
+    if fmt == "csv":
+        return render_csv(*flat_table(rows, order, csv=True))
+    rst = fmt == "rst"
+    render = render_rst_grid if rst else render_markdown
+    note = ("Error = (Estimated - Measured) / Measured; n/a = not measured (failed case, energy not metered) "
+            "or not estimated.")
+    parts = [rst_heading(title, "=") if rst else f"# {title}", note]
+    parts += _sections(rows, order, rst) if layout == "sections" else [render(*flat_table(rows, order))]
+    parts += [rst_heading("Summary", "-") if rst else "## Summary", render(*summary_table(summary))]
+    return "\n\n".join(parts) + "\n"
+
+
+def build_report(jsonl_paths: Sequence[str | Path] | str | Path, fmt: str = "rst", *,
+                 estimator: Estimator | None = None, order: str = "measured-first", layout: str = "sections") -> str:
+    """Load measured datasets, estimate every case, and render the comparison (rst, markdown, csv or json)."""
+    paths = [jsonl_paths] if isinstance(jsonl_paths, (str, Path)) else list(jsonl_paths)
+    return render_report(compare(load_measurements(paths), estimator), fmt, order=order, layout=layout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m aisim.validation.report", description=__doc__.split("\n")[0])
+    parser.add_argument("jsonl", nargs="+", help="measured datasets (validation/data/*.jsonl)")
+    parser.add_argument("--fmt", choices=FORMATS, default="rst")
+    parser.add_argument("--order", choices=list(ORDERS), default="measured-first")
+    parser.add_argument("--layout", choices=["sections", "flat"], default="sections")
+    parser.add_argument("--out", help="write here instead of stdout")
+    args = parser.parse_args(argv)
+    text = build_report(args.jsonl, args.fmt, order=args.order, layout=args.layout)
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
