@@ -42,7 +42,7 @@ def estimate(
     tp: Optional[int] = typer.Option(None, help="tensor parallel degree (default: all GPUs of the device)"),
     pp: int = typer.Option(1, help="pipeline parallel degree"),
     dp: int = typer.Option(1, help="data parallel degree"),
-    tp_scope: str = typer.Option("all", help="all|mlp|attention: which layers tensor parallelism shards"),
+    tp_scope: str = typer.Option("all", help="all (attention+MLP) | full (+ vocab-parallel LM head) | mlp | attention"),
     runtime: str = typer.Option("eager", help="eager|graphs|kernel-sum (aisim list runtimes)"),
     with_loss: bool = typer.Option(False, "--with-loss", help="forward includes the LM loss over all logits"),
     optimizer: str = typer.Option("adamw", help="train: adamw|sgd"),

@@ -10,11 +10,11 @@ def tp_dims(config: dict, scope: str) -> dict[str, int]:
     dims: dict[str, int] = {}
     heads = config.get("num_attention_heads") or config.get("n_head") or config.get("encoder_attention_heads")
     hidden = config.get("hidden_size") or config.get("n_embd") or config.get("d_model") or 0
-    if scope in ("all", "attention") and heads:
+    if scope in ("all", "full", "attention") and heads:
         dims["num_attention_heads"] = heads
         if config.get("num_key_value_heads"):
             dims["num_key_value_heads"] = config["num_key_value_heads"]
-    if scope in ("all", "mlp"):
+    if scope in ("all", "full", "mlp"):
         ffn = (config.get("intermediate_size") or config.get("ffn_dim") or config.get("n_inner")
                or config.get("encoder_ffn_dim") or 4 * hidden)
         if ffn:

@@ -6,7 +6,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Phase = Literal["forward", "prefill", "decode", "generate", "encode", "forward-backward", "train", "transcribe"]
-TpScope = Literal["all", "mlp", "attention"]
+TpScope = Literal["all", "full", "mlp", "attention"]
 
 
 class Workload(BaseModel):

@@ -95,8 +95,9 @@ def test_layer_scaling_equals_a_full_depth_trace(tiny_llama):
 def test_tensor_parallel_two_halves_the_matmul_flops_per_gpu(tiny_llama):
     w = Workload(phase="forward", batch=2, seq=16)
     one = trace_workload(tiny_llama, w, ParallelPlan())
-    two = trace_workload(tiny_llama, w, ParallelPlan(tp=2))
+    two = trace_workload(tiny_llama, w, ParallelPlan(tp=2, tp_scope="full"))
     # exact but for the rotary embedding's small bmm (inv_freq x positions), which every rank computes whole
+    # (scope 'full': the LM head is vocab-parallel too)
     assert flops_by_kind(two, ("gemm", "attention")) == pytest.approx(
         flops_by_kind(one, ("gemm", "attention")) / 2, rel=1e-4)
     # two all-reduces per layer (after o_proj and down_proj) and one all-gather of the vocab-parallel logits

@@ -36,6 +36,13 @@ def classify_error(exc: BaseException) -> tuple[str, str]:
     return ("oom" if is_oom else "error"), text[:ERROR_CHARS]
 
 
+def is_fatal_device_error(exc: BaseException) -> bool:
+    """A CUDA error that poisons the process's context (device-side assert, illegal address): nothing more
+    can run in this process."""
+    text = str(exc)
+    return type(exc).__name__ == "AcceleratorError" or "device-side assert" in text or "CUDA error" in text
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

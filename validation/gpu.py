@@ -70,6 +70,25 @@ def energy_mj(handle) -> int | None:
         return None
 
 
+def wait_energy_tick(handle, timeout_s: float = 0.5) -> tuple[float, int] | None:
+    """(perf_counter time, mJ) just after NVML's energy counter next changes, or None without NVML energy.
+
+    The counter advances in steps (every ~100 ms on H100, driver 580), so a window read at arbitrary times is
+    off by up to a step at each end (~10% of a 1 s window). Opening and closing the window on a step bounds
+    that error to the idle tail between the last kernel and the next step (<= one period at idle power).
+    """
+    import time
+
+    first = energy_mj(handle)
+    if first is None:
+        return None
+    start = time.perf_counter()
+    while True:
+        now, value = time.perf_counter(), energy_mj(handle)
+        if value != first or now - start > timeout_s:
+            return now, value
+
+
 def used_memory_gb(handle) -> float | None:
     """Device memory in use by all processes (NVML), GB; includes the CUDA context and allocator cache."""
     nv = _nvml()

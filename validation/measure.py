@@ -6,7 +6,8 @@ dropout is off), attention through SDPA where the architecture has it (BLOOM fal
 Workloads (one "step" each; tokens per step in brackets):
 
 - forward:  ``model(ids, use_cache=False)`` under inference_mode, full logits  [batch x seq]
-- prefill:  ``model(ids, use_cache=True)``, the DynamicCache built, full logits  [batch x seq]
+- prefill:  ``model(ids, use_cache=True, logits_to_keep=1)``: generate's first step, the DynamicCache built,
+            logits of the last position only  [batch x seq]
 - decode:   one new token per row attending over ``seq`` tokens: the cache holds seq - 1 tokens (a real
             chunked prefill, or random values above ``real_prefill_max_tokens``), and after every step
             ``cache.crop(-1)`` drops the token the step appended  [batch]
@@ -17,7 +18,8 @@ Timing: ``warmup`` untimed steps; the last one, synchronised, sizes the timed wi
 n >= min_trials lasting >= max(min_time_s, energy_min_s). Trials are timed with CUDA events and run back to
 back (tensor parallel: a barrier and a synchronize before each trial, the runtime of a trial is the max over
 ranks). Energy is the NVML total-energy counter read before and after that window (summed over ranks); peak
-memory is torch.cuda.max_memory_allocated over the window (max over ranks). GB = 1e9 bytes.
+memory is torch.cuda.max_memory_allocated over the window (max over ranks). The energy window opens and closes on a step of the counter (gpu.wait_energy_tick).
+GB = 1e9 bytes.
 """
 from __future__ import annotations
 
@@ -203,15 +205,26 @@ def _backward(bm: BuiltModel, case: Case, settings: MeasureSettings, g) -> Steps
     return Steps(step, after, cleanup, info)
 
 
+def check_positions(bm: BuiltModel, case: Case) -> None:
+    """Refuse a sequence longer than the model's position table: learned positions (OPT, GPT-2) would index
+    out of range, a device-side assert that leaves the CUDA context unusable for the rest of the run."""
+    limit = getattr(bm.config, "max_position_embeddings", None)
+    if isinstance(limit, int) and case.seq > limit:
+        raise ValueError(f"{case.model}: seq {case.seq} is longer than max_position_embeddings {limit}")
+
+
 def prepare(bm: BuiltModel, case: Case, settings: MeasureSettings) -> Steps:
     """Inputs and step functions for ``case`` on the built model."""
+    check_positions(bm, case)
     g = _generator(bm, settings)
     if case.workload == "decode":
         return _decode(bm, case, settings, g)
     if case.training:
         return _backward(bm, case, settings, g)
     ids = _random_ids(bm, settings, (case.batch, case.seq), g)
-    return Steps(_inference(bm.model, input_ids=ids, use_cache=case.workload == "prefill"))
+    if case.workload == "prefill":
+        return Steps(_inference(bm.model, input_ids=ids, use_cache=True, logits_to_keep=1))
+    return Steps(_inference(bm.model, input_ids=ids, use_cache=False))
 
 
 @dataclass
@@ -219,6 +232,7 @@ class _Window:
     times_ms: list[float]
     wall_s: float
     energy_j: float | None
+    energy_window_s: float | None     # between the two counter steps that open and close the window
     peak_gb: float | None
     reserved_gb: float | None
     nvml_gb: float | None
@@ -252,7 +266,8 @@ def _timed_window(bm: BuiltModel, steps: Steps, n: int) -> _Window:
         torch.cuda.reset_peak_memory_stats(bm.device)
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
     _synchronize(bm.device)
-    e0, t0 = gpu.energy_mj(bm.nvml), time.perf_counter()
+    tick0 = gpu.wait_energy_tick(bm.nvml)
+    t0 = time.perf_counter()
     cpu_ms = []
     for i in range(n):
         if bm.distributed:
@@ -267,10 +282,13 @@ def _timed_window(bm: BuiltModel, steps: Steps, n: int) -> _Window:
             cpu_ms.append((time.perf_counter() - c0) * MS_PER_S)
         steps.after()
     _synchronize(bm.device)
-    wall, e1 = time.perf_counter() - t0, gpu.energy_mj(bm.nvml)
+    wall = time.perf_counter() - t0
+    tick1 = gpu.wait_energy_tick(bm.nvml)
     times = [s.elapsed_time(e) for s, e in events] if cuda else cpu_ms
-    energy = (e1 - e0) / gpu.MJ_PER_J if e0 is not None and e1 is not None else None
-    return _Window(times, wall, energy,
+    energy, energy_s = None, None
+    if tick0 is not None and tick1 is not None:
+        energy, energy_s = (tick1[1] - tick0[1]) / gpu.MJ_PER_J, tick1[0] - tick0[0]
+    return _Window(times, wall, energy, energy_s,
                    torch.cuda.max_memory_allocated(bm.device) / gpu.GB if cuda else None,
                    torch.cuda.max_memory_reserved(bm.device) / gpu.GB if cuda else None,
                    gpu.used_memory_gb(bm.nvml), gpu.sm_clock_mhz(bm.nvml))
@@ -304,8 +322,10 @@ def _combine_ranks(bm: BuiltModel, w: _Window) -> _Window:
     mx = _reduce(bm, [v if v is not None else missing for v in (w.peak_gb, w.reserved_gb, w.nvml_gb)], "max")
     has_energy = _reduce(bm, [0.0 if w.energy_j is None else 1.0], "min")[0] > 0
     energy = _reduce(bm, [w.energy_j or 0.0], "sum")[0] if has_energy else None
+    energy_s = _reduce(bm, [w.energy_window_s or 0.0], "max")[0] if has_energy else None
     peak, reserved, nvml = (v if v != missing else None for v in mx)
-    return _Window(times, _reduce(bm, [w.wall_s], "max")[0], energy, peak, reserved, nvml, w.sm_clock_mhz)
+    return _Window(times, _reduce(bm, [w.wall_s], "max")[0], energy, energy_s, peak, reserved, nvml,
+                   w.sm_clock_mhz)
 
 
 def _summarise(case: Case, n_warmup: int, w: _Window, timer: str) -> dict:
@@ -327,7 +347,8 @@ def _summarise(case: Case, n_warmup: int, w: _Window, timer: str) -> dict:
         "energy_available": w.energy_j is not None,
         "energy_j_per_step": energy_step,
         "energy_j_per_token": energy_step / case.tokens if energy_step is not None else None,
-        "avg_power_w": w.energy_j / w.wall_s if w.energy_j is not None and w.wall_s > 0 else None,
+        "energy_window_s": w.energy_window_s,
+        "avg_power_w": w.energy_j / w.energy_window_s if w.energy_j is not None and w.energy_window_s else None,
         "sm_clock_mhz": w.sm_clock_mhz,
         "tokens": case.tokens,
         "throughput_tokens_per_s": case.tokens / (median / MS_PER_S) if median > 0 else None,

@@ -28,6 +28,10 @@ class RunError(Exception):
     """The run cannot start (e.g. the output file holds measurements of another GPU); the message says why."""
 
 
+class DeviceLost(Exception):
+    """A CUDA error left this process's context unusable; the finished cases are kept, a rerun continues."""
+
+
 def read_jsonl(path: str | Path) -> list[dict]:
     """The lines of a dataset; a torn last line (a run killed mid-write) is ignored."""
     path = Path(path)
@@ -91,35 +95,55 @@ class _Writer:
 
 def _run_local_group(cases: list[Case], settings: MeasureSettings, device, deadline: float | None, emit) -> bool:
     """Measure a single-device group in this process. Returns True if the time budget stopped it."""
-    from .distributed import classify_error
-    from .measure import build_model, free_memory, measure_case
+    from .measure import build_model, measure_case
 
     first = cases[0]
     try:
         bm = build_model(first.model, first.dtype, device, seed=settings.seed)
     except Exception as exc:  # noqa: BLE001 - recorded for every case of the group
-        status, message = classify_error(exc)
+        status, message, fatal = _outcome(exc)
         bm = None
-    free_memory()
     if bm is None:
         for case in cases:
             emit(case, status, error=message)
+        _after_case(fatal, message)
         return False
     try:
         for case in cases:
             if deadline is not None and time.time() >= deadline:
                 return True
-            result, status, message = None, "ok", None
+            result, status, message, fatal = None, "ok", None, False
             try:
                 result = measure_case(bm, case, settings)
             except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
-                status, message = classify_error(exc)
-            free_memory()
+                status, message, fatal = _outcome(exc)
             emit(case, status, result=result, error=message)
+            _after_case(fatal, message)
     finally:
         del bm
-        free_memory()
+        _after_case(False, None, quiet=True)
     return False
+
+
+def _outcome(exc: BaseException) -> tuple[str, str, bool]:
+    from .distributed import classify_error, is_fatal_device_error
+
+    status, message = classify_error(exc)
+    return status, message, is_fatal_device_error(exc)
+
+
+def _after_case(fatal: bool, message: str | None, quiet: bool = False) -> None:
+    """Free memory after a case; after a fatal CUDA error stop the run (the context cannot be used again)."""
+    from .measure import free_memory
+
+    if fatal:
+        raise DeviceLost(f"CUDA error, the run stops here (rerun with the same --out to continue): {message}")
+    try:
+        free_memory()
+    except Exception as exc:  # noqa: BLE001 - a sticky CUDA error surfaces here
+        if quiet:
+            return
+        raise DeviceLost(f"CUDA error, the run stops here (rerun with the same --out to continue): {exc}") from None
 
 
 def _log_case(case: Case, status: str, result: dict | None, error: str | None) -> None:
@@ -161,7 +185,8 @@ def run_suite(suite_path: str | Path, out_jsonl: str | Path, *, gpus: list[int] 
     done = finished_keys(lines, header["gpu_name"])
     todo = [c for c in suite.cases if c.key not in done and (only is None or only in c.key)]
     counts = {s: 0 for s in STATUSES} | {"already_done": len(done & {c.key for c in suite.cases}),
-                                         "stopped_by_budget": False, "out": str(out)}
+                                         "stopped_by_budget": False, "aborted": None,
+                                         "out": str(out)}
     deadline = time.time() + max_minutes * 60 if max_minutes is not None else None
     writer = _Writer(out)
     try:
@@ -185,7 +210,12 @@ def run_suite(suite_path: str | Path, out_jsonl: str | Path, *, gpus: list[int] 
                 if group[0].tp > 1:
                     stopped = run_tp_group(group, settings, emit=emit, gpus=gpus, deadline=deadline)
                 else:
-                    stopped = _run_local_group(group, settings, torch_device(gpus), deadline, emit)
+                    try:
+                        stopped = _run_local_group(group, settings, torch_device(gpus), deadline, emit)
+                    except DeviceLost as exc:
+                        counts["aborted"] = str(exc)
+                        print(f"error: {exc}", file=sys.stderr)
+                        break
                 if stopped:
                     counts["stopped_by_budget"] = True
                     break

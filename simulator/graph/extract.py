@@ -21,7 +21,7 @@ from ..workload import ParallelPlan, Workload
 from .ops import Graph, Op, TensorMeta
 
 TRACED_LAYERS = (1, 2)
-FORMAT_VERSION = "4"
+FORMAT_VERSION = "5"
 WHISPER_WINDOW_FRAMES = 3000  # 30 s of audio at 100 mel frames per second (whisper's fixed input window)
 
 

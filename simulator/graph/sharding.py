@@ -2,8 +2,9 @@
 
 Column-parallel linears keep 1/tp of their output features, row-parallel ones 1/tp of their inputs; each
 row-parallel output is all-reduced (forward), and each block input is all-reduced in backward (Megatron's f/g).
-``scope='mlp'`` shards only the MLP projections (attention replicated), as TorchCAP's 8-GPU runs did.
-The LM head is vocab-parallel under scope 'all' (an all-gather of the logits follows it).
+``scope='mlp'`` shards only the MLP projections (attention replicated), as TorchCAP's 8-GPU runs did;
+'all' shards attention and MLP with the embeddings and LM head replicated (plain HF sharding, as the validation
+suite measures); 'full' also makes the LM head vocab-parallel with an all-gather of the logits (Megatron, TGI).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ HEAD_ATTRS = ("num_heads", "num_key_value_heads", "num_attention_heads")
 
 def _roles(scope: str) -> tuple[set[str], set[str]]:
     column, row = set(COLUMN_MLP), set(ROW_MLP)
-    if scope in ("all", "attention"):
+    if scope in ("all", "full", "attention"):
         column |= COLUMN_ATTENTION
         row |= ROW_ATTENTION
     if scope == "attention":
@@ -42,7 +43,7 @@ def shard_model(model, tp: int, scope: str, tracer) -> int:
         if not isinstance(module, torch.nn.Linear):
             continue
         parent = name.rsplit(".", 1)[0]
-        if leaf in column or (leaf == "lm_head" and scope == "all"):
+        if leaf in column or (leaf == "lm_head" and scope == "full"):
             _resize(module, out_features=module.out_features // tp)
             if leaf == "lm_head":
                 module.register_forward_hook(_collective_hook(tracer, "all_gather", tp))
