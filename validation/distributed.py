@@ -111,8 +111,10 @@ def _worker(rank: int, world: int, case_dicts: list[dict], settings_dict: dict, 
         torch.cuda.set_device(device)
     else:  # CPU ranks (tests): share the cores instead of oversubscribing them
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=world, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    cuda = device.type == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+                            device_id=device if cuda else None)
     try:
         cases = [Case(**d) for d in case_dicts]
         _measure_group(rank, world, cases, MeasureSettings(**settings_dict), device, queue, deadline)

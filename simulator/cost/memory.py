@@ -15,6 +15,9 @@ from ..workload import Workload
 CUBLAS_WORKSPACE_BYTES = {"hopper": 32 * 2**20, "default": 4096 * 2**10 * 2 + 16 * 2**10 * 8}
 # PyTorch's default CUBLAS_WORKSPACE_CONFIG: ':4096:8' on Hopper (sm90), ':4096:2:16:8' before it.
 OPTIMIZER_STATES = {"adamw": 2, "sgd": 0}  # exp_avg and exp_avg_sq, in the parameters' dtype
+# Parameter-sized temporaries inside the step: torch.optim.adamw._multi_tensor_adamw allocates
+# exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs) while the gradients are still alive.
+OPTIMIZER_TEMPORARIES = {"adamw": 1, "sgd": 0}
 QUANT_BYTES_PER_PARAM = {"bitsandbytes-int8": 1.0, "int8": 1.0, "fp8": 1.0, "int4": 0.5}
 
 
@@ -32,7 +35,9 @@ def breakdown(graph: Graph, workload: Workload, device: Device) -> MemoryBreakdo
     kv = graph.persistent_bytes if workload.phase in ("prefill", "decode", "generate") else 0.0
     activations = max(graph.peak_activation_bytes - kv - grads, 0.0)
     workspace = CUBLAS_WORKSPACE_BYTES.get(device.gpu.architecture, CUBLAS_WORKSPACE_BYTES["default"])
-    total = weights + max(graph.peak_activation_bytes, kv + grads) + optimizer + workspace
+    during_step = (grads + OPTIMIZER_TEMPORARIES[workload.optimizer] * graph.param_bytes
+                   if workload.phase == "train" else 0.0)
+    total = weights + max(graph.peak_activation_bytes, kv + grads, during_step) + optimizer + workspace
     return MemoryBreakdown(weights_gb=weights / GB, activations_gb=activations / GB, kv_cache_gb=kv / GB,
                            gradients_gb=grads / GB, optimizer_gb=optimizer / GB, workspace_gb=workspace / GB,
                            total_gb=total / GB, capacity_gb=device.gpu.memory_bytes / GB)

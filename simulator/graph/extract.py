@@ -1,9 +1,11 @@
 """Workload drivers: run the meta model for a phase under the tracer and scale one traced layer to all layers.
 
-Each workload is traced twice, with every layer stack cut to k1 = 1 and k2 = 2 layers; an op signature seen
+Each workload is traced twice, with every layer stack cut to k1 = 2 and k2 = 3 layers; an op signature seen
 c1 and c2 times occurs c1 + (L - k1) * (c2 - c1) times in the full model, and peak memory and parameter counts
-extrapolate the same way (exact when the layers are identical, as in every model shipped). A 70B model traces
-in well under a second this way. Graphs are cached in memory and on disk (``AISIM_CACHE_DIR``, default
+extrapolate the same way (exact when the layers are identical, as in every model shipped). Two and three, not
+one and two: the first layer is special for liveness (the embedding output stays referenced by the model's
+forward while layer 0 runs, so with one layer it is also the residual), which would make a 1-to-2 difference
+count a tensor per layer that is really live once. A 70B model traces in about a second this way. Graphs are cached in memory and on disk (``AISIM_CACHE_DIR``, default
 ``~/.cache/aisim``), keyed by the config, workload, plan and the torch/transformers/aisim versions.
 """
 from __future__ import annotations
@@ -20,8 +22,8 @@ from ..errors import AisimError
 from ..workload import ParallelPlan, Workload
 from .ops import Graph, Op, TensorMeta
 
-TRACED_LAYERS = (1, 2)
-FORMAT_VERSION = "5"
+TRACED_LAYERS = (2, 3)
+FORMAT_VERSION = "6"
 WHISPER_WINDOW_FRAMES = 3000  # 30 s of audio at 100 mel frames per second (whisper's fixed input window)
 
 

@@ -1,0 +1,1 @@
+"""Scripts for GPU sessions (measurement and diagnosis)."""
