@@ -138,6 +138,8 @@ class CalibrationSpec(Spec):
     power_compute_fraction: float = Field(description="power at full compute load / board power")
     power_memory_fraction: float = Field(description="power at full memory-bound load / board power")
     idle_power_w: float | None = None
+    active_power_w: float | None = Field(None, description="power while the GPU runs only tiny kernels (clocked "
+                                         "up, nearly idle): the floor during a step")
     allreduce_bus_bw_bytes_per_s: float | None = None
     allreduce_latency_s: float | None = None
     notes: str = ""

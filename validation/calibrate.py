@@ -254,8 +254,11 @@ def fit_overheads(records: list[dict]) -> dict[str, float]:
 def fit_power(records: list[dict], power_limit_w: float) -> dict[str, float]:
     """Average power under each load -> idle watts and compute/memory fractions of the enforced power limit."""
     avg = {r["load"]: r["avg_power_w"] for r in records if r["bench"] == "power"}
-    return {"idle_power_w": avg["idle"], "power_compute_fraction": avg["compute"] / power_limit_w,
-            "power_memory_fraction": avg["memory"] / power_limit_w}
+    fitted = {"idle_power_w": avg["idle"], "power_compute_fraction": avg["compute"] / power_limit_w,
+              "power_memory_fraction": avg["memory"] / power_limit_w}
+    if "active" in avg:
+        fitted["active_power_w"] = avg["active"]
+    return fitted
 
 
 def fit_calibration(raw: dict, defaults: CalibrationSpec | None = None) -> CalibrationSpec:
@@ -675,7 +678,9 @@ def open_power_meter() -> PowerMeter | None:
 
 
 def bench_power(meter: PowerMeter, load: str, seconds: float) -> dict:
-    """load 'idle' (nothing running), 'compute' (8192^3 bf16 GEMMs) or 'memory' (1 GiB bf16 copies)."""
+    """load 'idle' (nothing running), 'compute' (8192^3 bf16 GEMMs), 'memory' (1 GiB bf16 copies) or 'active'
+    (back-to-back tiny kernels from eager PyTorch: the GPU clocked up but nearly idle, as between the small
+    kernels of a CPU-bound step)."""
     import torch
 
     work = None
@@ -687,6 +692,9 @@ def bench_power(meter: PowerMeter, load: str, seconds: float) -> dict:
         src = torch.randn(2**29, device="cuda", dtype=torch.bfloat16)
         dst = torch.empty_like(src)
         work = lambda: ([dst.copy_(src) for _ in range(8)], torch.cuda.synchronize())   # noqa: E731
+    elif load == "active":
+        x = torch.randn(1, device="cuda")
+        work = lambda: ([x.add_(1.0) for _ in range(2000)], torch.cuda.synchronize())   # noqa: E731
     watts = meter.average_w(seconds, work)
     return {"bench": "power", "load": load, "avg_power_w": watts, "duration_s": seconds, "method": meter.method}
 
@@ -739,7 +747,7 @@ def run_calibration(device_name: str, out_path: Path, *, quick: bool = False, ma
     records += bench_attention(attention_plan(quick), budget, peaks, l2_bytes)
     records += bench_memory(memory_plan(quick), budget, peaks, l2_bytes)
     if meter is not None:
-        records += [bench_power(meter, load, power_s) for load in ("compute", "memory")]
+        records += [bench_power(meter, load, power_s) for load in ("compute", "memory", "active")]
     records += _collectives(torch, budget, quick)
     raw = {"device": key, "peaks": peaks, "records": records,
            "grid": {"gemm": dict(zip("mnk", GEMM_QUICK if quick else (GEMM_M, GEMM_NK, GEMM_NK)))},

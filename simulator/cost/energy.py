@@ -1,8 +1,12 @@
 """Energy of one step: a power model over the op timeline, never above board power.
 
-Each kernel draws P = P_idle + max(u_c * (P_compute - P_idle), u_m * (P_memory - P_idle)), where u_c and u_m
-are the fractions of peak FLOP/s and bandwidth it achieves and P_compute, P_memory the calibrated power at full
-compute-bound and memory-bound load; the GPU draws P_idle while it waits. Energy is summed over all GPUs used.
+Each kernel draws P = P_idle + max(a_c * (P_compute - P_idle), a_m * (P_memory - P_idle)), where P_compute and
+P_memory are the calibrated power while looping the reference loads (an 8192^3 bf16 GEMM, a 1 GiB copy: see
+validation/calibrate.py bench_power), and a_c, a_m the kernel's activity relative to those loads: the fraction of
+peak FLOP/s (bandwidth) it achieves divided by the fraction the reference load achieves, at most 1 (a GEMM at
+the reference GEMM's efficiency draws the reference power). The GPU draws P_idle while it waits. P_idle is the
+calibrated power under back-to-back tiny kernels (clocks up, SMs nearly idle) where measured, else idle power. Energy is
+summed over all GPUs used.
 Reference: the utilization-based GPU power models of Hong & Kim (ISCA 2010) and AccelWattch (MICRO 2021),
 reduced to two activity factors. Known inaccuracies: clocks and temperature are taken as steady.
 """
@@ -13,15 +17,31 @@ import numpy as np
 from ..specs import CalibrationSpec, HardwareSpec
 
 
+POWER_LOAD_GEMM_MNK = (8192, 8192, 8192)   # the compute-bound power load of aisim calibrate (bf16)
+POWER_LOAD_COPY_BYTES = 2 * 2**30          # the memory-bound power load: a 1 GiB clone (read + write)
+
+
+def reference_activity(gpu: HardwareSpec, cal: CalibrationSpec) -> tuple[float, float]:
+    """Fractions of peak FLOP/s and bandwidth that the calibration's power loads achieve."""
+    from .efficiency import gemm_efficiency, memory_efficiency
+
+    m, n, k = POWER_LOAD_GEMM_MNK
+    flops = 2.0 * m * n * k
+    compute = gemm_efficiency(cal, "bf16" if gpu.peak_flops_per_s.bf16 else "fp16", m, n, k, flops)
+    memory = memory_efficiency(cal, POWER_LOAD_COPY_BYTES)
+    return compute, memory
+
+
 def step_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s: np.ndarray, compute_s: np.ndarray,
                   memory_s: np.ndarray, repeats: np.ndarray, runtime_s: float, gpus: int) -> tuple[float, float]:
     """(energy in J over all GPUs, average power per GPU in W)."""
-    idle_w = cal.idle_power_w if cal.idle_power_w is not None else gpu.idle_power_w
+    idle_w = cal.active_power_w or (cal.idle_power_w if cal.idle_power_w is not None else gpu.idle_power_w)
     compute_w = cal.power_compute_fraction * gpu.board_power_w
     memory_w = cal.power_memory_fraction * gpu.board_power_w
     busy = gpu_s > 0
-    u_c = np.where(busy, compute_s / np.where(busy, gpu_s, 1.0), 0.0).clip(0, 1)
-    u_m = np.where(busy, memory_s / np.where(busy, gpu_s, 1.0), 0.0).clip(0, 1)
+    ref_c, ref_m = reference_activity(gpu, cal)
+    u_c = (np.where(busy, compute_s / np.where(busy, gpu_s, 1.0), 0.0) / ref_c).clip(0, 1)
+    u_m = (np.where(busy, memory_s / np.where(busy, gpu_s, 1.0), 0.0) / ref_m).clip(0, 1)
     power_w = idle_w + np.maximum(u_c * max(compute_w - idle_w, 0), u_m * max(memory_w - idle_w, 0))
     power_w = np.minimum(power_w, gpu.board_power_w)
     busy_s = float(np.dot(gpu_s, repeats))
