@@ -10,7 +10,8 @@ Workloads (one "step" each; tokens per step in brackets):
             logits of the last position only  [batch x seq]
 - decode:   one new token per row attending over ``seq`` tokens: the cache holds seq - 1 tokens (a real
             chunked prefill, or random values above ``real_prefill_max_tokens``), and after every step
-            ``cache.crop(-1)`` drops the token the step appended  [batch]
+            ``cache.crop(-1)`` drops the token the step appended and the cache is made contiguous again
+            (untimed; the energy of those copies, measured alone, is subtracted)  [batch]
 - forward-backward: ``model(ids, labels=ids).loss.backward()``, grads set to None after each step  [batch x seq]
 - train:    forward-backward plus ``torch.optim.AdamW.step()`` (foreach default)  [batch x seq]
 
@@ -34,6 +35,7 @@ from .suite import Case, MeasureSettings
 
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 MS_PER_S = 1e3
+AFTER_WORK_NEGLIGIBLE = 0.02   # untimed work below this fraction of the window is not subtracted from energy
 
 
 @dataclass
@@ -64,6 +66,7 @@ class Steps:
     cleanup: Callable[[], None] = lambda: None
     info: dict = field(default_factory=dict)
     check: Callable[[], None] | None = None   # run once after the first warm-up step
+    after_work: Callable[[], None] | None = None  # the GPU work of ``after`` alone, to subtract its energy
 
 
 def hf_config(model: str):
@@ -171,13 +174,23 @@ def _decode(bm: BuiltModel, case: Case, settings: MeasureSettings, g) -> Steps:
     context = case.seq - 1
 
     def after() -> None:
-        cache.crop(-1)  # transformers 5.17: a negative value removes that many tokens
+        # transformers 5.17: a negative value removes that many tokens. The cropped tensors are views with a
+        # gap per (batch, head) row; HF's next torch.cat would read them through a slow strided path (4x on
+        # H100 for a 64 x 1024 cache), so they are made contiguous again, as a real generation step leaves them.
+        cache.crop(-1)
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys.contiguous(), layer.values.contiguous()
+
+    def same_copies() -> None:   # the copies of after(), with no change to the cache (energy subtraction)
+        for layer in cache.layers:
+            layer.keys.clone(), layer.values.clone()
 
     def check() -> None:
         if cache.get_seq_length() != context:
             raise RuntimeError(f"cache.crop left {cache.get_seq_length()} tokens, expected {context}")
 
-    return Steps(step, after, cleanup=lambda: cache.layers.clear(), info={"kv_fill": fill}, check=check)
+    return Steps(step, after, cleanup=lambda: cache.layers.clear(), info={"kv_fill": fill}, check=check,
+                 after_work=same_copies)
 
 
 def _backward(bm: BuiltModel, case: Case, settings: MeasureSettings, g) -> Steps:
@@ -233,6 +246,7 @@ class _Window:
     wall_s: float
     energy_j: float | None
     energy_window_s: float | None     # between the two counter steps that open and close the window
+    energy_after_work_j: float | None  # energy of the untimed work between trials (subtracted per step)
     peak_gb: float | None
     reserved_gb: float | None
     nvml_gb: float | None
@@ -285,13 +299,32 @@ def _timed_window(bm: BuiltModel, steps: Steps, n: int) -> _Window:
     wall = time.perf_counter() - t0
     tick1 = gpu.wait_energy_tick(bm.nvml)
     times = [s.elapsed_time(e) for s, e in events] if cuda else cpu_ms
-    energy, energy_s = None, None
+    energy, energy_s, overhead = None, None, None
     if tick0 is not None and tick1 is not None:
         energy, energy_s = (tick1[1] - tick0[1]) / gpu.MJ_PER_J, tick1[0] - tick0[0]
-    return _Window(times, wall, energy, energy_s,
+        overhead = _after_work_energy(bm, steps, n, wall)
+    return _Window(times, wall, energy, energy_s, overhead,
                    torch.cuda.max_memory_allocated(bm.device) / gpu.GB if cuda else None,
                    torch.cuda.max_memory_reserved(bm.device) / gpu.GB if cuda else None,
                    gpu.used_memory_gb(bm.nvml), gpu.sm_clock_mhz(bm.nvml))
+
+
+def _after_work_energy(bm: BuiltModel, steps: Steps, n: int, window_s: float) -> float | None:
+    """Energy (J) of ``n`` runs of the untimed work between trials, measured alone; None where there is no
+    such work or it is negligible (under AFTER_WORK_NEGLIGIBLE of the window), so no noise is subtracted."""
+    if steps.after_work is None:
+        return None
+    _synchronize(bm.device)
+    tick0 = gpu.wait_energy_tick(bm.nvml)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        steps.after_work()
+    _synchronize(bm.device)
+    busy_s = time.perf_counter() - t0
+    tick1 = gpu.wait_energy_tick(bm.nvml)
+    if busy_s < AFTER_WORK_NEGLIGIBLE * window_s:
+        return None
+    return (tick1[1] - tick0[1]) / gpu.MJ_PER_J
 
 
 def _barrier(bm: BuiltModel) -> None:
@@ -323,14 +356,16 @@ def _combine_ranks(bm: BuiltModel, w: _Window) -> _Window:
     has_energy = _reduce(bm, [0.0 if w.energy_j is None else 1.0], "min")[0] > 0
     energy = _reduce(bm, [w.energy_j or 0.0], "sum")[0] if has_energy else None
     energy_s = _reduce(bm, [w.energy_window_s or 0.0], "max")[0] if has_energy else None
+    after = _reduce(bm, [w.energy_after_work_j or 0.0], "sum")[0] if has_energy else None
     peak, reserved, nvml = (v if v != missing else None for v in mx)
-    return _Window(times, _reduce(bm, [w.wall_s], "max")[0], energy, energy_s, peak, reserved, nvml,
-                   w.sm_clock_mhz)
+    return _Window(times, _reduce(bm, [w.wall_s], "max")[0], energy, energy_s, after or None, peak, reserved,
+                   nvml, w.sm_clock_mhz)
 
 
 def _summarise(case: Case, n_warmup: int, w: _Window, timer: str) -> dict:
     median = statistics.median(w.times_ms)
-    energy_step = w.energy_j / len(w.times_ms) if w.energy_j is not None else None
+    net_j = w.energy_j - (w.energy_after_work_j or 0.0) if w.energy_j is not None else None
+    energy_step = net_j / len(w.times_ms) if net_j is not None else None
     return {
         "runtime_ms_median": median,
         "runtime_ms_mean": statistics.fmean(w.times_ms),
@@ -348,6 +383,7 @@ def _summarise(case: Case, n_warmup: int, w: _Window, timer: str) -> dict:
         "energy_j_per_step": energy_step,
         "energy_j_per_token": energy_step / case.tokens if energy_step is not None else None,
         "energy_window_s": w.energy_window_s,
+        "energy_after_work_j": w.energy_after_work_j,
         "avg_power_w": w.energy_j / w.energy_window_s if w.energy_j is not None and w.energy_window_s else None,
         "sm_clock_mhz": w.sm_clock_mhz,
         "tokens": case.tokens,

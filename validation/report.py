@@ -264,8 +264,20 @@ def _sections(rows: Sequence[ComparisonRow], order: str, rst: bool) -> list[str]
     return parts
 
 
+def sources_of(measured: Sequence[dict]) -> list[str]:
+    """One provenance line per measured file and GPU: driver, torch, transformers, date of its header."""
+    seen: dict[tuple, str] = {}
+    for m in measured:
+        h = m.get("header", {})
+        key = (m.get("source"), m["gpu_name"], h.get("driver"), h.get("torch"), h.get("transformers"))
+        seen.setdefault(key, f"{Path(str(m.get('source'))).name}: {m['gpu_name']}, driver {h.get('driver')}, "
+                             f"CUDA {h.get('cuda')}, torch {h.get('torch')}, transformers "
+                             f"{h.get('transformers')}, {str(h.get('date'))[:10]}")
+    return list(seen.values())
+
+
 def render_report(rows: Sequence[ComparisonRow], fmt: str = "rst", *, order: str = "measured-first",
-                  layout: str = "sections", title: str = "Benchmark") -> str:
+                  layout: str = "sections", title: str = "Benchmark", sources: Sequence[str] = ()) -> str:
     """The comparison as rst / markdown (tables per shape, or one flat table, then the summary), csv or json."""
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r}: use one of {', '.join(FORMATS)}")
@@ -273,7 +285,8 @@ def render_report(rows: Sequence[ComparisonRow], fmt: str = "rst", *, order: str
         raise ValueError(f"order {order!r}: use one of {', '.join(ORDERS)}")
     summary = summarize(rows)
     if fmt == "json":
-        return json.dumps({"rows": [r.as_dict() for r in rows], "summary": [asdict(s) for s in summary]}, indent=1)
+        return json.dumps({"sources": list(sources), "rows": [r.as_dict() for r in rows],
+                           "summary": [asdict(s) for s in summary]}, indent=1)
     if fmt == "csv":
         return render_csv(*flat_table(rows, order, csv=True))
     rst = fmt == "rst"
@@ -281,6 +294,7 @@ def render_report(rows: Sequence[ComparisonRow], fmt: str = "rst", *, order: str
     note = ("Error = (Estimated - Measured) / Measured; n/a = not measured (failed case, energy not metered) "
             "or not estimated.")
     parts = [rst_heading(title, "=") if rst else f"# {title}", note]
+    parts += ["Measured: " + "; ".join(sources)] if sources else []
     parts += _sections(rows, order, rst) if layout == "sections" else [render(*flat_table(rows, order))]
     parts += [rst_heading("Summary", "-") if rst else "## Summary", render(*summary_table(summary))]
     return "\n\n".join(parts) + "\n"
@@ -290,7 +304,9 @@ def build_report(jsonl_paths: Sequence[str | Path] | str | Path, fmt: str = "rst
                  estimator: Estimator | None = None, order: str = "measured-first", layout: str = "sections") -> str:
     """Load measured datasets, estimate every case, and render the comparison (rst, markdown, csv or json)."""
     paths = [jsonl_paths] if isinstance(jsonl_paths, (str, Path)) else list(jsonl_paths)
-    return render_report(compare(load_measurements(paths), estimator), fmt, order=order, layout=layout)
+    measured = load_measurements(paths)
+    return render_report(compare(measured, estimator), fmt, order=order, layout=layout,
+                         sources=sources_of(measured))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..errors import AisimError
 from .suite import Case, MeasureSettings, Suite, group_cases, load_suite
 
 FINISHED = ("ok", "oom")
@@ -24,7 +25,7 @@ METRIC_FIELDS = ("runtime_ms_median", "runtime_ms_mean", "runtime_ms_std", "runt
                  "throughput_tokens_per_s", "tp_impl")
 
 
-class RunError(Exception):
+class RunError(AisimError):
     """The run cannot start (e.g. the output file holds measurements of another GPU); the message says why."""
 
 
