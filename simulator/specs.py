@@ -135,6 +135,9 @@ class CalibrationSpec(Spec):
     eager_python_call_s: float | None = Field(None, description="CPU time per Python-level torch call (fit)")
     eager_kernel_dispatch_s: float | None = Field(None, description="CPU time per kernel-launching aten op (fit)")
     eager_view_dispatch_s: float | None = Field(None, description="CPU time per view aten op (fit)")
+    eager_framework_scale: float = Field(1.0, description="measured / predicted CPU time of tiny HF models "
+                                         "(validation/framework_overhead.py): the Python between the ops")
+    allreduce_cpu_s: float | None = Field(None, description="CPU time to issue one small NCCL all-reduce")
     power_compute_fraction: float = Field(description="power at full compute load / board power")
     power_memory_fraction: float = Field(description="power at full memory-bound load / board power")
     idle_power_w: float | None = None

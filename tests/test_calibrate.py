@@ -313,3 +313,21 @@ def test_power_meter_aligns_to_energy_counter_steps():
 
     meter = cal.PowerMeter(FakeNvml(), None, "energy counter", 700.0, "test")
     assert meter.average_w(0.5) == pytest.approx(250.0, rel=0.05)
+
+
+def test_framework_scale_is_the_median_ratio_of_measured_to_predicted():
+    from aisim.validation.framework_overhead import fit_framework_scale
+
+    counts = {"kernels": 100, "views": 50, "py_calls": 0, "modules": 10}
+    # predicted = 100 * 8us + 50 * 4us + 10 * 2us = 1020 us; measured 1.5x, 2x and 3x that
+    records = [{"bench": "framework", "counts": counts, "time_s": f * 1020e-6} for f in (1.5, 2.0, 3.0)]
+    assert fit_framework_scale(records, 8e-6, 4e-6, 2e-6) == pytest.approx(2.0)
+    assert fit_framework_scale([], 8e-6, 4e-6, 2e-6) is None
+
+
+def test_framework_overhead_bench_runs_on_the_cpu():
+    from aisim.validation.framework_overhead import bench_framework_overhead
+
+    records = bench_framework_overhead(repeats=1, calls=2, device="cpu")
+    assert {r["family"] for r in records} == {"llama", "opt", "gpt2", "bloom"}
+    assert all(r["time_s"] > 0 and r["counts"]["kernels"] > 0 for r in records)

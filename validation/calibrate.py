@@ -247,8 +247,15 @@ def fit_overheads(records: list[dict]) -> dict[str, float]:
     (fit_dispatch); medians of the samples."""
     med = {r["name"]: statistics.median(r["samples_s"]) for r in records if r["bench"] == "overhead"}
     graph = med["graph_kernel_s"]
-    return {"launch_overhead_s": graph, "graphs_dispatch_s": graph, "eager_dispatch_s": med["eager_op_s"],
-            "module_overhead_s": max(0.0, med["module_call_s"] - med["functional_call_s"]), **fit_dispatch(med)}
+    fitted = {"launch_overhead_s": graph, "graphs_dispatch_s": graph, "eager_dispatch_s": med["eager_op_s"],
+              "module_overhead_s": max(0.0, med["module_call_s"] - med["functional_call_s"]), **fit_dispatch(med)}
+    if "eager_kernel_dispatch_s" in fitted:
+        from .framework_overhead import fit_framework_scale
+        scale = fit_framework_scale(records, fitted["eager_kernel_dispatch_s"], fitted["eager_view_dispatch_s"],
+                                    fitted["module_overhead_s"])
+        if scale is not None:
+            fitted["eager_framework_scale"] = scale
+    return fitted
 
 
 def fit_power(records: list[dict], power_limit_w: float) -> dict[str, float]:
@@ -741,6 +748,8 @@ def run_calibration(device_name: str, out_path: Path, *, quick: bool = False, ma
         time.sleep(0.5)
         records.append(bench_power(meter, "idle", power_s))
     records += bench_overheads()
+    from .framework_overhead import bench_framework_overhead
+    records += bench_framework_overhead()
     _log(budget, "overheads done")
     todo, skipped = gemm_plan(quick, peaks, l2_bytes)
     records += skipped + bench_gemm(todo, budget)

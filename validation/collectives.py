@@ -25,6 +25,9 @@ SIZES_BYTES = tuple(4096 * 4**i for i in range(10))          # 4 KiB .. 1 GiB
 QUICK_SIZES_BYTES = SIZES_BYTES[::3]                          # 4 KiB, 256 KiB, 16 MiB, 1 GiB
 
 
+CPU_ISSUE_CALLS = 1000  # back-to-back 4-byte all-reduces, wall time / calls = issue cost (GPU-bound if larger)
+
+
 def bus_bytes(op: str, size_bytes: float, world_size: int) -> float:
     """nccl-tests bus bytes: all_reduce 2*(n-1)/n*size, all_gather (n-1)/n*size (size = output bytes)."""
     factor = {"all_reduce": 2.0, "all_gather": 1.0}[op]
@@ -69,6 +72,11 @@ def fit_collectives(records: list[dict]) -> tuple[dict, list[str]]:
                      f"bus bandwidth {bw / 1e9:.1f} GB/s")
         if op == "all_reduce":
             fields = {"allreduce_latency_s": lat, "allreduce_bus_bw_bytes_per_s": bw}
+    issue = [r["wall_per_call_s"] for r in records if r["bench"] == "collective_issue"]
+    if issue:
+        fields["allreduce_cpu_s"] = issue[0]
+        notes.append(f"all_reduce issue cost: {issue[0] * 1e6:.1f} us per call (wall time of {CPU_ISSUE_CALLS} "
+                     "back-to-back 4-byte all-reduces, slowest rank)")
     return fields, notes
 
 
@@ -142,6 +150,16 @@ def _worker(rank: int, world_size: int, port: int, sizes: list[int], result_path
             e.record()
             torch.cuda.synchronize()
             mine.append(s.elapsed_time(e) * 1e-3 / n)
+    tiny = torch.ones(1, device="cuda")
+    for _ in range(20):
+        dist.all_reduce(tiny)
+    torch.cuda.synchronize()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(CPU_ISSUE_CALLS):
+        dist.all_reduce(tiny)
+    torch.cuda.synchronize()
+    mine.append((time.perf_counter() - t0) / CPU_ISSUE_CALLS)
     every = [None] * world_size
     dist.all_gather_object(every, mine)
     if rank == 0:
@@ -150,6 +168,8 @@ def _worker(rank: int, world_size: int, port: int, sizes: list[int], result_path
                  "time_s": max(r[i] for r in every), "time_s_per_rank": [r[i] for r in every],
                  "median_rank_time_s": statistics.median(r[i] for r in every)}
                 for i, (op, size) in enumerate(keys)]
+        recs.append({"bench": "collective_issue", "op": "all_reduce", "world_size": world_size,
+                     "calls": CPU_ISSUE_CALLS, "wall_per_call_s": max(r[-1] for r in every)})
         Path(result_path).write_text(json.dumps(recs))
     dist.barrier()
     dist.destroy_process_group()

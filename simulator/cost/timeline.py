@@ -29,8 +29,9 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
     """CPU seconds to issue each op once.
 
     Eager, with the calibrated split: py_calls * P (Python-level torch calls the op's Python code made) plus K
-    for a kernel-launching aten op or V for a view; M per nn.Module call. Without the split (older files): one
-    ``eager_dispatch_s`` per aten op."""
+    for a kernel-launching aten op or V for a view; M per nn.Module call; a collective its measured issue cost.
+    Without the split (older files): one ``eager_dispatch_s`` per aten op. All scaled by the calibrated
+    ``eager_framework_scale`` (the HF Python between the ops, measured on tiny non-judged models)."""
     if runtime.dispatch == "none":
         return np.zeros(len(kinds))
     if runtime.dispatch == "graphs":
@@ -40,12 +41,14 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
     for i, (op, kind) in enumerate(zip(ops, kinds)):
         if kind == "module":
             costs[i] = cal.module_overhead_s
+        elif kind == "comm" and cal.allreduce_cpu_s is not None:
+            costs[i] = cal.allreduce_cpu_s
         elif not split:
             costs[i] = cal.eager_dispatch_s
         else:
             per_op = cal.eager_kernel_dispatch_s if launches[i] else cal.eager_view_dispatch_s
             costs[i] = op.attrs.get("py_calls", 0) * cal.eager_python_call_s + per_op * max(launches[i], 1)
-    return costs
+    return costs * cal.eager_framework_scale
 
 
 def simulate(gpu_s: np.ndarray, cpu_s: np.ndarray, repeats: np.ndarray, syncs: np.ndarray) -> Timeline:
