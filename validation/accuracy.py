@@ -1,0 +1,143 @@
+"""docs/accuracy.md, generated from the committed measured datasets and the published reference tables.
+
+    python -m aisim.validation.accuracy [--out docs/accuracy.md]      (or: aisim validate --accuracy-doc PATH)
+
+Every figure in the document comes from this command: it estimates each measured case with the shipped specs and
+calibration files and prints the error tables; the goals of the validation issue are checked per category.
+"""
+from __future__ import annotations
+
+import argparse
+from datetime import date
+from pathlib import Path
+
+from .published import compare_reference
+from .report import compare, load_measurements, render_markdown, summarize, summary_table
+from .runner import read_jsonl
+
+DATA_DIR = Path(__file__).parent / "data"
+DATASETS = (("h100.jsonl", "one H100 SXM 80GB"), ("h200.jsonl", "one H200"),
+            ("tp2-h200.jsonl", "two H200 (tensor parallel 2, with TP=1 twins)"))
+GPU_BOUND_TOKENS = 2048
+# Goals (validation issue): category -> maximum MAPE in percent
+GOALS = {"forward/prefill runtime": 5.0, "decode runtime": 10.0, "forward-backward/train runtime": 10.0,
+         "peak memory": 3.0, "energy per token": 10.0, "tp runtime": 10.0}
+
+WHY = """\
+## Where the goals are missed, and why
+
+- **Small, launch-bound steps** (batch 1 x 128 forwards, decode steps at small batch, bf16 training of small
+  models) are CPU-bound in eager PyTorch: their time is the host's Python and dispatch cost, not the GPU's.
+  aisim models it from microbenchmarks (per kernel-launching op, per view op, per nn.Module call) scaled by the
+  overhead of tiny HF models (`eager_framework_scale`, measured on 4-layer width-64 models that no table uses).
+  The same case measured on two hosts differs by up to 2.4x (cs336-small bf16 forward-backward: 53.6 ms on the
+  H100 host, 22.3 ms on the H200 host; Llama-3-8B decode at batch 1 gave 19.3, 24.3 and 19.6 ms in reruns),
+  so these rows carry the host's noise and speed, which a GPU calibration cannot know. GPU-bound rows
+  (batch x seq >= 4 x 512) are within a few percent.
+- **Decode steps that get faster as the batch grows** (Llama-3-8B at batch 64 x 1024: 15.6 ms on H200, below
+  the 19-20 ms of batch 1) show the host-side cost itself varying with the GPU queue (the profile in
+  validation/data/profiles/ shows 40% of CPU time in "Command Buffer Full" waits at batch 64 x 4096). The
+  timeline model does not capture this coupling.
+- **Energy** is estimated from a power model calibrated at four loads (idle, tiny kernels, a large bf16 GEMM,
+  a 1 GiB copy). Real kernels that reach only part of the reference throughput still draw close to the
+  reference power (measured 580 W at decode batch 64 against 626 W for a full copy), while the model scales
+  power linearly with achieved throughput, so it is low by 10-40% on memory-bound and mixed steps. A power
+  curve over several load intensities (a calibration microbenchmark not yet written) is the fix.
+- **Tensor-parallel rows**: the measured implementation (plain sharded weights, an NCCL all-reduce from a
+  forward hook, a barrier before each trial) adds host-side cost per all-reduce that the estimate models only
+  as the measured issue cost of a bare all-reduce; launch-bound TP steps are therefore underestimated.
+- **Training memory** with AdamW is low by about 10% (cs336-2.7b train): the step's foreach temporaries are
+  modelled as one parameter-sized buffer; PyTorch 2.11's foreach AdamW holds more at its peak.
+"""
+
+
+def dataset_section(name: str, title: str) -> tuple[list[str], list]:
+    path = DATA_DIR / name
+    lines = read_jsonl(path)
+    header = next((line for line in lines if line.get("type") == "header"), {})
+    rows = compare(load_measurements([path]))
+    parts = [f"## {title}: `validation/data/{name}`",
+             f"Measured on {header.get('gpu_count', '?')} x {header.get('gpu_name', '?')}, driver "
+             f"{header.get('driver', '?')}, CUDA {header.get('cuda', '?')}, torch {header.get('torch', '?')}, "
+             f"transformers {header.get('transformers', '?')}, power limit {header.get('power_limit_w', '?')} W, "
+             f"{header.get('date', '?')[:10]}; models built from their configs with random weights.", ""]
+    summary = summarize(rows)
+    parts += [render_markdown(*summary_table(summary)), ""]
+    parts += [_goal_lines(summary), "", _subset_line(rows), ""]
+    return parts, rows
+
+
+def _subset_line(rows) -> str:
+    """MAPE of runtime over the rows whose GPU work dominates (>= 2048 tokens per step), beside all rows."""
+    big = [r for r in rows if r.workload in ("forward", "prefill", "forward-backward", "train")
+           and r.batch * r.seq >= GPU_BOUND_TOKENS and r.metrics["runtime_ms"].error is not None]
+    if not big:
+        return ""
+    errors = [abs(r.metrics["runtime_ms"].error) for r in big]
+    return (f"GPU-bound subset (forward, prefill and training steps of >= {GPU_BOUND_TOKENS} tokens, tp as measured): "
+            f"n = {len(big)}, runtime MAPE {100 * sum(errors) / len(errors):.2f}%, max {100 * max(errors):.2f}%.")
+
+
+def _goal_lines(summary) -> str:
+    out = ["| Category | Goal (MAPE) | Result | Met |", "| :--- | ---: | ---: | :--- |"]
+    for s in summary:
+        goal = GOALS.get(s.category)
+        if goal is None or s.mape_pct is None:
+            continue
+        out.append(f"| {s.category} | <= {goal:.0f}% | {s.mape_pct:.2f}% | {'yes' if s.mape_pct <= goal else 'no'} |")
+    return "\n".join(out)
+
+
+def build(out: Path) -> str:
+    from .report import flat_table
+
+    parts = ["# Accuracy", "",
+             f"Generated by `python -m aisim.validation.accuracy` on {date.today().isoformat()} from the datasets "
+             "committed under validation/data/ and the reference tables under validation/references/. "
+             "Error = (estimated - measured) / measured; MAPE = mean |error|. Calibration files: "
+             "hardware_specs/calibration/h100-sxm.yaml and h200.yaml (microbenchmarks only, provenance inside); "
+             "RTX A5000/A6000 use the documented default rules (hardware_specs/calibration/default.yaml).", ""]
+    all_rows = []
+    for name, title in DATASETS:
+        if (DATA_DIR / name).exists():
+            section, rows = dataset_section(name, title)
+            parts += section
+            all_rows += [(title, rows)]
+    parts += [WHY]
+    parts += ["# Published tables (out of sample)", "",
+              "## TorchCAP (RTX A5000 / A6000, 1 and 8 GPUs)", "", "Command: `aisim validate --reference torchcap`", "",
+              compare_reference("torchcap", fmt="markdown").split("\n", 2)[2], "",
+              "Goal: runtime MAPE <= 8% over the 24 rows with no row worse than 20%, memory MAPE <= 1%. Not met "
+              "(figures above). Why: (1) the A5000/A6000 have no calibration file (no such GPU is lent here), so "
+              "their efficiencies are the default rules, which were written for data-centre GPUs; (2) the x8 "
+              "rows were measured with DTensor tensor parallelism, whose all-reduces are slower than the "
+              "fitted link speed suggests (aisim's x8 estimates are 56-63% low on OPT, whose MLP all-reduces "
+              "dominate); (3) memory: the traced graph follows transformers 5.17, whose loss upcasts the full "
+              "logits to fp32 (opt-1.3b: +4.6 GiB), while TorchCAP ran transformers 4.48.2; on x8 their "
+              "DTensor sharding keeps the full weights alive (x8 peaks above single-GPU peaks).", "",
+              "## CS336 (batch 4, fp32, forward and forward+backward)", "", "Command: `aisim validate --reference cs336`",
+              "", compare_reference("cs336", fmt="markdown").split("\n", 2)[2], "",
+              "The course's GPU is not named in that section. No shipped device fits all rows: the H100 "
+              "estimates are 25-55% below the measurements and the A100 ones 50-85% above; the course's model "
+              "is its own implementation (manual attention, einsum linears), which aisim approximates by the HF "
+              "Llama module with the same shapes.", ""]
+    parts += ["# All measured rows", ""]
+    for title, rows in all_rows:
+        parts += [f"## {title}", "", render_markdown(*flat_table(rows)), ""]
+    text = "\n".join(parts)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="docs/accuracy.md")
+    args = parser.parse_args(argv)
+    build(Path(args.out))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
