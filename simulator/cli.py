@@ -100,14 +100,19 @@ def list_(what: str = typer.Argument(..., help="models|devices|runtimes")):
 def validate(
     suite: Optional[Path] = typer.Argument(None, help="suite YAML to measure on the local GPU(s)"),
     out: Optional[Path] = typer.Option(None, help="measured JSONL (appended; finished cases are skipped)"),
-    reference: Optional[str] = typer.Option(None, help="compare with a published table: torchcap|cs336|tgi-bloomz|whisper-cpp"),
+    reference: Optional[str] = typer.Option(None, help="compare with a published table: torchcap|cs336"),
     report_from: Optional[list[Path]] = typer.Option(None, "--report", help="measured JSONL file(s) to report on"),
     fmt: str = typer.Option("rst", "--format", help="rst|markdown|csv|json"),
     max_minutes: Optional[float] = typer.Option(None, help="stop the suite cleanly after this many minutes"),
+    accuracy_doc: Optional[Path] = typer.Option(None, help="regenerate docs/accuracy.md (all datasets + references)"),
 ):
     """Measure a suite on the local GPU(s), or report estimated vs measured for measured or published data."""
     try:
-        if reference:
+        if accuracy_doc:
+            from .validation.accuracy import build
+            build(accuracy_doc)
+            typer.echo(f"wrote {accuracy_doc}")
+        elif reference:
             from .validation.published import compare_reference
             typer.echo(compare_reference(reference, fmt=fmt))
         elif report_from:

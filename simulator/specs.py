@@ -141,6 +141,10 @@ class CalibrationSpec(Spec):
     power_compute_fraction: float = Field(description="power at full compute load / board power")
     power_memory_fraction: float = Field(description="power at full memory-bound load / board power")
     idle_power_w: float | None = None
+    power_compute_curve: Curve | None = Field(None, description="x: fraction of peak FLOP/s a GEMM loop achieves; "
+                                              "efficiency: its average power / power limit (linear in x)")
+    power_memory_curve: Curve | None = Field(None, description="x: fraction of bandwidth a copy loop achieves; "
+                                             "efficiency: its average power / power limit")
     active_power_w: float | None = Field(None, description="power while the GPU runs only tiny kernels (clocked "
                                          "up, nearly idle): the floor during a step")
     allreduce_bus_bw_bytes_per_s: float | None = None

@@ -331,3 +331,21 @@ def test_framework_overhead_bench_runs_on_the_cpu():
     records = bench_framework_overhead(repeats=1, calls=2, device="cpu")
     assert {r["family"] for r in records} == {"llama", "opt", "gpt2", "bloom"}
     assert all(r["time_s"] > 0 and r["counts"]["kernels"] > 0 for r in records)
+
+
+def test_power_curves_are_fitted_monotone_from_the_active_floor():
+    from aisim.validation.calibrate import fit_power
+
+    records = [{"bench": "power", "load": "idle", "avg_power_w": 100.0},
+               {"bench": "power", "load": "active", "avg_power_w": 140.0},
+               {"bench": "power", "load": "compute", "avg_power_w": 690.0},
+               {"bench": "power", "load": "memory", "avg_power_w": 520.0},
+               {"bench": "power_curve", "kind": "compute", "activity": 0.2, "avg_power_w": 420.0},
+               {"bench": "power_curve", "kind": "compute", "activity": 0.5, "avg_power_w": 700.0},
+               {"bench": "power_curve", "kind": "compute", "activity": 0.6, "avg_power_w": 690.0},
+               {"bench": "power_curve", "kind": "memory", "activity": 0.4, "avg_power_w": 350.0}]
+    fitted = fit_power(records, 700.0)
+    curve = fitted["power_compute_curve"]
+    assert curve.x == [0.0, 0.2, 0.5, 0.6]
+    assert curve.efficiency == pytest.approx([0.2, 0.6, 1.0, 1.0])  # 140/700, 420/700, 700/700, kept at 1.0
+    assert fitted["power_memory_curve"].efficiency == pytest.approx([0.2, 0.5])

@@ -388,3 +388,13 @@ def test_settings_validate():
         MeasureSettings(warmup=0)
     with pytest.raises(ValueError):
         Case(model="m", workload="decode", seq=1)
+
+
+def test_decode_energy_with_large_untimed_work_is_not_compared():
+    from aisim.validation.report import measured_energy_valid
+
+    # window = 30.36 * 31 + 340 = 1281 J, of which 340 J (26.5%) were untimed cache copies
+    assert not measured_energy_valid({"energy_after_work_j": 340.0, "energy_j_per_step": 30.36, "trials": 31})
+    # 13.3 / (4.46 * 48 + 13.3) = 5.8%
+    assert measured_energy_valid({"energy_after_work_j": 13.3, "energy_j_per_step": 4.46, "trials": 48})
+    assert measured_energy_valid({"energy_j_per_step": 1.0, "trials": 10})

@@ -265,6 +265,17 @@ def fit_power(records: list[dict], power_limit_w: float) -> dict[str, float]:
               "power_memory_fraction": avg["memory"] / power_limit_w}
     if "active" in avg:
         fitted["active_power_w"] = avg["active"]
+    for kind in ("compute", "memory"):
+        points = sorted((r["activity"], r["avg_power_w"] / power_limit_w) for r in records
+                        if r["bench"] == "power_curve" and r["kind"] == kind)
+        if points:
+            floor = avg.get("active", avg["idle"]) / power_limit_w
+            xs, ys = [0.0], [floor]
+            for x, y in points:
+                if x > xs[-1] + 1e-4:
+                    xs.append(x)
+                    ys.append(max(y, ys[-1]))   # power does not fall as the load's activity rises
+            fitted[f"power_{kind}_curve"] = Curve(x=xs, efficiency=ys)
     return fitted
 
 
@@ -302,7 +313,7 @@ def fit_calibration(raw: dict, defaults: CalibrationSpec | None = None) -> Calib
     notes.append(_conventions_note(peaks))
     return CalibrationSpec(device=raw["device"], measured=True, provenance=raw["provenance"],
                            gemm_efficiency=gemm_curves, gemm_tables=tables, attention_efficiency=attn,
-                           memory_efficiency=memory, **{k: _sig(v) if v is not None else None
+                           memory_efficiency=memory, **{k: _sig(v) if isinstance(v, (int, float)) else v
                                                         for k, v in {**fields, **coll}.items()},
                            notes="\n".join(notes))
 
@@ -706,6 +717,46 @@ def bench_power(meter: PowerMeter, load: str, seconds: float) -> dict:
     return {"bench": "power", "load": load, "avg_power_w": watts, "duration_s": seconds, "method": meter.method}
 
 
+POWER_CURVE_GEMM_SIDES = (512, 1024, 2048, 4096)          # bf16 square GEMMs below the 8192^3 reference load
+POWER_CURVE_COPY_BYTES = (2**20, 8 * 2**20, 64 * 2**20)     # copies below the 1 GiB reference load
+
+
+def bench_power_curve(meter: PowerMeter, seconds: float, peaks: dict) -> list[dict]:
+    """Power at intermediate loads: square bf16 GEMMs and copies of several sizes, each looped for ``seconds``.
+    ``activity`` is the fraction of the datasheet peak (FLOP/s or bandwidth) the loop achieved."""
+    import torch
+
+    records = []
+    for kind, sizes in (("compute", POWER_CURVE_GEMM_SIDES), ("memory", POWER_CURVE_COPY_BYTES)):
+        for size in sizes:
+            if kind == "compute":
+                a, b = (torch.randn(size, size, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+                c = torch.empty_like(a)
+                reps = max(8, int(2**33 // size**3))
+                fn = lambda a=a, b=b, c=c: torch.matmul(a, b, out=c)   # noqa: E731
+                work_units = 2.0 * size**3 / peaks["flops_per_s"]["bf16"]
+            else:
+                src = torch.randn(size // 2, device="cuda", dtype=torch.bfloat16)
+                dst = torch.empty_like(src)
+                reps = max(8, int(2**31 // size))
+                fn = lambda src=src, dst=dst: dst.copy_(src)   # noqa: E731
+                work_units = 2.0 * size / peaks["memory_bw_bytes_per_s"]
+            counter = {"n": 0}
+
+            def work(fn=fn, reps=reps, counter=counter):
+                for _ in range(reps):
+                    fn()
+                torch.cuda.synchronize()
+                counter["n"] += reps
+
+            t0 = time.perf_counter()
+            watts = meter.average_w(seconds, work)
+            per_op_s = (time.perf_counter() - t0) / max(counter["n"], 1)
+            records.append({"bench": "power_curve", "kind": kind, "size": size, "avg_power_w": watts,
+                            "activity": min(work_units / per_op_s, 1.0)})
+    return records
+
+
 # ---------------------------------------------------------------- orchestration
 
 METHOD = ("CUDA-event timing (1 untimed call, 3 warm-up, then 5..100 reps, median; sleep kernel queued ahead of "
@@ -757,6 +808,7 @@ def run_calibration(device_name: str, out_path: Path, *, quick: bool = False, ma
     records += bench_memory(memory_plan(quick), budget, peaks, l2_bytes)
     if meter is not None:
         records += [bench_power(meter, load, power_s) for load in ("compute", "memory", "active")]
+        records += bench_power_curve(meter, 1.0 if quick else 1.5, peaks)
     records += _collectives(torch, budget, quick)
     raw = {"device": key, "peaks": peaks, "records": records,
            "grid": {"gemm": dict(zip("mnk", GEMM_QUICK if quick else (GEMM_M, GEMM_NK, GEMM_NK)))},

@@ -131,6 +131,20 @@ def _default_estimator() -> Estimator:
     return aisim.estimate
 
 
+# A decode energy window also holds the untimed cache copies between trials; their energy, measured alone, is
+# subtracted, but in the window they cost more (gaps, syncs): above this share of the window the per-step
+# energy is not a measurement of the step and is reported as n/a (e.g. 26% for opt-6.7b decode 64 x 1024 on
+# H200, whose subtracted figure implied 980 W on a 700 W card).
+AFTER_WORK_MAX_SHARE = 0.10
+
+
+def measured_energy_valid(m: dict) -> bool:
+    after, per_step, trials = m.get("energy_after_work_j"), m.get("energy_j_per_step"), m.get("trials")
+    if not after or per_step is None or not trials:
+        return True
+    return after / (per_step * trials + after) <= AFTER_WORK_MAX_SHARE
+
+
 def compare_one(m: dict, estimator: Estimator) -> ComparisonRow:
     """Estimate one measured case and pair the metrics."""
     tp = int(m.get("tp") or 1)
@@ -145,6 +159,8 @@ def compare_one(m: dict, estimator: Estimator) -> ComparisonRow:
     ok = m.get("status") == "ok"
     metrics = {key: Pair(_value(est, attr) if est is not None else None, _value(m, field_) if ok else None)
                for key, _, field_, attr in METRICS}
+    if not measured_energy_valid(m):
+        metrics["energy_j_per_token"] = Pair(metrics["energy_j_per_token"].estimated, None)
     fits = None if est is None else (est.get("fits") if isinstance(est, dict) else getattr(est, "fits", None))
     return ComparisonRow(m["key"], m["model"], m["gpu_name"], device, m["workload"], m["batch"], m["seq"],
                          m["dtype"], tp, m.get("status", "unknown"), metrics, fits, est_error, m.get("error"))

@@ -6,7 +6,8 @@ validation/calibrate.py bench_power), and a_c, a_m the kernel's activity relativ
 peak FLOP/s (bandwidth) it achieves divided by the fraction the reference load achieves, at most 1 (a GEMM at
 the reference GEMM's efficiency draws the reference power). The GPU draws P_idle while it waits. P_idle is the
 calibrated power under back-to-back tiny kernels (clocks up, SMs nearly idle) where measured, else idle power. Energy is
-summed over all GPUs used.
+summed over all GPUs used. Where the calibration has measured power curves (GEMM and copy loops at several
+sizes), a kernel's power is read off them at its achieved fraction of peak instead (``_curve_power_w``).
 Reference: the utilization-based GPU power models of Hong & Kim (ISCA 2010) and AccelWattch (MICRO 2021),
 reduced to two activity factors. Known inaccuracies: clocks and temperature are taken as steady.
 """
@@ -32,6 +33,17 @@ def reference_activity(gpu: HardwareSpec, cal: CalibrationSpec) -> tuple[float, 
     return compute, memory
 
 
+def _curve_power_w(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s, compute_s, memory_s, busy) -> np.ndarray:
+    """Measured power curves: a kernel achieving a fraction u of peak FLOP/s (bandwidth) draws what a bf16 GEMM
+    loop (a copy loop) achieving u drew in calibration; the larger of the two, at most board power."""
+    safe = np.where(busy, gpu_s, 1.0)
+    u_c = np.where(busy, compute_s / safe, 0.0).clip(0, 1)
+    u_m = np.where(busy, memory_s / safe, 0.0).clip(0, 1)
+    p_c = np.interp(u_c, cal.power_compute_curve.x, cal.power_compute_curve.efficiency)
+    p_m = np.interp(u_m, cal.power_memory_curve.x, cal.power_memory_curve.efficiency)
+    return np.minimum(np.maximum(p_c, p_m) * gpu.board_power_w, gpu.board_power_w)
+
+
 def step_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s: np.ndarray, compute_s: np.ndarray,
                   memory_s: np.ndarray, repeats: np.ndarray, runtime_s: float, gpus: int) -> tuple[float, float]:
     """(energy in J over all GPUs, average power per GPU in W)."""
@@ -44,6 +56,8 @@ def step_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s: np.ndarray, co
     u_m = (np.where(busy, memory_s / np.where(busy, gpu_s, 1.0), 0.0) / ref_m).clip(0, 1)
     power_w = idle_w + np.maximum(u_c * max(compute_w - idle_w, 0), u_m * max(memory_w - idle_w, 0))
     power_w = np.minimum(power_w, gpu.board_power_w)
+    if cal.power_compute_curve is not None and cal.power_memory_curve is not None:
+        power_w = _curve_power_w(gpu, cal, gpu_s, compute_s, memory_s, busy)
     busy_s = float(np.dot(gpu_s, repeats))
     energy = float(np.dot(power_w * gpu_s, repeats)) + idle_w * max(runtime_s - busy_s, 0.0)
     avg_w = energy / runtime_s if runtime_s > 0 else 0.0
