@@ -45,14 +45,15 @@ def estimate(model: str, device: str, workload: str = "forward", batch: int = 1,
     dev = catalog.resolve_device(device)
     runtimes = all_runtimes()
     if runtime not in runtimes:
-        raise catalog.UnknownNameError("runtime", runtime, sorted(runtimes), "")
+        raise catalog.UnknownNameError("runtime", runtime, sorted(runtimes),
+                                       f"Choose one of: {', '.join(sorted(runtimes))}.")
     rt = runtimes[runtime]
     cal = load_calibration(dev.gpu.name)
     try:
         w = Workload(phase=workload, batch=batch, seq=seq, gen_tokens=gen, dtype=dtype, with_loss=with_loss,
                      optimizer=optimizer, quant=quant)
     except ValueError as exc:
-        raise AisimError(_pydantic_message(exc)) from None
+        raise AisimError(_pydantic_message(exc).replace("phase:", "--workload:")) from None
     plan, note = choose_plan(config, dev.count, dev.name, batch, tp, pp, dp, tp_scope)
     assumptions = list(dev.assumptions) + ([note] if note else [])
     if not cal.measured:
@@ -94,7 +95,8 @@ def step_cost(graph, dev, cal, rt, w: Workload, plan: ParallelPlan) -> StepCost:
     runtime_s = timeline.runtime_s + rt.per_step_overhead_s
     compute_s = np.array([t.compute_s for t in times])
     memory_s = np.array([t.memory_s for t in times])
-    energy, power = step_energy_j(dev.gpu, cal, gpu_s, compute_s, memory_s, repeats, runtime_s, plan.gpus)
+    # the GPUs of one pipeline stage (tensor x data parallel) work together; stages are costed in _assemble
+    energy, power = step_energy_j(dev.gpu, cal, gpu_s, compute_s, memory_s, repeats, runtime_s, plan.tp * plan.dp)
     flops = float(np.dot([c.flops for c in costs], repeats))
     nbytes = float(np.dot([c.bytes for c in costs], repeats))
     unknown = sorted({op.name for op in graph.ops if not is_known(op)})
@@ -132,11 +134,18 @@ def _tokens(w: Workload, plan: ParallelPlan) -> int:
 def _assemble(name, dev, cal, rt, w: Workload, plan, graph, assumptions, extra: dict | None = None) -> Estimate:
     from .cost.memory import breakdown
 
+    from .cost.energy import waiting_power_w
+
     cost = step_cost(graph, dev, cal, rt, w, plan)
     mem = breakdown(graph, w, dev)
-    runtime_s = cost.runtime_s * (plan.pp if plan.pp > 1 else 1)
-    return _result(name, dev, cal, rt, w, plan, mem, runtime_s, cost.energy_j * (plan.pp if plan.pp > 1 else 1),
-                   cost.power_w, cost.flops, cost.bytes, cost.table, cost.unknown, assumptions, extra or {})
+    # pipeline stages run one after another (no micro-batching): each stage's GPUs work for one stage time and
+    # wait (at the waiting power) while the other pp - 1 stages run
+    runtime_s = cost.runtime_s * plan.pp
+    waiting_j = waiting_power_w(dev.gpu, cal) * (plan.pp - 1) * cost.runtime_s * plan.gpus
+    energy_j = cost.energy_j * plan.pp + waiting_j
+    power_w = energy_j / (runtime_s * plan.gpus) if runtime_s else None
+    return _result(name, dev, cal, rt, w, plan, mem, runtime_s, energy_j, power_w, cost.flops, cost.bytes,
+                   cost.table, cost.unknown, assumptions, extra or {})
 
 
 def _result(name, dev, cal, rt, w, plan, mem, runtime_s, energy_j, power_w, flops, nbytes, table, unknown,

@@ -47,7 +47,12 @@ def choose_plan(config: dict, gpus: int, device_name: str, batch: int, tp: int |
             if dp > 1 and batch % dp:
                 raise AisimError(f"{note}, but data parallel {dp} does not divide batch {batch}; give a batch "
                                  f"divisible by {dp} or choose --tp/--pp/--dp")
-    plan = ParallelPlan(tp=tp, pp=pp, dp=dp, tp_scope=tp_scope)
+    try:
+        plan = ParallelPlan(tp=tp, pp=pp, dp=dp, tp_scope=tp_scope)
+    except ValueError as exc:
+        errors = getattr(exc, "errors", lambda: [])()
+        detail = "; ".join(f"--{'-'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}" for e in errors)
+        raise AisimError(f"invalid parallel plan: {detail or exc}") from None
     if plan.gpus != gpus:
         raise AisimError(f"the plan tp {plan.tp} x pp {plan.pp} x dp {plan.dp} = {plan.gpus} GPUs does not match "
                          f"the {gpus} GPU(s) of {device_name}; make the product equal {gpus}")

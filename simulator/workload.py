@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Phase = Literal["forward", "prefill", "decode", "generate", "encode", "forward-backward", "train", "transcribe"]
+Phase = Literal["forward", "prefill", "decode", "generate", "encode", "forward-backward", "train"]
 TpScope = Literal["all", "full", "mlp", "attention"]
 
 
@@ -15,7 +15,7 @@ class Workload(BaseModel):
     phase: Phase = "forward"
     batch: int = Field(1, ge=1)
     seq: int = Field(1024, ge=1)
-    gen_tokens: int = Field(128, ge=0, description="decode steps after prefill (generate)")
+    gen_tokens: int = Field(128, ge=1, description="new tokens of a generate workload (gen - 1 decode steps)")
     dtype: Literal["fp32", "tf32", "fp16", "bf16"] = "fp16"
     with_loss: bool = Field(False, description="forward includes the LM loss over the full logits (labels given)")
     optimizer: Literal["adamw", "sgd"] = "adamw"

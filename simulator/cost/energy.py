@@ -44,10 +44,15 @@ def _curve_power_w(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s, compute_s, me
     return np.minimum(np.maximum(p_c, p_m) * gpu.board_power_w, gpu.board_power_w)
 
 
+def waiting_power_w(gpu: HardwareSpec, cal: CalibrationSpec) -> float:
+    """Power of a GPU that waits during a step: the active-idle load where measured, else idle power."""
+    return cal.active_power_w or (cal.idle_power_w if cal.idle_power_w is not None else gpu.idle_power_w)
+
+
 def step_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s: np.ndarray, compute_s: np.ndarray,
                   memory_s: np.ndarray, repeats: np.ndarray, runtime_s: float, gpus: int) -> tuple[float, float]:
     """(energy in J over all GPUs, average power per GPU in W)."""
-    idle_w = cal.active_power_w or (cal.idle_power_w if cal.idle_power_w is not None else gpu.idle_power_w)
+    idle_w = waiting_power_w(gpu, cal)
     compute_w = cal.power_compute_fraction * gpu.board_power_w
     memory_w = cal.power_memory_fraction * gpu.board_power_w
     busy = gpu_s > 0

@@ -41,7 +41,16 @@ def trace_workload(config: dict, workload: Workload, plan: ParallelPlan, *, use_
             return graph
         except Exception:  # a stale or broken cache entry is re-traced
             pass
-    graph = _trace_scaled(config, workload, plan)
+    try:
+        graph = _trace_scaled(config, workload, plan)
+    except AisimError:
+        raise
+    except Exception as exc:  # the model's own code refused the workload: say so, without a traceback
+        name = config.get("_name_or_path") or config.get("model_type")
+        raise AisimError(f"{name}: tracing the {workload.phase} workload failed in the model's code "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); this "
+                         f"model/workload/dtype combination is not supported (try another --workload or "
+                         f"--dtype)") from None
     _MEMORY[key] = graph
     if use_cache:
         try:
@@ -179,8 +188,10 @@ def _decode(model, config, w: Workload, batch, tracer, tracing):
     kwargs = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
     from .tracer import Tracer
 
-    with torch.no_grad(), tracing(None, Tracer()):  # the cache is built untraced (item() needs the modes)
+    tracer.suppress += 1  # the cache is built untraced (item() needs the modes; TP hooks must not record)
+    with torch.no_grad(), tracing(None, Tracer()):
         past = model(input_ids=_ids(batch, max(w.seq - 1, 1)), use_cache=True, **kwargs).past_key_values
+    tracer.suppress -= 1
     for t in _tensors_in(past):
         tracer.track(t)
     tracer.peak_bytes = tracer.live_bytes

@@ -78,6 +78,8 @@ def _resize(linear, out_features: int | None = None, in_features: int | None = N
 
 def _collective_hook(tracer, kind: str, group: int):
     def hook(module, args, output):
+        if tracer.suppress:
+            return None
         if kind == "all_gather":
             shape = (*output.shape[:-1], output.shape[-1] * group)
             tracer.suppress += 1
@@ -92,6 +94,8 @@ def _collective_hook(tracer, kind: str, group: int):
 
 def _backward_allreduce_hook(tracer, group: int):
     def hook(module, args, kwargs):
+        if tracer.suppress:
+            return None
         if "hidden_states" in kwargs:
             kwargs = dict(kwargs, hidden_states=_GradAllReduce.apply(kwargs["hidden_states"], tracer, group))
             return args, kwargs
