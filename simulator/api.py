@@ -56,6 +56,12 @@ def estimate(model: str, device: str, workload: str = "forward", batch: int = 1,
         raise AisimError(_pydantic_message(exc).replace("phase:", "--workload:")) from None
     plan, note = choose_plan(config, dev.count, dev.name, batch, tp, pp, dp, tp_scope)
     assumptions = list(dev.assumptions) + ([note] if note else [])
+    if w.quant != "none":
+        assumptions.append(f"--quant {w.quant}: linear weights read at {w.quant} width; dequantization work is "
+                           "not costed yet")
+    if plan.tp > 1 and (config.get("num_local_experts") or config.get("num_experts")):
+        assumptions.append("MoE experts are replicated on every tensor-parallel rank (no expert parallelism yet)")
+    _check_positions(config, w)
     if not cal.measured:
         assumptions.append(f"{dev.gpu.name} has no calibration file: efficiencies and overheads are the "
                            "documented default rules (hardware_specs/calibration/default.yaml), not measurements")
@@ -69,6 +75,15 @@ def estimate(model: str, device: str, workload: str = "forward", batch: int = 1,
     return result if top_ops is None else result.model_copy(update={"top_ops": result.top_ops[:top_ops]})
 
 
+def _check_positions(config: dict, w: Workload) -> None:
+    """Refuse a sequence longer than the model's position table (learned positions would index past it)."""
+    limit = config.get("max_position_embeddings") or config.get("n_positions")
+    length = w.seq + (w.gen_tokens if w.phase == "generate" else 0)
+    if limit and w.phase != "encode" and length > limit:
+        given = f"seq {w.seq}" + (f" + gen {w.gen_tokens}" if w.phase == "generate" else "")
+        raise AisimError(f"{given} exceeds the model's {limit} positions; give a shorter --seq")
+
+
 def _pydantic_message(exc: Exception) -> str:
     errors = getattr(exc, "errors", None)
     if callable(errors):
@@ -80,9 +95,9 @@ def step_cost(graph, dev, cal, rt, w: Workload, plan: ParallelPlan) -> StepCost:
     from .cost.energy import step_energy_j
     from .cost.ops_time import op_time
     from .cost.timeline import cpu_costs, simulate
-    from .formulas import is_known, op_cost
+    from .formulas import is_known, op_cost, quantized
 
-    costs = [op_cost(op) for op in graph.ops]
+    costs = [quantized(op_cost(op), op, w.quant) for op in graph.ops]
     times = [op_time(op, c, dev, cal, w.dtype, rt.compute_efficiency_scale, rt.memory_efficiency_scale)
              for op, c in zip(graph.ops, costs)]
     gpu_s = np.array([t.gpu_s for t in times])

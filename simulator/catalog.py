@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -61,16 +60,16 @@ def _default_interconnect(gpu: HardwareSpec, count: int) -> tuple[InterconnectSp
         bw = gpu.nvlink_bw_bytes_per_s / 2 * NVLINK_ACHIEVED_FRACTION
         ic = InterconnectSpec(kind="nvswitch", algorithm="ring", link_bw_bytes_per_s=bw,
                               latency_s=COLLECTIVE_LATENCY_NVLINK_S, source="architecture rule (catalog.py)")
-        return ic, f"assumed an NVSwitch fabric at {bw / 1e9:.0f} GB/s per GPU per direction"
+        return ic, f"no system spec file for {gpu.name}x{count}: assumed an NVSwitch fabric at {bw / 1e9:.0f} GB/s per GPU per direction"
     if gpu.nvlink_kind == "bridge" and gpu.nvlink_bw_bytes_per_s and count == 2:
         bw = gpu.nvlink_bw_bytes_per_s / 2 * NVLINK_ACHIEVED_FRACTION
         ic = InterconnectSpec(kind="nvlink-bridge", algorithm="ring", link_bw_bytes_per_s=bw,
                               latency_s=COLLECTIVE_LATENCY_NVLINK_S, source="architecture rule (catalog.py)")
-        return ic, f"assumed the 2 GPUs joined by an NVLink bridge at {bw / 1e9:.0f} GB/s per direction"
+        return ic, f"no system spec file for {gpu.name}x{count}: assumed the 2 GPUs joined by an NVLink bridge at {bw / 1e9:.0f} GB/s per direction"
     ic = InterconnectSpec(kind="pcie", algorithm="ring", link_bw_bytes_per_s=pcie_bw,
                           latency_s=COLLECTIVE_LATENCY_PCIE_S, source="architecture rule (catalog.py)")
-    return ic, (f"assumed PCIe gen{gpu.pcie_gen} x{gpu.pcie_lanes} through the host, "
-                f"{pcie_bw / 1e9:.1f} GB/s per GPU per direction (no system spec file)")
+    return ic, (f"no system spec file for {gpu.name}x{count}: assumed PCIe gen{gpu.pcie_gen} x{gpu.pcie_lanes} "
+                f"through the host, {pcie_bw / 1e9:.1f} GB/s per GPU per direction")
 
 
 def resolve_device(name: str) -> Device:
@@ -92,7 +91,6 @@ def resolve_device(name: str) -> Device:
                               source="single GPU")
         return Device(gpu=gpu, count=1, system=None, interconnect=ic)
     ic, assumed = _default_interconnect(gpu, count)
-    warnings.warn(f"{name}: no system spec file; {assumed}", stacklevel=2)
     return Device(gpu=gpu, count=count, system=None, interconnect=ic, assumptions=(assumed,))
 
 

@@ -27,6 +27,8 @@ ADAMW_STREAMS_READ = 4             # param, grad, exp_avg, exp_avg_sq
 ADAMW_STREAMS_WRITTEN = 3          # param, exp_avg, exp_avg_sq
 SGD_STREAMS_READ = 2
 SGD_STREAMS_WRITTEN = 1
+# Bytes per weight element of weight-only quantization (scales and zero points not counted).
+QUANT_BYTES_PER_WEIGHT = {"bitsandbytes-int8": 1.0, "int8": 1.0, "fp8": 1.0, "int4": 0.5}
 FOREACH_TENSORS_PER_LAUNCH = 110   # multi_tensor_apply depth-4 list limit (ATen MultiTensorApply.cuh)
 ADAMW_FOREACH_OPS = 10             # foreach kernels in torch.optim.adamw._multi_tensor_adamw
 SGD_FOREACH_OPS = 1
@@ -92,6 +94,17 @@ def op_cost(op: Op) -> Cost:
     return memory_cost(op)
 
 
+def quantized(cost: Cost, op: Op, quant: str) -> Cost:
+    """A GEMM that reads its weight in a weight-only quantized format: fewer weight bytes read.
+    Known inaccuracy: the dequantization work (bitsandbytes LLM.int8's outlier split) is not costed."""
+    weight = op.attrs.get("weight_bytes", 0.0)
+    if quant not in QUANT_BYTES_PER_WEIGHT or cost.kind != "gemm" or not weight:
+        return cost
+    element = op.inputs[0].nbytes / max(op.inputs[0].numel, 1) if op.inputs else 2.0
+    saved = weight * (1.0 - QUANT_BYTES_PER_WEIGHT[quant] / element)
+    return Cost(cost.flops, max(cost.bytes_read - saved, 0.0), cost.bytes_written, cost.launches, cost.kind)
+
+
 # ------------------------------------------------------------------ matrix products
 
 def gemm_dims(op: Op) -> tuple[int, int, int, int]:
@@ -105,7 +118,7 @@ def gemm_dims(op: Op) -> tuple[int, int, int, int]:
     return batch, a.shape[-2], b.shape[-1], a.shape[-1]
 
 
-@formula("aten.mm", "aten.bmm")
+@formula("aten.mm", "aten.bmm", "aten._grouped_mm")
 def _mm(op: Op) -> Cost:
     batch, m, n, k = gemm_dims(op)
     # (B, M, K) @ (B, K, N): 2 * B * M * N * K
@@ -209,7 +222,7 @@ def _nll(op: Op) -> Cost:
          "aten.native_dropout", "aten.native_dropout_backward", "aten.new_zeros", "aten.new_ones",
          "aten.new_full", "aten.diff", "aten.index_copy_", "aten.roll", "aten.flip", "aten.linspace",
          "aten._index_put_impl_", "aten.bernoulli_.float", "aten.randint", "aten.rand", "aten.randn",
-         "aten.unfold_backward", "aten._to_copy", "aten.expand_copy", "aten.split_with_sizes_copy", "aten.unbind_copy")
+         "aten.unfold_backward", "aten._to_copy", "aten.histc", "aten.floor_divide", "aten.expand_copy", "aten.split_with_sizes_copy", "aten.unbind_copy")
 def _memory_kernel(op: Op) -> Cost:
     return memory_cost(op)
 

@@ -126,3 +126,21 @@ def test_pipeline_stages_wait_rather_than_double_the_energy():
 def test_more_bad_input_is_a_clear_error(args, text):
     r = run("estimate", "--model", "opt-125m", "--device", "h100", "--seq", "64", *args)
     assert r.exit_code == 2 and text in r.output and "Traceback" not in r.output
+
+
+def test_weight_only_quantization_speeds_up_a_memory_bound_decode():
+    base = json.loads(run("estimate", "--model", "Llama-2-7b-hf", "--device", "h100", "--workload", "decode",
+                          "--batch", "1", "--seq", "512", "--runtime", "kernel-sum", "--json").output)
+    int4 = json.loads(run("estimate", "--model", "Llama-2-7b-hf", "--device", "h100", "--workload", "decode",
+                          "--batch", "1", "--seq", "512", "--runtime", "kernel-sum", "--quant", "int4",
+                          "--json").output)
+    # the weights are most of the bytes a batch-1 decode step moves; the KV cache and activations stay
+    assert int4["runtime_ms"] < 0.6 * base["runtime_ms"]
+    # linear weights at 0.5 byte, embeddings and head (2 x 32000 x 4096) kept in fp16
+    assert int4["memory"]["weights_gb"] == pytest.approx(
+        (base["memory"]["weights_gb"] * 1e9 - 2 * 32000 * 4096 * 2) / 4 / 1e9 + 2 * 32000 * 4096 * 2 / 1e9, rel=0.01)
+
+
+def test_sequence_beyond_the_model_positions_is_refused():
+    r = run("estimate", "--model", "opt-125m", "--device", "h100", "--seq", "100000")
+    assert r.exit_code == 2 and "2048 positions" in r.output

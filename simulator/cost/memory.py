@@ -7,6 +7,7 @@ rounding and fragmentation are not modelled.
 from __future__ import annotations
 
 from ..catalog import Device
+from ..formulas import QUANT_BYTES_PER_WEIGHT
 from ..graph.ops import Graph
 from ..results import MemoryBreakdown
 from ..units import GB
@@ -18,13 +19,14 @@ OPTIMIZER_STATES = {"adamw": 2, "sgd": 0}  # exp_avg and exp_avg_sq, in the para
 # Parameter-sized temporaries inside the step: torch.optim.adamw._multi_tensor_adamw allocates
 # exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs) while the gradients are still alive.
 OPTIMIZER_TEMPORARIES = {"adamw": 1, "sgd": 0}
-QUANT_BYTES_PER_PARAM = {"bitsandbytes-int8": 1.0, "int8": 1.0, "fp8": 1.0, "int4": 0.5}
-
-
 def weight_bytes(graph: Graph, workload: Workload) -> float:
-    if workload.quant in QUANT_BYTES_PER_PARAM:
-        return graph.param_count * QUANT_BYTES_PER_PARAM[workload.quant]
-    return graph.param_bytes
+    """Weight bytes per GPU; weight-only quantization applies to the linear layers (embeddings, norms and the LM
+    head stay in the model dtype, as bitsandbytes and most int4/fp8 weight-only schemes leave them)."""
+    if workload.quant not in QUANT_BYTES_PER_WEIGHT:
+        return graph.param_bytes
+    linear = graph.meta.get("linear_weights", 0)
+    element = graph.param_bytes / max(graph.param_count, 1)
+    return graph.param_bytes - linear * (element - QUANT_BYTES_PER_WEIGHT[workload.quant])
 
 
 def breakdown(graph: Graph, workload: Workload, device: Device) -> MemoryBreakdown:

@@ -23,7 +23,7 @@ from ..workload import ParallelPlan, Workload
 from .ops import Graph, Op, TensorMeta
 
 TRACED_LAYERS = (2, 3)
-FORMAT_VERSION = "6"
+FORMAT_VERSION = "7"
 WHISPER_WINDOW_FRAMES = 3000  # 30 s of audio at 100 mel frames per second (whisper's fixed input window)
 
 
@@ -123,7 +123,8 @@ def _trace_scaled(config: dict, workload: Workload, plan: ParallelPlan) -> Graph
                  param_bytes=scale("param_bytes"), peak_activation_bytes=max(scale("peak_bytes"), low["peak_bytes"]),
                  persistent_bytes=max(scale("persistent_bytes"), 0.0), layers=layers, traced_layers=(k1, k2),
                  meta={"attn_implementation": low["attn"], "model_class": low["model_class"],
-                       "n_param_tensors": int(round(scale("n_param_tensors")))})
+                       "n_param_tensors": int(round(scale("n_param_tensors"))),
+                       "linear_weights": int(round(scale("linear_weights")))})
 
 
 def _trace_once(config: dict, workload: Workload, plan: ParallelPlan, layers: int) -> dict:
@@ -144,7 +145,10 @@ def _trace_once(config: dict, workload: Workload, plan: ParallelPlan, layers: in
     with torch.set_grad_enabled(training):
         kept = driver(model, config, workload, batch, tracer, tracing)
     persistent = tracer.live_bytes
+    linear = sum(m.weight.numel() for n, m in model.named_modules()
+                 if isinstance(m, torch.nn.Linear) and not n.endswith("lm_head"))
     result = {"ops": tracer.ops, "peak_bytes": tracer.peak_bytes, "persistent_bytes": persistent,
+              "linear_weights": linear,
               "param_count": sum(p.numel() for p in params),
               "param_bytes": float(sum(p.numel() * p.element_size() for p in params)),
               "n_param_tensors": len(params), "attn": attn, "model_class": type(model).__name__}

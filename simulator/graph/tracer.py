@@ -49,6 +49,7 @@ class Tracer:
         self.live_bytes = 0.0
         self.peak_bytes = 0.0
         self.py_calls = 0  # Python-level torch calls since the last recorded op (eager CPU cost)
+        self.param_storages: set[int] = set()  # storages of the model's parameters (weight bytes per op)
 
     # ---- liveness
     def track(self, t: torch.Tensor, new: bool = True) -> None:
@@ -104,6 +105,11 @@ class _Dispatch(TorchDispatchMode):
         name = f"aten.{func._schema.name.split('::')[-1]}" + (
             f".{func._overloadname}" if func._overloadname != "default" else "")
         attrs = {"view": bool(func.is_view), "pointwise": torch.Tag.pointwise in func.tags}
+        if tracer.param_storages:
+            weight = sum(a.numel() * a.element_size() for a in _tensors(args, kwargs)
+                         if a.untyped_storage()._cdata in tracer.param_storages)
+            if weight:
+                attrs["weight_bytes"] = float(weight)
         tracer.record(name, args, kwargs, outs, alias, attrs)
         for o in outs:
             tracer.track(o, new=not alias)
@@ -207,6 +213,8 @@ class tracing:
 
     def __enter__(self) -> Tracer:
         self._hooks = ScopeHooks(self.model, self.tracer) if self.model is not None else None
+        if self.model is not None:
+            self.tracer.param_storages = {p.untyped_storage()._cdata for p in self.model.parameters()}
         self._fn = _Functions(self.tracer)
         self._dispatch = _Dispatch(self.tracer)
         self._fn.__enter__()
