@@ -343,7 +343,8 @@ def test_power_curves_are_fitted_monotone_from_the_active_floor():
                {"bench": "power_curve", "kind": "compute", "activity": 0.2, "avg_power_w": 420.0},
                {"bench": "power_curve", "kind": "compute", "activity": 0.5, "avg_power_w": 700.0},
                {"bench": "power_curve", "kind": "compute", "activity": 0.6, "avg_power_w": 690.0},
-               {"bench": "power_curve", "kind": "memory", "activity": 0.4, "avg_power_w": 350.0}]
+               {"bench": "power_curve", "kind": "memory", "activity": 0.4, "avg_power_w": 350.0, "size": 2**28},
+               {"bench": "power_curve", "kind": "memory", "activity": 0.7, "avg_power_w": 200.0, "size": 2**23}]
     fitted = fit_power(records, 700.0)
     curve = fitted["power_compute_curve"]
     assert curve.x == [0.0, 0.2, 0.5, 0.6]

@@ -26,27 +26,31 @@ GOALS = {"forward/prefill runtime": 5.0, "decode runtime": 10.0, "forward-backwa
 WHY = """\
 ## Where the goals are missed, and why
 
-- **Small, launch-bound steps** (batch 1 x 128 forwards, decode steps at small batch, bf16 training of small
-  models) are CPU-bound in eager PyTorch: their time is the host's Python and dispatch cost, not the GPU's.
-  aisim models it from microbenchmarks (per kernel-launching op, per view op, per nn.Module call) scaled by the
-  overhead of tiny HF models (`eager_framework_scale`, measured on 4-layer width-64 models that no table uses).
-  The same case measured on two hosts differs by up to 2.4x (cs336-small bf16 forward-backward: 53.6 ms on the
-  H100 host, 22.3 ms on the H200 host; Llama-3-8B decode at batch 1 gave 19.3, 24.3 and 19.6 ms in reruns),
-  so these rows carry the host's noise and speed, which a GPU calibration cannot know. GPU-bound rows
-  (batch x seq >= 4 x 512) are within a few percent.
+- **GPU-bound steps are close; launch-bound steps carry the host.** Forward, prefill and training steps of
+  4 x 512 tokens and more are within a few percent (the GPU-bound subset lines above), peak memory within 1.5%.
+  Small steps (batch 1 x 128 forwards, decode at small batch, bf16 training of small models) are CPU-bound in
+  eager PyTorch: their time is the host's Python and dispatch cost. aisim charges it per kernel-launching op,
+  view op, nn.Module call and collective from microbenchmarks, scaled by the measured overhead of tiny HF models
+  that no table uses (`eager_framework_scale`). The host varies more than that model can know: the same
+  microbenchmark gave a framework scale of 1.44 and 0.95 on two H100 machines of the same kind, and the same
+  case differs 2.4x between hosts (cs336-small bf16 forward-backward: 53.6 ms on the H100 host, 22.3 ms on the
+  H200 host; Llama-3-8B decode at batch 1 gave 19.3, 24.3 and 19.6 ms in reruns).
 - **Decode steps that get faster as the batch grows** (Llama-3-8B at batch 64 x 1024: 15.6 ms on H200, below
-  the 19-20 ms of batch 1) show the host-side cost itself varying with the GPU queue (the profile in
-  validation/data/profiles/ shows 40% of CPU time in "Command Buffer Full" waits at batch 64 x 4096). The
-  timeline model does not capture this coupling.
-- **Energy** is estimated from a power model calibrated at four loads (idle, tiny kernels, a large bf16 GEMM,
-  a 1 GiB copy). Real kernels that reach only part of the reference throughput still draw close to the
-  reference power (measured 580 W at decode batch 64 against 626 W for a full copy), while the model scales
-  power linearly with achieved throughput, so it is low by 10-40% on memory-bound and mixed steps. A power
-  curve over several load intensities (a calibration microbenchmark not yet written) is the fix.
-- **Tensor-parallel rows**: the measured implementation (plain sharded weights, an NCCL all-reduce from a
-  forward hook, a barrier before each trial) adds host-side cost per all-reduce that the estimate models only
-  as the measured issue cost of a bare all-reduce; launch-bound TP steps are therefore underestimated.
-- **Training memory** with AdamW is low by about 10% (cs336-2.7b train): the step's foreach temporaries are
+  the 19-20 ms of batch 1) show the host's cost itself changing with the GPU queue (the profile in
+  validation/data/profiles/ spends 40% of CPU time in "Command Buffer Full" waits at batch 64 x 4096); the
+  two-queue timeline does not model that coupling.
+- **Energy is low by 10-25% on GPU-bound fp16/bf16 steps.** Large steps run at the 700 W power limit throughout
+  (measured 690-700 W), but aisim costs the non-GEMM kernels (norms, elementwise, attention) on the memory-bound
+  power curve, whose one point above L2 is a 64 MiB copy at 450 W (H100; the H200 file has no curves and uses
+  the linear two-load model). The compute curve measured on H100 shows the saturation that matters (a 2048^3
+  bf16 GEMM at 57% of peak already draws 667 W); a power measurement of mixed kernel sequences is the missing
+  calibration. Decode rows whose energy window was dominated by the untimed cache copies between trials are
+  reported n/a (the subtraction implied more than the card's 700 W).
+- **Tensor-parallel launch-bound rows**: the measured implementation (plain sharded weights, an NCCL all-reduce
+  from a forward hook, a barrier before each trial) makes TP=2 slower than TP=1 at batch 1 (Llama-3-8B decode:
+  30.9 ms against 19.0 ms); aisim charges each all-reduce its measured latency and issue cost only, so these
+  rows are underestimated. GPU-bound TP rows are within 3% (subset line of the tp2 dataset).
+- **Training memory with AdamW** is low by about 10% (cs336-2.7b train): the step's foreach temporaries are
   modelled as one parameter-sized buffer; PyTorch 2.11's foreach AdamW holds more at its peak.
 """
 

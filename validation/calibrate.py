@@ -267,7 +267,8 @@ def fit_power(records: list[dict], power_limit_w: float) -> dict[str, float]:
         fitted["active_power_w"] = avg["active"]
     for kind in ("compute", "memory"):
         points = sorted((r["activity"], r["avg_power_w"] / power_limit_w) for r in records
-                        if r["bench"] == "power_curve" and r["kind"] == kind)
+                        if r["bench"] == "power_curve" and r["kind"] == kind
+                        and (kind == "compute" or r.get("size", 0) >= MEMORY_CURVE_MIN_BYTES))
         if points:
             floor = avg.get("active", avg["idle"]) / power_limit_w
             xs, ys = [0.0], [floor]
@@ -718,7 +719,11 @@ def bench_power(meter: PowerMeter, load: str, seconds: float) -> dict:
 
 
 POWER_CURVE_GEMM_SIDES = (512, 1024, 2048, 4096)          # bf16 square GEMMs below the 8192^3 reference load
-POWER_CURVE_COPY_BYTES = (2**20, 8 * 2**20, 64 * 2**20)     # copies below the 1 GiB reference load
+POWER_CURVE_COPY_BYTES = (64 * 2**20, 256 * 2**20)         # copies below the 1 GiB reference load
+# Copies smaller than this stay in L2 (H100 50 MB, H200 60 MB): their traffic is not HBM activity and draws far
+# less power (an 8 MiB copy at 75% of HBM bandwidth drew 259 W on H100, a 64 MiB one 450 W), so the memory curve,
+# whose x is HBM activity, ignores them.
+MEMORY_CURVE_MIN_BYTES = 64 * 2**20
 
 
 def bench_power_curve(meter: PowerMeter, seconds: float, peaks: dict) -> list[dict]:
