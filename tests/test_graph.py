@@ -159,3 +159,13 @@ def test_causal_attention_counts_the_lower_triangle(tiny_llama):
     assert attn and attn[0].attrs["is_causal"]
     assert op_cost(attn[0]).flops == 4 * 4 * (64 * 65 / 2) * 16
     assert math.isclose(sum(r for o, r in zip(graph.ops, graph.repeats) if o.name == "attention.flash"), 4)
+
+
+def test_bloom_tensor_parallel_shards_alibi_heads_too():
+    _, config = resolve_model("bloom-560m")
+    w = Workload(phase="prefill", batch=2, seq=64)
+    one = trace_workload(config, w, ParallelPlan())
+    two = trace_workload(config, w, ParallelPlan(tp=2))
+    # attention (eager ALiBi baddbmm + bmm) and the sharded linears halve; embeddings and head stay whole
+    ratio = flops_by_kind(two, ("gemm", "attention")) / flops_by_kind(one, ("gemm", "attention"))
+    assert 0.5 < ratio < 0.75

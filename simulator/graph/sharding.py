@@ -54,11 +54,15 @@ def shard_model(model, tp: int, scope: str, tracer) -> int:
             _resize(module, in_features=module.in_features // tp)
             module.register_forward_hook(_collective_hook(tracer, "all_reduce", tp))
             sharded += 1
+    heads_sharded = scope in ("all", "full", "attention")
     for name, module in model.named_modules():
-        if name in blocks:
+        # head counts the code reshapes with: on attention blocks, and on model roots that build per-head
+        # tensors for all blocks (BLOOM's ALiBi slopes)
+        if heads_sharded and (name in blocks or not any(isinstance(c, torch.nn.Linear) for c in module.children())):
             for attr in HEAD_ATTRS:
-                if isinstance(getattr(module, attr, None), int):
+                if isinstance(getattr(module, attr, None), int) and not isinstance(module, torch.nn.Linear):
                     setattr(module, attr, getattr(module, attr) // tp)
+        if name in blocks:
             module.register_forward_pre_hook(_backward_allreduce_hook(tracer, tp), with_kwargs=True)
     if sharded == 0:
         raise AisimError(f"tensor parallelism found no linear layers to shard in {type(model).__name__}; "
