@@ -14,7 +14,7 @@ from .errors import AisimError
 from .plan import choose_plan
 from .results import Estimate, OpCost
 from .specs import all_runtimes, load_calibration
-from .units import GB, MS_PER_S
+from .units import MS_PER_S
 from .workload import ParallelPlan, Workload
 
 TOP_OPS = 12

@@ -11,6 +11,8 @@ import yaml
 from aisim.errors import AisimError, UnknownNameError
 from aisim.specs import CalibrationSpec
 from aisim.validation import calibrate as cal
+from aisim.validation import calibrate_bench as bench
+from aisim.validation import calibrate_fit as fit
 from aisim.validation.collectives import bus_bytes, fit_alpha_beta, fit_collectives
 
 PEAKS = {"flops_per_s": {"fp32": 50e12, "tf32": 400e12, "fp16": 800e12, "bf16": 800e12},
@@ -21,17 +23,17 @@ BW = PEAKS["memory_bw_bytes_per_s"]
 # ---------------------------------------------------------------- formulas
 
 def test_gemm_and_attention_formulas_hand_worked():
-    assert cal.gemm_flops(2, 3, 4) == 48                         # 2 * 2 * 3 * 4
-    assert cal.gemm_bytes(2, 3, 4, 2) == (8 + 12 + 6) * 2       # x 2x4, W 3x4, out 2x3, fp16
+    assert fit.gemm_flops(2, 3, 4) == 48                         # 2 * 2 * 3 * 4
+    assert fit.gemm_bytes(2, 3, 4, 2) == (8 + 12 + 6) * 2       # x 2x4, W 3x4, out 2x3, fp16
     # B=1, H=2, S=4, D=8: non-causal 4*1*2*4*4*8 = 1024; causal 4*1*2*8*(4*5/2) = 640
-    assert cal.attention_flops(1, 2, 4, 4, 8, causal=False) == 1024
-    assert cal.attention_flops(1, 2, 4, 4, 8, causal=True) == 640
+    assert fit.attention_flops(1, 2, 4, 4, 8, causal=False) == 1024
+    assert fit.attention_flops(1, 2, 4, 4, 8, causal=True) == 640
     # decode (Sq = 1) attends every key: 4*B*H*Skv*D = 4*1*2*10*8 = 640, causal or not
-    assert cal.attention_flops(1, 2, 1, 10, 8, causal=True) == cal.attention_flops(1, 2, 1, 10, 8, False) == 640
+    assert fit.attention_flops(1, 2, 1, 10, 8, causal=True) == fit.attention_flops(1, 2, 1, 10, 8, False) == 640
     # bytes: q, out (Sq rows) + k, v (Skv rows): 1*2*8*(2*1 + 2*10) * 2 B = 704
-    assert cal.attention_bytes(1, 2, 1, 10, 8, 2) == 704
+    assert fit.attention_bytes(1, 2, 1, 10, 8, 2) == 704
     # backward reads q, k, v, out, dout and writes dq, dk, dv: 1*2*8*(4*4 + 4*4) * 2 = 1024
-    assert cal.attention_bytes(1, 2, 4, 4, 8, 2, backward=True) == 1024
+    assert fit.attention_bytes(1, 2, 4, 4, 8, 2, backward=True) == 1024
 
 
 def test_counts_match_the_cost_models_formulas():
@@ -41,19 +43,19 @@ def test_counts_match_the_cost_models_formulas():
 
     x, w_t, out = TensorMeta((64, 256), "bf16"), TensorMeta((256, 512), "bf16"), TensorMeta((64, 512), "bf16")
     mm = op_cost(Op("aten.mm", (x, w_t), {}, (out,), False))
-    assert (mm.flops, mm.bytes) == (cal.gemm_flops(64, 512, 256), cal.gemm_bytes(64, 512, 256, 2))
+    assert (mm.flops, mm.bytes) == (fit.gemm_flops(64, 512, 256), fit.gemm_bytes(64, 512, 256, 2))
     q, kv, o = (TensorMeta((2, 8, s, 64), "fp16") for s in (100, 300, 100))
     for causal in (True, False):
         att = op_cost(Op("attention.flash", (q, kv, kv), {}, (o,), False, attrs={"is_causal": causal}))
-        assert att.flops == cal.attention_flops(2, 8, 100, 300, 64, causal)
-        assert att.bytes == cal.attention_bytes(2, 8, 100, 300, 64, 2)
+        assert att.flops == fit.attention_flops(2, 8, 100, 300, 64, causal)
+        assert att.bytes == fit.attention_bytes(2, 8, 100, 300, 64, 2)
 
 
 def test_efficiency_is_roofline_over_measured():
     # m=n=k=1000 fp16: 2e9 FLOPs / 800e12 = 2.5 us; 6e6 B / 2e12 = 3 us (memory-bound); measured 6 us -> 0.5
-    flops, nbytes = cal.gemm_flops(1000, 1000, 1000), cal.gemm_bytes(1000, 1000, 1000, 2)
-    assert cal.roofline_time_s(flops, nbytes, 800e12, BW) == pytest.approx(3e-6)
-    assert cal.efficiency(flops, nbytes, 6e-6, 800e12, BW) == pytest.approx(0.5)
+    flops, nbytes = fit.gemm_flops(1000, 1000, 1000), fit.gemm_bytes(1000, 1000, 1000, 2)
+    assert fit.roofline_time_s(flops, nbytes, 800e12, BW) == pytest.approx(3e-6)
+    assert fit.efficiency(flops, nbytes, 6e-6, 800e12, BW) == pytest.approx(0.5)
 
 
 # ---------------------------------------------------------------- curves and tables
@@ -61,7 +63,7 @@ def test_efficiency_is_roofline_over_measured():
 def test_binned_curve_hand_worked():
     # bins of 0.5 decade: 6.1, 6.2, 6.4 -> bin [6.0, 6.5); 7.0, 7.3 -> bin [7.0, 7.5)
     sizes = [10**6.1, 10**6.2, 10**6.4, 10**7.0, 10**7.3]
-    curve = cal.binned_curve(sizes, [0.1, 0.2, 0.3, 0.5, 0.7])
+    curve = fit.binned_curve(sizes, [0.1, 0.2, 0.3, 0.5, 0.7])
     assert curve.x == pytest.approx([6.2, 7.15])
     assert curve.efficiency == pytest.approx([0.2, 0.6])
 
@@ -74,7 +76,7 @@ def _gemm_records(grid, eff_of, skip=()):
                 for k in grid["k"]:
                     if (m, n, k) in skip:
                         continue
-                    t = cal.roofline_time_s(cal.gemm_flops(m, n, k), cal.gemm_bytes(m, n, k, cal.ELEM_BYTES[dtype]),
+                    t = fit.roofline_time_s(fit.gemm_flops(m, n, k), fit.gemm_bytes(m, n, k, fit.ELEM_BYTES[dtype]),
                                             PEAKS["flops_per_s"][dtype], BW) / eff_of(m, n, k)
                     recs.append({"bench": "gemm", "dtype": dtype, "m": m, "n": n, "k": k, "time_s": t})
     return recs
@@ -89,7 +91,7 @@ def _eff(m, n, k):   # a known efficiency, different at every grid point
 
 def test_gemm_efficiency_recovered_exactly_and_gaps_filled():
     skip = {(4096, 8192, 8192)}
-    curves, tables, notes = cal.fit_gemm(_gemm_records(GRID, _eff, skip), PEAKS, GRID)
+    curves, tables, notes = fit.fit_gemm(_gemm_records(GRID, _eff, skip), PEAKS, GRID)
     assert set(tables) == {"fp16", "fp32"}
     table = tables["fp16"]
     for i, m in enumerate(GRID["m"]):
@@ -115,7 +117,7 @@ def test_memory_curve_hand_worked():
     recs = [{"bench": "memory", "op": "copy", "dtype": "fp16", "size_bytes": 10**6, "time_s": 2e-6},
             {"bench": "memory", "op": "add", "dtype": "fp16", "size_bytes": 10**6, "time_s": 2e-6},
             {"bench": "memory", "op": "copy", "dtype": "fp16", "size_bytes": 10**8, "time_s": 1e-4 / 0.8}]
-    curve, per_op, _ = cal.fit_memory(recs, BW)
+    curve, per_op, _ = fit.fit_memory(recs, BW)
     assert curve.x == pytest.approx([6.3891, 8.30103], abs=1e-4)
     assert curve.efficiency == pytest.approx([0.625, 0.8])
     assert per_op["add"].efficiency == pytest.approx([0.75])
@@ -123,21 +125,21 @@ def test_memory_curve_hand_worked():
 
 def _attention_records():
     recs = []
-    for direction, factor in (("forward", 1.0), ("backward", cal.ATTN_BACKWARD_FLOPS_FACTOR)):
+    for direction, factor in (("forward", 1.0), ("backward", fit.ATTN_BACKWARD_FLOPS_FACTOR)):
         for b, s in ((1, 4096), (16, 1024)):
-            flops = cal.attention_flops(b, 32, s, s, 128, True) * factor
-            nbytes = cal.attention_bytes(b, 32, s, s, 128, 2, backward=direction == "backward")
-            t = cal.roofline_time_s(flops, nbytes, PEAKS["flops_per_s"]["bf16"], BW) / 0.6   # efficiency 0.6
+            flops = fit.attention_flops(b, 32, s, s, 128, True) * factor
+            nbytes = fit.attention_bytes(b, 32, s, s, 128, 2, backward=direction == "backward")
+            t = fit.roofline_time_s(flops, nbytes, PEAKS["flops_per_s"]["bf16"], BW) / 0.6   # efficiency 0.6
             recs.append({"bench": "attention", "dtype": "bf16", "direction": direction, "batch": b, "heads": 32,
                          "q_len": s, "kv_len": s, "head_dim": 128, "causal": True, "time_s": t})
-    nbytes = cal.attention_bytes(8, 32, 1, 4096, 128, 2)                # decode: memory-bound
+    nbytes = fit.attention_bytes(8, 32, 1, 4096, 128, 2)                # decode: memory-bound
     recs.append({"bench": "attention", "dtype": "bf16", "direction": "forward", "batch": 8, "heads": 32,
                  "q_len": 1, "kv_len": 4096, "head_dim": 128, "causal": False, "time_s": nbytes / BW / 0.4})
     return recs
 
 
 def test_attention_curves_keys_and_recovered_efficiency():
-    curves, _ = cal.fit_attention(_attention_records(), PEAKS)
+    curves, _ = fit.fit_attention(_attention_records(), PEAKS)
     assert set(curves) == {"bf16", "bf16-backward", "bf16-decode"}
     # both prefill shapes have 4*32*128*S*(S+1)/2*B = 1.37e11 FLOPs: one bin
     assert curves["bf16"].efficiency == pytest.approx([0.6])
@@ -152,14 +154,14 @@ def test_overheads_and_power():
             {"bench": "overhead", "name": "eager_op_s", "samples_s": [7e-6, 8e-6, 9e-6]},
             {"bench": "overhead", "name": "module_call_s", "samples_s": [12e-6]},
             {"bench": "overhead", "name": "functional_call_s", "samples_s": [8e-6]}]
-    out = cal.fit_overheads(recs)
+    out = fit.fit_overheads(recs)
     assert out["launch_overhead_s"] == out["graphs_dispatch_s"] == pytest.approx(2.1e-6)
     assert out["eager_dispatch_s"] == pytest.approx(8e-6)
     assert out["module_overhead_s"] == pytest.approx(4e-6)           # 12 us - 8 us
     power = [{"bench": "power", "load": "idle", "avg_power_w": 70.0},
              {"bench": "power", "load": "compute", "avg_power_w": 630.0},
              {"bench": "power", "load": "memory", "avg_power_w": 490.0}]
-    assert cal.fit_power(power, 700.0) == pytest.approx(
+    assert fit.fit_power(power, 700.0) == pytest.approx(
         {"idle_power_w": 70.0, "power_compute_fraction": 0.9, "power_memory_fraction": 0.7})
 
 
@@ -196,7 +198,7 @@ def test_fit_collectives_records_and_single_gpu():
 def _raw():
     recs = _gemm_records(GRID, _eff) + _attention_records()
     recs += [{"bench": "memory", "op": op, "dtype": "fp16", "size_bytes": s,
-              "time_s": cal.MEMORY_OPS[op] * s / BW / 0.8} for op in ("copy", "add") for s in (4096, 2**26)]
+              "time_s": fit.MEMORY_OPS[op] * s / BW / 0.8} for op in ("copy", "add") for s in (4096, 2**26)]
     recs += [{"bench": "overhead", "name": n, "samples_s": [v]} for n, v in
              (("graph_kernel_s", 2e-6), ("eager_op_s", 7e-6), ("module_call_s", 11e-6), ("functional_call_s", 8e-6))]
     recs += [{"bench": "power", "load": ld, "avg_power_w": w} for ld, w in (("idle", 70), ("compute", 630),
@@ -222,10 +224,10 @@ def test_fit_calibration_writes_valid_yaml_and_raw_json(tmp_path):
 def test_missing_power_falls_back_to_default_rules():
     raw = _raw()
     raw["records"] = [r for r in raw["records"] if r["bench"] != "power"]
-    spec = cal.fit_calibration(raw, defaults=cal.load_default_rules())
+    spec = fit.fit_calibration(raw, defaults=cal.load_default_rules())
     assert spec.power_compute_fraction == 0.9 and "power: not measured" in spec.notes
     with pytest.raises(AisimError, match="no usable power records"):
-        cal.fit_calibration(raw)
+        fit.fit_calibration(raw)
 
 
 def test_refit_cli_without_gpu(tmp_path, capsys):
@@ -267,21 +269,21 @@ def test_local_gpu_must_be_the_named_device():
 def test_gemm_plan_skips_slow_and_huge_and_orders_coarse_first():
     h100 = {"flops_per_s": {"fp32": 66.9e12, "tf32": 494.7e12, "fp16": 989.4e12, "bf16": 989.4e12},
             "memory_bw_bytes_per_s": 3.35e12}
-    todo, skipped = cal.gemm_plan(False, h100, 50e6)
+    todo, skipped = bench.gemm_plan(False, h100, 50e6)
     assert len(todo) + len(skipped) == 4 * 8 * 4 * 4
     # fp32 32768^3: 7.0e13 FLOPs / 66.9e12 / 0.6 = 1.75 s predicted -> skipped
     assert any(r["dtype"] == "fp32" and r["m"] == r["n"] == r["k"] == 32768 for r in skipped)
     assert all(r["time_s"] is None and r["skipped"] for r in skipped)
     levels = [it["level"] for it in todo]
     assert levels == sorted(levels)
-    quick, quick_skipped = cal.gemm_plan(True, h100, 50e6)
+    quick, quick_skipped = bench.gemm_plan(True, h100, 50e6)
     assert len(quick) + len(quick_skipped) == 4 * 3 * 2 * 2
 
 
 def test_rotation_sets():
-    assert cal.rotation_sets(100e6, 50e6) == 1                       # one set exceeds L2
-    assert cal.rotation_sets(10e6, 50e6) == 15                       # ceil(3 * 50 / 10)
-    assert cal.rotation_sets(4096, 50e6) == 64                       # capped
+    assert bench.rotation_sets(100e6, 50e6) == 1                       # one set exceeds L2
+    assert bench.rotation_sets(10e6, 50e6) == 15                       # ceil(3 * 50 / 10)
+    assert bench.rotation_sets(4096, 50e6) == 64                       # capped
 
 
 def test_default_rules_documented_and_valid():
@@ -311,7 +313,7 @@ def test_power_meter_aligns_to_energy_counter_steps():
         def nvmlDeviceGetTotalEnergyConsumption(self, handle):
             return int((time.perf_counter() - self.t0) // 0.1) * 0.1 * 250.0 * 1e3
 
-    meter = cal.PowerMeter(FakeNvml(), None, "energy counter", 700.0, "test")
+    meter = bench.PowerMeter(FakeNvml(), None, "energy counter", 700.0, "test")
     assert meter.average_w(0.5) == pytest.approx(250.0, rel=0.05)
 
 
@@ -334,7 +336,7 @@ def test_framework_overhead_bench_runs_on_the_cpu():
 
 
 def test_power_curves_are_fitted_monotone_from_the_active_floor():
-    from aisim.validation.calibrate import fit_power
+    from aisim.validation.calibrate_fit import fit_power
 
     records = [{"bench": "power", "load": "idle", "avg_power_w": 100.0},
                {"bench": "power", "load": "active", "avg_power_w": 140.0},
