@@ -64,7 +64,8 @@ def estimate(model: str, device: str, workload: str = "forward", batch: int = 1,
     _check_positions(config, w)
     if not cal.measured:
         assumptions.append(f"{dev.gpu.name} has no calibration file: efficiencies and overheads are the "
-                           "documented default rules (hardware_specs/calibration/default.yaml), not measurements")
+                           "documented default rules (hardware_specs/calibration/default.yaml), not measurements; run "
+                           "`aisim calibrate` on that GPU to measure them")
     if w.phase == "generate":
         result = _generate(name, config, dev, cal, rt, w, plan, assumptions)
         return result if top_ops is None else result.model_copy(update={"top_ops": result.top_ops[:top_ops]})

@@ -34,7 +34,8 @@ def _run(fn, *args, **kwargs):
 def estimate(
     model: str = typer.Option(..., "--model", "-m", help="shipped name (opt-6.7b, facebook/opt-6.7b) or a config.json path"),
     device: str = typer.Option(..., "--device", "-d", help="GPU name, or NAMExN for N GPUs in one host (a6000x8)"),
-    workload: str = typer.Option("forward", help="forward|prefill|decode|generate|encode|forward-backward|train"),
+    workload: str = typer.Option("forward", help="forward, prefill, decode, generate, encode, forward-backward "
+                                 "or train"),
     batch: int = typer.Option(1, help="batch size"),
     seq: int = typer.Option(1024, help="input length; for decode the context length"),
     gen: int = typer.Option(128, help="generate: new tokens"),

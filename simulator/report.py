@@ -6,7 +6,7 @@ from rich.table import Table
 
 from .results import Estimate
 
-console = Console()
+console = Console(width=None if Console().is_terminal else 160)  # piped output: wide enough for the tables
 
 
 def _fmt(value, digits: int = 2, unit: str = "") -> str:
@@ -43,14 +43,15 @@ def print_estimate(e: Estimate, notes: list[str] | None = None) -> None:
     console.print(table)
     if e.not_fit_reason:
         console.print(f"[bold red]{e.not_fit_reason}[/]")
-    if e.top_ops:
-        console.print(_ops_table(e, "top ops by time"))
+    if e.top_ops and e.fits:
+        console.print(_ops_table(e, "top ops by GPU time (% of the step's wall time; the rest is CPU-bound "
+                                    "dispatch or overlap)"))
     _notes(e, notes)
 
 
 def _ops_table(e: Estimate, title: str) -> Table:
     table = Table(title=title, header_style="bold")
-    for col in ("op", "count", "GFLOP", "MB moved", "time (ms)", "share", "bound"):
+    for col in ("op", "count", "GFLOP", "MB moved", "GPU time (ms)", "% of step", "bound"):
         table.add_column(col, justify="left" if col in ("op", "bound") else "right")
     for r in e.top_ops:
         table.add_row(r.name, str(r.count), f"{r.flops / 1e9:,.2f}", f"{r.bytes / 1e6:,.1f}", f"{r.time_ms:,.3f}",
@@ -64,8 +65,6 @@ def _notes(e: Estimate, notes: list[str] | None) -> None:
     if e.unknown_ops:
         console.print(f"[yellow]ops the formula registry does not know (costed as memory-bound copies):[/] "
                       f"{', '.join(e.unknown_ops)}")
-    if not e.calibrated:
-        console.print("[yellow]uncalibrated device:[/] run `aisim calibrate` on it to measure its efficiencies")
 
 
 def print_op_table(e: Estimate) -> None:

@@ -27,7 +27,7 @@ def test_estimate_json_has_the_stable_keys():
 def test_estimate_table_names_top_ops_and_the_default_plan():
     r = run("estimate", "--model", "opt-1.3b", "--device", "a6000x8", "--seq", "128")
     assert r.exit_code == 0, r.output
-    assert "top ops by time" in r.output and "default plan" in r.output and "nccl.all_reduce" in r.output
+    assert "top ops by GPU time" in r.output and "default plan" in r.output and "nccl.all_reduce" in r.output
 
 
 def test_generate_reports_ttft_and_tpot():
