@@ -55,25 +55,29 @@ def estimate(model: str, device: str, workload: str = "forward", batch: int = 1,
     except ValueError as exc:
         raise AisimError(_pydantic_message(exc).replace("phase:", "--workload:")) from None
     plan, note = choose_plan(config, dev.count, dev.name, batch, tp, pp, dp, tp_scope)
-    assumptions = list(dev.assumptions) + ([note] if note else [])
-    if w.quant != "none":
-        assumptions.append(f"--quant {w.quant}: linear weights read at {w.quant} width; dequantization work is "
-                           "not costed yet")
-    if plan.tp > 1 and (config.get("num_local_experts") or config.get("num_experts")):
-        assumptions.append("MoE experts are replicated on every tensor-parallel rank (no expert parallelism yet)")
     _check_positions(config, w)
-    if not cal.measured:
-        assumptions.append(f"{dev.gpu.name} has no calibration file: efficiencies and overheads are the "
-                           "documented default rules (hardware_specs/calibration/default.yaml), not measurements; run "
-                           "`aisim calibrate` on that GPU to measure them")
+    assumptions = _assumptions(dev, cal, w, plan, config, note)
     if w.phase == "generate":
         result = _generate(name, config, dev, cal, rt, w, plan, assumptions)
-        return result if top_ops is None else result.model_copy(update={"top_ops": result.top_ops[:top_ops]})
-    from .graph.extract import trace_workload
+    else:
+        from .graph.extract import trace_workload
 
-    graph = trace_workload(config, w, plan)
-    result = _assemble(name, dev, cal, rt, w, plan, graph, assumptions)
+        result = _assemble(name, dev, cal, rt, w, plan, trace_workload(config, w, plan), assumptions)
     return result if top_ops is None else result.model_copy(update={"top_ops": result.top_ops[:top_ops]})
+
+
+def _assumptions(dev, cal, w: Workload, plan: ParallelPlan, config: dict, note: str | None) -> list[str]:
+    """What the estimate assumed, printed with it: links, the default plan, quantization, calibration."""
+    out = list(dev.assumptions) + ([note] if note else [])
+    if w.quant != "none":
+        out.append(f"--quant {w.quant}: linear weights read at {w.quant} width; dequantization work is not costed yet")
+    if plan.tp > 1 and (config.get("num_local_experts") or config.get("num_experts")):
+        out.append("MoE experts are replicated on every tensor-parallel rank (no expert parallelism yet)")
+    if not cal.measured:
+        out.append(f"{dev.gpu.name} has no calibration file: efficiencies and overheads are the documented default "
+                   "rules (hardware_specs/calibration/default.yaml), not measurements; run `aisim calibrate` on "
+                   "that GPU to measure them")
+    return out
 
 
 def _check_positions(config: dict, w: Workload) -> None:
@@ -150,18 +154,21 @@ def _tokens(w: Workload, plan: ParallelPlan) -> int:
 def _assemble(name, dev, cal, rt, w: Workload, plan, graph, assumptions, extra: dict | None = None) -> Estimate:
     from .cost.memory import breakdown
 
-    from .cost.energy import waiting_power_w
-
     cost = step_cost(graph, dev, cal, rt, w, plan)
     mem = breakdown(graph, w, dev)
-    # pipeline stages run one after another (no micro-batching): each stage's GPUs work for one stage time and
-    # wait (at the waiting power) while the other pp - 1 stages run
-    runtime_s = cost.runtime_s * plan.pp
-    waiting_j = waiting_power_w(dev.gpu, cal) * (plan.pp - 1) * cost.runtime_s * plan.gpus
-    energy_j = cost.energy_j * plan.pp + waiting_j
+    runtime_s, energy_j = _pipeline(cost, plan, dev, cal)
     power_w = energy_j / (runtime_s * plan.gpus) if runtime_s else None
     return _result(name, dev, cal, rt, w, plan, mem, runtime_s, energy_j, power_w, cost.flops, cost.bytes,
                    cost.table, cost.unknown, assumptions, extra or {})
+
+
+def _pipeline(cost: StepCost, plan: ParallelPlan, dev, cal) -> tuple[float, float]:
+    """(runtime s, energy J) of a step whose pipeline stages run one after another (no micro-batching yet): each
+    stage's GPUs work for one stage time and wait, at the waiting power, while the other pp - 1 stages run."""
+    from .cost.energy import waiting_power_w
+
+    waiting_j = waiting_power_w(dev.gpu, cal) * (plan.pp - 1) * cost.runtime_s * plan.gpus
+    return cost.runtime_s * plan.pp, cost.energy_j * plan.pp + waiting_j
 
 
 def _result(name, dev, cal, rt, w, plan, mem, runtime_s, energy_j, power_w, flops, nbytes, table, unknown,
@@ -201,16 +208,26 @@ def _generate(name, config, dev, cal, rt, w: Workload, plan, assumptions) -> Est
     c_prefill = step_cost(g_prefill, dev, cal, rt, prefill, plan)
     c_first = step_cost(g_first, dev, cal, rt, first, plan)
     c_last = step_cost(g_last, dev, cal, rt, last, plan)
-    tpot_s = (c_first.runtime_s + c_last.runtime_s) / 2
-    decode_energy = (c_first.energy_j + c_last.energy_j) / 2 * steps
-    runtime_s = c_prefill.runtime_s + tpot_s * steps
+    ttft_s, prefill_j = _pipeline(c_prefill, plan, dev, cal)
+    (first_s, first_j), (last_s, last_j) = _pipeline(c_first, plan, dev, cal), _pipeline(c_last, plan, dev, cal)
+    tpot_s = (first_s + last_s) / 2
+    runtime_s = ttft_s + tpot_s * steps
     mem = breakdown(g_last, last, dev)
     mem_prefill = breakdown(g_prefill, prefill, dev)
     if mem_prefill.total_gb > mem.total_gb:
         mem = mem_prefill
-    table = sorted(c_prefill.table + c_last.table, key=lambda r: -r.time_ms)
-    extra = {"ttft_ms": c_prefill.runtime_s * MS_PER_S, "tpot_ms": tpot_s * MS_PER_S,
-             "phases": {"prefill_ms": c_prefill.runtime_s * MS_PER_S, "decode_total_ms": tpot_s * steps * MS_PER_S}}
-    return _result(name, dev, cal, rt, w, plan, mem, runtime_s, c_prefill.energy_j + decode_energy,
-                   c_prefill.power_w, c_prefill.flops + c_last.flops * steps, c_prefill.bytes + c_last.bytes * steps,
+    energy_j = prefill_j + (first_j + last_j) / 2 * steps
+    table = sorted(_phase_rows("prefill", c_prefill.table, 1, runtime_s) +
+                   _phase_rows("decode", c_last.table, steps, runtime_s), key=lambda r: -r.time_ms)
+    extra = {"ttft_ms": ttft_s * MS_PER_S, "tpot_ms": tpot_s * MS_PER_S,
+             "phases": {"prefill_ms": ttft_s * MS_PER_S, "decode_total_ms": tpot_s * steps * MS_PER_S}}
+    return _result(name, dev, cal, rt, w, plan, mem, runtime_s, energy_j, energy_j / (runtime_s * plan.gpus),
+                   c_prefill.flops + c_last.flops * steps, c_prefill.bytes + c_last.bytes * steps,
                    table, sorted(set(c_prefill.unknown) | set(c_last.unknown)), assumptions, extra)
+
+
+def _phase_rows(phase: str, rows: list[OpCost], times: int, runtime_s: float) -> list[OpCost]:
+    """Op rows of one phase of a generate workload, repeated ``times`` and shared over the whole run."""
+    return [OpCost(name=f"{phase} {r.name}", count=r.count * times, flops=r.flops * times, bytes=r.bytes * times,
+                   time_ms=r.time_ms * times, bound=r.bound,
+                   share=r.time_ms * times / (runtime_s * MS_PER_S) if runtime_s else 0.0) for r in rows]
