@@ -303,18 +303,28 @@ def _tp_worker(rank: int, world: int, config_paths: list[str], port: int, out_di
         dist.destroy_process_group()
 
 
-def _save_outputs(bm, rank: int, path: Path) -> None:
+def _outputs(model, backward: bool) -> dict:
+    """Prefill logits, one cached decode step's logits and the LM loss on fixed inputs."""
     import torch
 
     ids = torch.randint(0, 1000, (2, 10), generator=torch.Generator().manual_seed(1))
     new = torch.randint(0, 1000, (2, 1), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        out = bm.model(input_ids=ids, use_cache=True)
-        step = bm.model(input_ids=new, past_key_values=out.past_key_values, use_cache=True)
-    loss = bm.model(input_ids=ids, labels=ids).loss
-    loss.backward()   # the all-reduces of the backward pass must not hang or fail
+        out = model(input_ids=ids, use_cache=True)
+        step = model(input_ids=new, past_key_values=out.past_key_values, use_cache=True)
+    with torch.set_grad_enabled(backward):
+        loss = model(input_ids=ids, labels=ids).loss
+    if backward:
+        loss.backward()   # the all-reduces of the backward pass must not hang or fail
+    return {"logits": out.logits, "step": step.logits, "loss": loss.detach()}
+
+
+def _save_outputs(bm, rank: int, path: Path) -> None:
+    import torch
+
+    outputs = _outputs(bm.model, backward=True)
     if rank == 0:
-        torch.save({"logits": out.logits, "step": step.logits, "loss": loss.detach()}, path)
+        torch.save(outputs, path)
 
 
 def _free_port() -> int:
@@ -345,15 +355,10 @@ def test_tp2_sharded_logits_match_the_unsharded_model(tmp_path, configs):
     for i, name in enumerate(order):
         bm = build_model(configs[name], "fp32", torch.device("cpu"))
         got = torch.load(tmp_path / f"{i}.pt")
-        ids = torch.randint(0, 1000, (2, 10), generator=torch.Generator().manual_seed(1))
-        new = torch.randint(0, 1000, (2, 1), generator=torch.Generator().manual_seed(2))
-        with torch.no_grad():
-            out = bm.model(input_ids=ids, use_cache=True)
-            step = bm.model(input_ids=new, past_key_values=out.past_key_values, use_cache=True)
-            loss = bm.model(input_ids=ids, labels=ids).loss
-        assert (got["logits"] - out.logits).abs().max() < 1e-4, name
-        assert (got["step"] - step.logits).abs().max() < 1e-4, name
-        assert abs(got["loss"] - loss) < 1e-5, name
+        want = _outputs(bm.model, backward=False)
+        assert (got["logits"] - want["logits"]).abs().max() < 1e-4, name
+        assert (got["step"] - want["step"]).abs().max() < 1e-4, name
+        assert abs(got["loss"] - want["loss"]) < 1e-5, name
 
 
 def test_shard_model_splits_weights_and_heads(configs):
