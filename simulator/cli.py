@@ -87,6 +87,43 @@ def trace(
         report.print_op_table(result)
 
 
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        _fail(f"{flag} takes comma-separated integers, e.g. 1,2,4,8 (got {text!r})")
+    if not values or min(values) < 1:
+        _fail(f"{flag} needs at least one positive integer (got {text!r})")
+    return values
+
+
+@app.command("serve-bench")
+def serve_bench(
+    model: str = typer.Option(..., "--model", "-m"),
+    device: str = typer.Option(..., "--device", "-d", help="the GPU kind of the node (a100-sxm4-80gb, h100, ...)"),
+    shards: str = typer.Option("1,2,4,8", help="tensor-parallel shard counts"),
+    batch: str = typer.Option("1,2,4,8,16,32", help="batch sizes"),
+    seq: int = typer.Option(1024, help="prompt length"),
+    decode_len: int = typer.Option(8, help="generated tokens (1 from prefill + decode_len - 1 steps)"),
+    dtype: str = typer.Option("fp16"),
+    quant: str = typer.Option("none", help="none|bitsandbytes-int8|int8|fp8|int4"),
+    runtime: str = typer.Option("eager"),
+    max_batch_total_tokens: Optional[int] = typer.Option(None, help="server limit on batch x (seq + decode)"),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Prefill and decode latency and throughput per shard count and batch size (TGI benchmark layout)."""
+    from . import report
+    from .serving import serve_bench as run_bench
+
+    result, _ = _run(run_bench, model=model, device=device, shards=_ints(shards, "--shards"),
+                     batches=_ints(batch, "--batch"), seq=seq, decode_len=decode_len, dtype=dtype, quant=quant,
+                     runtime=runtime, max_batch_total_tokens=max_batch_total_tokens)
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+    else:
+        report.print_serve_bench(result)
+
+
 @app.command("list")
 def list_(what: str = typer.Argument(..., help="models|devices|runtimes")):
     """List shipped models, devices (GPUs and systems) or runtimes."""
@@ -101,7 +138,7 @@ def list_(what: str = typer.Argument(..., help="models|devices|runtimes")):
 def validate(
     suite: Optional[Path] = typer.Argument(None, help="suite YAML to measure on the local GPU(s)"),
     out: Optional[Path] = typer.Option(None, help="measured JSONL (appended; finished cases are skipped)"),
-    reference: Optional[str] = typer.Option(None, help="compare with a published table: torchcap|cs336"),
+    reference: Optional[str] = typer.Option(None, help="compare with a published table: torchcap|cs336|tgi-bloomz"),
     report_from: Optional[list[Path]] = typer.Option(None, "--report", help="measured JSONL file(s) to report on"),
     fmt: str = typer.Option("rst", "--format", help="rst|markdown|csv|json"),
     max_minutes: Optional[float] = typer.Option(None, help="stop the suite cleanly after this many minutes"),

@@ -95,3 +95,23 @@ def print_list(what: str) -> None:
     else:
         for key, r in specs.all_runtimes().items():
             console.print(f"{key}: {r.description}")
+
+
+def print_serve_bench(bench) -> None:
+    """One table per shard count, in the layout of TGI's text-generation-benchmark report."""
+    console.print(f"[bold]{bench.model}[/] on {bench.device}: sequence length {bench.seq}, decode length "
+                  f"{bench.decode_len}, {bench.dtype}, quant {bench.quant}, runtime {bench.runtime}")
+    for shard in bench.shards:
+        table = Table(title=f"Tensor Parallel - {shard.shards} GPU(s) ({shard.device})", header_style="bold")
+        for col in ("Batch", "Prefill (ms)", "Decode token (ms)", "Decode total (ms)",
+                    "Prefill throughput (req/s)", "Decode throughput (tokens/s)"):
+            table.add_column(col, justify="right")
+        for r in shard.rows:
+            if not r.fits:
+                table.add_row(str(r.batch), "[red]does not fit[/]", "", "", "", r.not_fit_reason or "")
+                continue
+            table.add_row(str(r.batch), _fmt(r.prefill_ms), _fmt(r.decode_token_ms), _fmt(r.decode_total_ms),
+                          _fmt(r.prefill_throughput_requests_per_s), _fmt(r.decode_throughput_tokens_per_s))
+        console.print(table)
+    for a in bench.assumptions:
+        console.print(f"[yellow]note:[/] {a}")

@@ -165,6 +165,57 @@ def cs336_summary(rows: list[Row], devices: Sequence[str]) -> list[list[str]]:
     return out
 
 
+# ------------------------------------------------------------------ TGI (bloomz-7b1-mt)
+
+TGI_DEVICES = ("a100-sxm4-80gb", "a100-sxm4-40gb", "h100-sxm")
+TGI_MODEL = "bloomz-7b1-mt"
+
+
+def tgi_rows(bench: Callable, devices: Sequence[str] = TGI_DEVICES) -> list[Row]:
+    """Every seed row (shards x quant x sequence length x batch), estimated on each plausible device."""
+    ref = load_reference("tgi-bloomz")
+    rows = []
+    for run in ref["runs"]:
+        quant = run.get("quant") or "none"
+        batches = [b["batch_size"] for b in run["batches"]]
+        results = {dev: {r.batch: r for r in bench(model=TGI_MODEL, device=dev, shards=[run["shards"]],
+                                                   batches=batches, seq=run["sequence_length"],
+                                                   decode_len=run["decode_length"], quant=quant).shards[0].rows}
+                   for dev in devices}
+        for b in run["batches"]:
+            meas_prefill = (b.get("prefill_latency_ms") or {}).get("avg")
+            meas_decode = (b.get("decode_token_latency_ms") or {}).get("avg")
+            row = Row(label=[str(run["shards"]), quant, str(run["sequence_length"]), str(b["batch_size"]),
+                             b.get("status", "ok")])
+            row.values = {"prefill_measured": meas_prefill, "decode_measured": meas_decode}
+            for dev in devices:
+                est = results[dev][b["batch_size"]]
+                row.values[f"{dev}_prefill"] = est.prefill_ms
+                row.values[f"{dev}_decode"] = est.decode_token_ms
+                row.values[f"{dev}_fits"] = est.fits
+                row.errors[f"{dev}_prefill"] = _err(est.prefill_ms, meas_prefill)
+                row.errors[f"{dev}_decode"] = _err(est.decode_token_ms, meas_decode)
+            rows.append(row)
+    return rows
+
+
+def _tgi_cell(r: Row, dev: str, metric: str) -> list[str]:
+    if not r.values[f"{dev}_fits"]:
+        return ["does not fit", NA]
+    return [_f(r.values[f"{dev}_{metric}"]), _pct(r.errors[f"{dev}_{metric}"])]
+
+
+def tgi_summary(rows: list[Row], devices: Sequence[str]) -> list[list[str]]:
+    out = []
+    for dev in devices:
+        for label, quant in (("fp16 rows", "none"), ("bitsandbytes-int8 rows", "bitsandbytes-int8")):
+            sel = [r for r in rows if r.label[1] == quant]
+            for metric in ("prefill", "decode"):
+                n, mape, mx = _stats([r.errors[f"{dev}_{metric}"] for r in sel])
+                out.append([dev, label, f"{metric} latency", str(n), _pct_abs(mape), _pct_abs(mx)])
+    return out
+
+
 # ------------------------------------------------------------------ rendering
 
 def _render(fmt: str, title: str, note: str, columns, cells, summary_columns, summary_cells, payload) -> str:
@@ -215,4 +266,27 @@ def compare_reference(name: str, fmt: str = "rst", estimator: Callable | None = 
         summary = cs336_summary(rows, CS336_DEVICES)
         payload = {"rows": [{"label": r.label, **r.values, "errors": r.errors} for r in rows], "summary": summary}
         return _render(fmt, "CS336 benchmark: measured vs aisim", note, columns, cells, sc, summary, payload)
-    raise ValueError(f"unknown reference {name!r}; available: torchcap, cs336")
+    if name == "tgi-bloomz":
+        from aisim.serving import serve_bench
+
+        rows = tgi_rows(serve_bench)
+        note = ("text-generation-benchmark report of bigscience/bloomz-7b1-mt (TGI v0.7-v0.8, mid 2023), "
+                "sequence length 1024 (and 100), decode length 8, 1-8 shards, one bitsandbytes int8 run. The GPU is "
+                "not stated: aisim estimates each plausible shipped device (A100 SXM4 80GB and 40GB, H100 SXM; the "
+                "A100s have no calibration file, so the default rules apply). Latencies are the averages; the "
+                "decode latency is per step. Status 'nan_in_source'/'empty_in_source' rows have no measurement; "
+                "aisim's column says whether it thinks they fit. aisim traces the transformers BLOOM code in eager "
+                "mode and does not model TGI's own server overheads or bitsandbytes' dequantization.")
+        columns = [Column("Shards"), Column("Quant", align="left"), Column("Seq"), Column("Batch"),
+                   Column("Status", align="left"), Column("Measured (ms)", ("prefill", "decode/token")),
+                   *[Column(f"aisim {d} (ms)", ("prefill", "Error", "decode/token", "Error")) for d in TGI_DEVICES]]
+        cells = [[*r.label, _f(r.values["prefill_measured"]), _f(r.values["decode_measured"]),
+                  *[c for d in TGI_DEVICES for c in (_tgi_cell(r, d, "prefill") + _tgi_cell(r, d, "decode"))]]
+                 for r in rows]
+        sc = [Column("Device", align="left"), Column("Rows", align="left"), Column("Metric", align="left"),
+              Column("n"), Column("MAPE"), Column("Max abs error")]
+        summary = tgi_summary(rows, TGI_DEVICES)
+        payload = {"rows": [{"label": r.label, **r.values, "errors": r.errors} for r in rows], "summary": summary}
+        return _render(fmt, "TGI benchmark (bloomz-7b1-mt): measured vs aisim", note, columns, cells, sc, summary,
+                       payload)
+    raise ValueError(f"unknown reference {name!r}; available: torchcap, cs336, tgi-bloomz")

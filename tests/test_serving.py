@@ -1,0 +1,56 @@
+"""aisim serve-bench: the TGI-shaped serving report, and its comparison with the published TGI rows."""
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from aisim.cli import app
+from aisim.serving import serve_bench
+
+
+def test_serve_bench_rows_follow_tgi_definitions():
+    bench = serve_bench("opt-125m", "h100", shards=[1, 2], batches=[1, 4], seq=64, decode_len=4)
+    assert [s.shards for s in bench.shards] == [1, 2] and bench.shards[1].device == "h100-sxmx2"
+    for shard in bench.shards:
+        for r in shard.rows:
+            assert r.fits
+            assert r.decode_total_ms == pytest.approx(3 * r.decode_token_ms)  # decode_len 4 = prefill + 3 steps
+            assert r.prefill_throughput_requests_per_s == pytest.approx(r.batch / (r.prefill_ms / 1e3))
+            assert r.decode_throughput_tokens_per_s == pytest.approx(r.batch / (r.decode_token_ms / 1e3))
+
+
+def test_serve_bench_reports_what_does_not_fit_with_numbers():
+    bench = serve_bench("opt-125m", "h100", shards=[1], batches=[2, 64], seq=64, decode_len=4,
+                        max_batch_total_tokens=1000)
+    small, big = bench.shards[0].rows
+    assert small.fits and not big.fits
+    assert "4352 tokens > max_batch_total_tokens 1000" in big.not_fit_reason  # 64 x (64 + 4)
+
+
+def test_serve_bench_cli_json_and_bad_shards():
+    runner = CliRunner()
+    r = runner.invoke(app, ["serve-bench", "--model", "opt-125m", "--device", "h100", "--shards", "1",
+                            "--batch", "1", "--seq", "32", "--decode-len", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["shards"][0]["rows"][0]["fits"] is True
+    r = runner.invoke(app, ["serve-bench", "--model", "opt-125m", "--device", "h100", "--shards", "1,x"])
+    assert r.exit_code == 2 and "comma-separated integers" in r.output
+
+
+def test_tgi_reference_rows_cover_every_seed_row():
+    from aisim.serving import ServeBench, ServeRow, ServeShard
+    from aisim.validation.published import TGI_DEVICES, tgi_rows
+
+    def fake_bench(model, device, shards, batches, seq, decode_len, quant):
+        rows = [ServeRow(batch=b, fits=True, prefill_ms=100.0, decode_token_ms=20.0) for b in batches]
+        return ServeBench(model=model, device=device, seq=seq, decode_len=decode_len, dtype="fp16", quant=quant,
+                          runtime="eager", max_batch_total_tokens=None,
+                          shards=[ServeShard(shards=shards[0], device=device, rows=rows)], assumptions=[])
+
+    rows = tgi_rows(fake_bench)
+    assert len(rows) == 36  # 6 runs x 6 batch sizes
+    first = rows[0]  # 1 shard, batch 1: measured prefill 139.82 ms, decode 28.75 ms per token
+    assert first.errors[f"{TGI_DEVICES[0]}_prefill"] == pytest.approx((100.0 - 139.82) / 139.82)
+    assert first.errors[f"{TGI_DEVICES[0]}_decode"] == pytest.approx((20.0 - 28.75) / 28.75)
+    assert all(r.errors[f"{TGI_DEVICES[0]}_prefill"] is None for r in rows if r.label[4] != "ok"
+               and r.values["prefill_measured"] is None)
