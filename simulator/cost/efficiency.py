@@ -44,8 +44,9 @@ def gemm_table_value(table: GemmTable, m: int, n: int, k: int) -> float:
 
 
 def gemm_efficiency(cal: CalibrationSpec, dtype: str, m: int, n: int, k: int, flops: float) -> float:
+    """From the M x N x K table where the op has GEMM dimensions, else (convolutions) from the FLOPs curve."""
     table = cal.gemm_tables.get(dtype)
-    if table is not None:
+    if table is not None and min(m, n, k) > 0:
         return gemm_table_value(table, m, n, k)
     curve = cal.gemm_efficiency.get(dtype) or cal.gemm_efficiency.get("fp16")
     return curve_value(curve, math.log10(max(flops, 1.0)))

@@ -50,9 +50,8 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
     memory_s = cost.bytes / gpu.memory_bw_bytes_per_s
     roofline_s = max(compute_s, memory_s)
     if cost.kind == "gemm":
-        batch, m, n, k = gemm_dims(op) if op.name.startswith("aten.") and "conv" not in op.name else (1, 0, 0, 0)
-        eff = efficiency.gemm_efficiency(cal, dtype, batch * m, n, k, cost.flops) if m else \
-            efficiency.gemm_efficiency(cal, dtype, 0, 0, 0, cost.flops)
+        batch, m, n, k = gemm_dims(op) if "conv" not in op.name else (1, 0, 0, 0)
+        eff = efficiency.gemm_efficiency(cal, dtype, batch * m, n, k, cost.flops)
         eff *= compute_scale if compute_s >= memory_s else memory_scale
     elif cost.kind == "attention":
         variant = "backward" if op.name.endswith("_backward") else ("decode" if op.inputs[0].shape[-2] == 1 else "")
