@@ -33,15 +33,23 @@ def reference_activity(gpu: HardwareSpec, cal: CalibrationSpec) -> tuple[float, 
     return compute, memory
 
 
-def _curve_power_w(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s, compute_s, memory_s, busy) -> np.ndarray:
+def _curve_power_w(gpu: HardwareSpec, cal: CalibrationSpec, u_c: np.ndarray, u_m: np.ndarray) -> np.ndarray:
     """Measured power curves: a kernel achieving a fraction u of peak FLOP/s (bandwidth) draws what a bf16 GEMM
     loop (a copy loop) achieving u drew in calibration; the larger of the two, at most board power."""
-    safe = np.where(busy, gpu_s, 1.0)
-    u_c = np.where(busy, compute_s / safe, 0.0).clip(0, 1)
-    u_m = np.where(busy, memory_s / safe, 0.0).clip(0, 1)
     p_c = np.interp(u_c, cal.power_compute_curve.x, cal.power_compute_curve.efficiency)
     p_m = np.interp(u_m, cal.power_memory_curve.x, cal.power_memory_curve.efficiency)
     return np.minimum(np.maximum(p_c, p_m) * gpu.board_power_w, gpu.board_power_w)
+
+
+def _linear_power_w(gpu: HardwareSpec, cal: CalibrationSpec, u_c: np.ndarray, u_m: np.ndarray,
+                    idle_w: float) -> np.ndarray:
+    """Two calibrated loads: power rises linearly with the activity relative to each load, at most board power."""
+    ref_c, ref_m = reference_activity(gpu, cal)
+    compute_w = cal.power_compute_fraction * gpu.board_power_w
+    memory_w = cal.power_memory_fraction * gpu.board_power_w
+    a_c, a_m = (u_c / ref_c).clip(0, 1), (u_m / ref_m).clip(0, 1)
+    power_w = idle_w + np.maximum(a_c * max(compute_w - idle_w, 0), a_m * max(memory_w - idle_w, 0))
+    return np.minimum(power_w, gpu.board_power_w)
 
 
 def waiting_power_w(gpu: HardwareSpec, cal: CalibrationSpec) -> float:
@@ -53,16 +61,14 @@ def step_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s: np.ndarray, co
                   memory_s: np.ndarray, repeats: np.ndarray, runtime_s: float, gpus: int) -> tuple[float, float]:
     """(energy in J over all GPUs, average power per GPU in W)."""
     idle_w = waiting_power_w(gpu, cal)
-    compute_w = cal.power_compute_fraction * gpu.board_power_w
-    memory_w = cal.power_memory_fraction * gpu.board_power_w
     busy = gpu_s > 0
-    ref_c, ref_m = reference_activity(gpu, cal)
-    u_c = (np.where(busy, compute_s / np.where(busy, gpu_s, 1.0), 0.0) / ref_c).clip(0, 1)
-    u_m = (np.where(busy, memory_s / np.where(busy, gpu_s, 1.0), 0.0) / ref_m).clip(0, 1)
-    power_w = idle_w + np.maximum(u_c * max(compute_w - idle_w, 0), u_m * max(memory_w - idle_w, 0))
-    power_w = np.minimum(power_w, gpu.board_power_w)
+    safe = np.where(busy, gpu_s, 1.0)
+    u_c = np.where(busy, compute_s / safe, 0.0).clip(0, 1)   # achieved fraction of peak FLOP/s
+    u_m = np.where(busy, memory_s / safe, 0.0).clip(0, 1)    # achieved fraction of bandwidth
     if cal.power_compute_curve is not None and cal.power_memory_curve is not None:
-        power_w = _curve_power_w(gpu, cal, gpu_s, compute_s, memory_s, busy)
+        power_w = _curve_power_w(gpu, cal, u_c, u_m)
+    else:
+        power_w = _linear_power_w(gpu, cal, u_c, u_m, idle_w)
     busy_s = float(np.dot(gpu_s, repeats))
     energy = float(np.dot(power_w * gpu_s, repeats)) + idle_w * max(runtime_s - busy_s, 0.0)
     avg_w = energy / runtime_s if runtime_s > 0 else 0.0

@@ -5,8 +5,9 @@ c1 and c2 times occurs c1 + (L - k1) * (c2 - c1) times in the full model, and pe
 extrapolate the same way (exact when the layers are identical, as in every model shipped). Two and three, not
 one and two: the first layer is special for liveness (the embedding output stays referenced by the model's
 forward while layer 0 runs, so with one layer it is also the residual), which would make a 1-to-2 difference
-count a tensor per layer that is really live once. A 70B model traces in about a second this way. Graphs are cached in memory and on disk (``AISIM_CACHE_DIR``, default
-``~/.cache/aisim``), keyed by the config, workload, plan and the torch/transformers/aisim versions.
+count a tensor per layer that is really live once. A 70B model traces in about a second this way. Graphs are
+cached in memory and on disk (``AISIM_CACHE_DIR``, default ``~/.cache/aisim``), keyed by the config, workload,
+plan and the torch/transformers/aisim versions.
 """
 from __future__ import annotations
 
@@ -198,7 +199,6 @@ def _decode(model, config, w: Workload, batch, tracer, tracing):
     tracer.suppress -= 1
     for t in _tensors_in(past):
         tracer.track(t)
-    tracer.peak_bytes = tracer.live_bytes
     with tracing(model, tracer):
         out = model(input_ids=_ids(batch, 1), past_key_values=past, use_cache=True, **kwargs)
     return out, past

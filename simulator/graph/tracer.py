@@ -100,13 +100,14 @@ class _Dispatch(TorchDispatchMode):
         if tracer.suppress:
             return out
         outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, torch.Tensor)]
-        in_storages = {a.untyped_storage()._cdata for a in _tensors(args, kwargs)}
+        inputs = _tensors(args, kwargs)
+        in_storages = {a.untyped_storage()._cdata for a in inputs}
         alias = all(o.untyped_storage()._cdata in in_storages for o in outs) if outs else True
         name = f"aten.{func._schema.name.split('::')[-1]}" + (
             f".{func._overloadname}" if func._overloadname != "default" else "")
         attrs = {"view": bool(func.is_view), "pointwise": torch.Tag.pointwise in func.tags}
         if tracer.param_storages:
-            weight = sum(a.numel() * a.element_size() for a in _tensors(args, kwargs)
+            weight = sum(a.numel() * a.element_size() for a in inputs
                          if a.untyped_storage()._cdata in tracer.param_storages)
             if weight:
                 attrs["weight_bytes"] = float(weight)
