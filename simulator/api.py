@@ -5,15 +5,16 @@ the formula registry -> per-op time on the device (calibrated roofline) -> timel
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from . import catalog
+from .cost.power import PowerMode
 from .errors import AisimError
 from .plan import choose_plan
 from .results import Estimate, OpCost
-from .specs import all_runtimes, load_calibration
+from .specs import RuntimeSpec, all_runtimes, load_calibration
 from .units import MS_PER_S
 from .workload import ParallelPlan, Workload
 
@@ -34,8 +35,10 @@ class StepCost:
 
 def estimate(model: str, device: str, workload: str = "forward", batch: int = 1, seq: int = 1024, gen: int = 128,
              dtype: str = "fp16", tp: int | None = None, pp: int = 1, dp: int = 1, tp_scope: str = "all",
-             runtime: str = "eager", with_loss: bool = False, optimizer: str = "adamw",
-             quant: str = "none", top_ops: int | None = TOP_OPS) -> Estimate:
+             runtime: str | RuntimeSpec = "eager", with_loss: bool = False, optimizer: str = "adamw",
+             quant: str = "none", top_ops: int | None = TOP_OPS, audio_s: float | None = None, beam: int = 5,
+             transcript_tokens: int | None = None, windows: int | None = None, power_limit_w: float | None = None,
+             gpu_clock_mhz: float | None = None, power_mode: str | None = None) -> Estimate:
     """Estimate runtime, peak memory per GPU, energy and throughput of one workload step.
 
     ``seq`` is the input length (forward, prefill, forward-backward, train) or the context length (decode);
@@ -43,27 +46,43 @@ def estimate(model: str, device: str, workload: str = "forward", batch: int = 1,
     """
     name, config = catalog.resolve_model(model)
     dev = catalog.resolve_device(device)
-    runtimes = all_runtimes()
-    if runtime not in runtimes:
-        raise catalog.UnknownNameError("runtime", runtime, sorted(runtimes),
-                                       f"Choose one of: {', '.join(sorted(runtimes))}.")
-    rt = runtimes[runtime]
+    rt = runtime if isinstance(runtime, RuntimeSpec) else _runtime(runtime)
     cal = load_calibration(dev.gpu.name)
     try:
         w = Workload(phase=workload, batch=batch, seq=seq, gen_tokens=gen, dtype=dtype, with_loss=with_loss,
-                     optimizer=optimizer, quant=quant)
+                     optimizer=optimizer, quant=quant, attn_impl=rt.attn_impl, encode_cross_kv=rt.encode_cross_kv,
+                     audio_s=audio_s, beam=beam, transcript_tokens=transcript_tokens, windows=windows)
     except ValueError as exc:
         raise AisimError(_pydantic_message(exc).replace("phase:", "--workload:")) from None
     plan, note = choose_plan(config, dev.count, dev.name, batch, tp, pp, dp, tp_scope)
     _check_positions(config, w)
     assumptions = _assumptions(dev, cal, w, plan, config, note)
+    power, power_note = resolve_power_mode(dev.gpu, cal, power_mode, power_limit_w, gpu_clock_mhz)
+    assumptions += [power_note] if power_note else []
+    backend = rt.backend_efficiency(dev.gpu)
+    if backend is not None:
+        assumptions.append(f"runtime {rt.name} on {dev.gpu.architecture} (tensor cores: "
+                           f"{'yes' if dev.gpu.has_tensor_cores else 'no'}): large GEMMs at "
+                           f"{backend.gemm_fraction_of_peak:.0%} of the {w.dtype} peak, memory-bound kernels at "
+                           f"{backend.memory_fraction_of_bw:.0%} of bandwidth ({backend.source})")
     if w.phase == "generate":
-        result = _generate(name, config, dev, cal, rt, w, plan, assumptions)
+        result = _generate(name, config, dev, cal, rt, w, plan, assumptions, power)
+    elif w.phase == "transcribe":
+        from .speech import transcribe
+
+        result = transcribe(name, config, dev, cal, rt, w, plan, assumptions, power)
     else:
         from .graph.extract import trace_workload
 
-        result = _assemble(name, dev, cal, rt, w, plan, trace_workload(config, w, plan), assumptions)
+        result = _assemble(name, dev, cal, rt, w, plan, trace_workload(config, w, plan), assumptions, power=power)
     return result if top_ops is None else result.model_copy(update={"top_ops": result.top_ops[:top_ops]})
+
+
+def _runtime(name: str) -> RuntimeSpec:
+    runtimes = all_runtimes()
+    if name not in runtimes:
+        raise catalog.UnknownNameError("runtime", name, sorted(runtimes), f"Choose one of: {', '.join(sorted(runtimes))}.")
+    return runtimes[name]
 
 
 def _assumptions(dev, cal, w: Workload, plan: ParallelPlan, config: dict, note: str | None) -> list[str]:
@@ -78,6 +97,38 @@ def _assumptions(dev, cal, w: Workload, plan: ParallelPlan, config: dict, note: 
                    "rules (hardware_specs/calibration/default.yaml), not measurements; run `aisim calibrate` on "
                    "that GPU to measure them")
     return out
+
+
+def resolve_power_mode(gpu, cal, mode: str | None, limit_w: float | None,
+                       clock_mhz: float | None) -> tuple[PowerMode | None, str | None]:
+    """The power mode to apply: a named mode of the GPU's spec file, overridden by an explicit limit or clock."""
+    from .cost.energy import waiting_power_w
+
+    named = None
+    if mode is not None:
+        modes = gpu.power_modes
+        if mode not in modes:
+            raise catalog.UnknownNameError("power mode", mode, sorted(modes),
+                                           f"{gpu.name} defines: {', '.join(sorted(modes)) or 'none'}; or give "
+                                           "--power-limit W / --gpu-clock MHz")
+        named = modes[mode]
+    limit = limit_w if limit_w is not None else (named.power_limit_w if named else None)
+    clock = clock_mhz if clock_mhz is not None else (named.gpu_clock_mhz if named else None)
+    if limit is None and clock is None:
+        return None, (f"power mode {mode}: full clocks and board power ({named.source})" if named else None)
+    idle = waiting_power_w(gpu, cal)
+    if limit is not None and limit <= idle:
+        raise AisimError(f"power limit {limit:g} W is at or below {gpu.name}'s waiting power ({idle:g} W); give a "
+                         f"higher --power-limit (board power {gpu.board_power_w:g} W)")
+    if clock is not None and clock <= 0:
+        raise AisimError("--gpu-clock must be positive (MHz)")
+    text = (f"power mode{' ' + mode if mode else ''}: " +
+            (f"power limit {limit:g} W (board {gpu.board_power_w:g} W)" if limit is not None else "") +
+            (", " if limit is not None and clock is not None else "") +
+            (f"GPU clock capped at {clock:g} MHz (boost {gpu.boost_clock_mhz:g} MHz)" if clock is not None else "") +
+            "; compute-bound kernels slow with the clock, memory-bound ones keep their time until their compute "
+            "floor overtakes (aisim.cost.power)" + (f"; {named.source}" if named else ""))
+    return PowerMode(limit, clock), text
 
 
 def _check_positions(config: dict, w: Workload) -> None:
@@ -96,16 +147,28 @@ def _pydantic_message(exc: Exception) -> str:
     return str(exc)
 
 
-def step_cost(graph, dev, cal, rt, w: Workload, plan: ParallelPlan) -> StepCost:
+def step_cost(graph, dev, cal, rt, w: Workload, plan: ParallelPlan, power: PowerMode | None = None) -> StepCost:
+    from .cost.efficiency import runtime_scales
     from .cost.energy import step_energy_j
     from .cost.ops_time import op_time
     from .cost.timeline import cpu_costs, simulate
     from .formulas import is_known, op_cost, quantized
 
     costs = [quantized(op_cost(op), op, w.quant) for op in graph.ops]
-    times = [op_time(op, c, dev, cal, w.dtype, rt.compute_efficiency_scale, rt.memory_efficiency_scale)
+    compute_scale, memory_scale = runtime_scales(rt, dev.gpu, cal, w.dtype)
+    backend = rt.backend_efficiency(dev.gpu)
+    matvec = backend.matvec_max_tokens if backend is not None else 0
+    times = [op_time(op, c, dev, cal, w.dtype, compute_scale, memory_scale, matvec)
              for op, c in zip(graph.ops, costs)]
     gpu_s = np.array([t.gpu_s for t in times])
+    compute_s = np.array([t.compute_s for t in times])
+    memory_s = np.array([t.memory_s for t in times])
+    power_w = None
+    if power is not None and power.active:
+        from .cost.power import apply_power_mode
+
+        gpu_s, power_w, _ = apply_power_mode(dev.gpu, cal, power, gpu_s, compute_s, memory_s)
+        times = [replace(t, gpu_s=g) for t, g in zip(times, gpu_s.tolist())]
     repeats = np.array(graph.repeats, dtype=float)
     kinds = [c.kind for c in costs]
     launches = np.array([c.launches for c in costs], dtype=float)
@@ -113,14 +176,13 @@ def step_cost(graph, dev, cal, rt, w: Workload, plan: ParallelPlan) -> StepCost:
     syncs = np.array([k == "sync" for k in kinds])
     timeline = simulate(gpu_s, cpu_s, repeats, syncs)
     runtime_s = timeline.runtime_s + rt.per_step_overhead_s
-    compute_s = np.array([t.compute_s for t in times])
-    memory_s = np.array([t.memory_s for t in times])
     # the GPUs of one pipeline stage (tensor x data parallel) work together; stages are costed in _assemble
-    energy, power = step_energy_j(dev.gpu, cal, gpu_s, compute_s, memory_s, repeats, runtime_s, plan.tp * plan.dp)
+    energy, avg_w = step_energy_j(dev.gpu, cal, gpu_s, compute_s, memory_s, repeats, runtime_s, plan.tp * plan.dp,
+                                  power_w)
     flops = float(np.dot([c.flops for c in costs], repeats))
     nbytes = float(np.dot([c.bytes for c in costs], repeats))
     unknown = sorted({op.name for op in graph.ops if not is_known(op)})
-    return StepCost(runtime_s, energy, power, flops, nbytes, _top_ops(graph, costs, times, repeats, runtime_s),
+    return StepCost(runtime_s, energy, avg_w, flops, nbytes, _top_ops(graph, costs, times, repeats, runtime_s),
                     unknown)
 
 
@@ -151,10 +213,11 @@ def _tokens(w: Workload, plan: ParallelPlan) -> int:
     return w.batch * w.seq
 
 
-def _assemble(name, dev, cal, rt, w: Workload, plan, graph, assumptions, extra: dict | None = None) -> Estimate:
+def _assemble(name, dev, cal, rt, w: Workload, plan, graph, assumptions, extra: dict | None = None,
+              power: PowerMode | None = None) -> Estimate:
     from .cost.memory import breakdown
 
-    cost = step_cost(graph, dev, cal, rt, w, plan)
+    cost = step_cost(graph, dev, cal, rt, w, plan, power)
     mem = breakdown(graph, w, dev)
     runtime_s, energy_j = _pipeline(cost, plan, dev, cal)
     power_w = energy_j / (runtime_s * plan.gpus) if runtime_s else None
@@ -193,7 +256,7 @@ def _result(name, dev, cal, rt, w, plan, mem, runtime_s, energy_j, power_w, flop
         phases={k: v for k, v in extra.get("phases", {}).items()} if ok else {})
 
 
-def _generate(name, config, dev, cal, rt, w: Workload, plan, assumptions) -> Estimate:
+def _generate(name, config, dev, cal, rt, w: Workload, plan, assumptions, power: PowerMode | None = None) -> Estimate:
     """Prefill of ``seq`` tokens, then gen - 1 decode steps; decode time is linear in context, so the mean step
     is the mean of the first (context seq + 1) and last (context seq + gen - 1) steps."""
     from .cost.memory import breakdown
@@ -205,9 +268,9 @@ def _generate(name, config, dev, cal, rt, w: Workload, plan, assumptions) -> Est
     last = w.model_copy(update={"phase": "decode", "seq": w.seq + max(steps, 1)})
     g_prefill = trace_workload(config, prefill, plan)
     g_first, g_last = trace_workload(config, first, plan), trace_workload(config, last, plan)
-    c_prefill = step_cost(g_prefill, dev, cal, rt, prefill, plan)
-    c_first = step_cost(g_first, dev, cal, rt, first, plan)
-    c_last = step_cost(g_last, dev, cal, rt, last, plan)
+    c_prefill = step_cost(g_prefill, dev, cal, rt, prefill, plan, power)
+    c_first = step_cost(g_first, dev, cal, rt, first, plan, power)
+    c_last = step_cost(g_last, dev, cal, rt, last, plan, power)
     ttft_s, prefill_j = _pipeline(c_prefill, plan, dev, cal)
     (first_s, first_j), (last_s, last_j) = _pipeline(c_first, plan, dev, cal), _pipeline(c_last, plan, dev, cal)
     tpot_s = (first_s + last_s) / 2
@@ -228,6 +291,6 @@ def _generate(name, config, dev, cal, rt, w: Workload, plan, assumptions) -> Est
 
 def _phase_rows(phase: str, rows: list[OpCost], times: int, runtime_s: float) -> list[OpCost]:
     """Op rows of one phase of a generate workload, repeated ``times`` and shared over the whole run."""
-    return [OpCost(name=f"{phase} {r.name}", count=r.count * times, flops=r.flops * times, bytes=r.bytes * times,
+    return [OpCost(name=f"{phase} {r.name}", count=round(r.count * times), flops=r.flops * times, bytes=r.bytes * times,
                    time_ms=r.time_ms * times, bound=r.bound,
                    share=r.time_ms * times / (runtime_s * MS_PER_S) if runtime_s else 0.0) for r in rows]

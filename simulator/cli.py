@@ -34,8 +34,8 @@ def _run(fn, *args, **kwargs):
 def estimate(
     model: str = typer.Option(..., "--model", "-m", help="shipped name (opt-6.7b, facebook/opt-6.7b) or a config.json path"),
     device: str = typer.Option(..., "--device", "-d", help="GPU name, or NAMExN for N GPUs in one host (a6000x8)"),
-    workload: str = typer.Option("forward", help="forward, prefill, decode, generate, encode, forward-backward "
-                                 "or train"),
+    workload: str = typer.Option("forward", help="forward, prefill, decode, generate, encode, forward-backward, "
+                                 "train or transcribe (speech models: a recording, in whisper.cpp's phases)"),
     batch: int = typer.Option(1, help="batch size"),
     seq: int = typer.Option(1024, help="input length; for decode the context length"),
     gen: int = typer.Option(128, help="generate: new tokens"),
@@ -44,10 +44,20 @@ def estimate(
     pp: int = typer.Option(1, help="pipeline parallel degree"),
     dp: int = typer.Option(1, help="data parallel degree"),
     tp_scope: str = typer.Option("all", help="all (attention+MLP) | full (+ vocab-parallel LM head) | mlp | attention"),
-    runtime: str = typer.Option("eager", help="eager|graphs|kernel-sum (aisim list runtimes)"),
+    runtime: str = typer.Option("eager", help="eager|graphs|kernel-sum|ggml-cuda|ggml-vulkan|... (aisim list "
+                                "runtimes)"),
     with_loss: bool = typer.Option(False, "--with-loss", help="forward includes the LM loss over all logits"),
     optimizer: str = typer.Option("adamw", help="train: adamw|sgd"),
     quant: str = typer.Option("none", help="weight quantization: none|bitsandbytes-int8|int8|fp8|int4"),
+    audio_s: Optional[float] = typer.Option(None, "--audio-s", help="transcribe: seconds of audio"),
+    beam: int = typer.Option(5, help="transcribe: beam size"),
+    tokens: Optional[int] = typer.Option(None, "--tokens", help="transcribe: output tokens (default: assumed "
+                                         "speech rate)"),
+    windows: Optional[int] = typer.Option(None, help="transcribe: 30 s windows encoded (default ceil(audio/30))"),
+    power_mode: Optional[str] = typer.Option(None, "--power-mode", help="a power mode the GPU's spec file names "
+                                             "(gtx-1650-mobile: performance, balanced, power-saver)"),
+    power_limit: Optional[float] = typer.Option(None, "--power-limit", help="board power limit in W"),
+    gpu_clock: Optional[float] = typer.Option(None, "--gpu-clock", help="GPU core clock cap in MHz"),
     as_json: bool = typer.Option(False, "--json", help="print the stable JSON object"),
 ):
     """Estimate one workload step of MODEL on DEVICE."""
@@ -56,7 +66,9 @@ def estimate(
 
     result, notes = _run(run_estimate, model=model, device=device, workload=workload, batch=batch, seq=seq,
                          gen=gen, dtype=dtype, tp=tp, pp=pp, dp=dp, tp_scope=tp_scope, runtime=runtime,
-                         with_loss=with_loss, optimizer=optimizer, quant=quant)
+                         with_loss=with_loss, optimizer=optimizer, quant=quant, audio_s=audio_s, beam=beam,
+                         transcript_tokens=tokens, windows=windows, power_mode=power_mode,
+                         power_limit_w=power_limit, gpu_clock_mhz=gpu_clock)
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
     else:

@@ -43,10 +43,27 @@ def print_estimate(e: Estimate, notes: list[str] | None = None) -> None:
     console.print(table)
     if e.not_fit_reason:
         console.print(f"[bold red]{e.not_fit_reason}[/]")
+    if e.speech:
+        console.print(_speech_table(e))
     if e.top_ops and e.fits:
         console.print(_ops_table(e, "top ops by GPU time (% of the step's wall time; the rest is CPU-bound "
                                     "dispatch or overlap)"))
     _notes(e, notes)
+
+
+def _speech_table(e: Estimate) -> Table:
+    """whisper.cpp's timing lines (runs of batchd and prompt are tokens, as whisper.cpp counts them)."""
+    table = Table(title="whisper.cpp phases (estimated GPU time)", header_style="bold")
+    for col in ("phase", "time (ms)", "runs", "ms per run"):
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    for p in e.speech:
+        if p.on != "gpu":
+            table.add_row(p.name, "CPU: not modelled", "", "")
+            continue
+        table.add_row(p.name, _fmt(p.total_ms), f"{p.runs} {p.run_unit}", _fmt(p.per_run_ms))
+    table.add_row("tokens per second", _fmt(e.throughput_tokens_per_s, 3), f"({e.tokens})", "")
+    table.add_row("total GPU time (s)", _fmt(e.runtime_ms / 1000 if e.runtime_ms else None, 3), "", "")
+    return table
 
 
 def _ops_table(e: Estimate, title: str) -> Table:

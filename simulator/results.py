@@ -26,6 +26,16 @@ class MemoryBreakdown(BaseModel):
     capacity_gb: float
 
 
+class SpeechPhase(BaseModel):
+    """One line of whisper.cpp's timing printout, estimated. CPU phases carry no times (outside the GPU model)."""
+    name: str
+    runs: int | None = None
+    run_unit: str = Field("calls", description="calls, or tokens for batchd and prompt (as whisper.cpp counts)")
+    total_ms: float | None = None
+    per_run_ms: float | None = None
+    on: str = Field("gpu", description="gpu (estimated) or cpu (not modelled)")
+
+
 class Estimate(BaseModel):
     """Top level of ``aisim estimate --json``. Runtime is per step of the workload; memory is the peak per GPU."""
     model: str
@@ -47,6 +57,7 @@ class Estimate(BaseModel):
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     phases: dict[str, float] = Field(default_factory=dict, description="phase name -> ms")
+    speech: list[SpeechPhase] = Field(default_factory=list, description="transcribe: whisper.cpp's phase lines")
     top_ops: list[OpCost] = Field(default_factory=list)
     unknown_ops: list[str] = Field(default_factory=list)
     calibrated: bool

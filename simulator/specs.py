@@ -30,6 +30,13 @@ class PeakFlops(Spec):
     int8: float | None = None
 
 
+class PowerModeSpec(Spec):
+    """A named operating mode of a GPU (a laptop's OS power profile): its power limit and/or clock cap."""
+    power_limit_w: float | None = None
+    gpu_clock_mhz: float | None = None
+    source: str
+
+
 class HardwareSpec(Spec):
     """One GPU model, from its datasheet. ``sources`` names a citation for each numeric field."""
     name: str
@@ -52,6 +59,7 @@ class HardwareSpec(Spec):
     pcie_lanes: int
     nvlink_bw_bytes_per_s: float = Field(0.0, description="total NVLink bandwidth per GPU, both directions; 0 if none")
     nvlink_kind: Literal["none", "bridge", "switch"] = "none"
+    power_modes: dict[str, PowerModeSpec] = Field(default_factory=dict)
     sources: dict[str, str]
     notes: str = ""
 
@@ -152,6 +160,23 @@ class CalibrationSpec(Spec):
     notes: str = ""
 
 
+class BackendEfficiency(Spec):
+    """What an engine's own kernels reach on one class of GPU (matched on architecture and tensor cores): the
+    large-GEMM fraction of the datasheet peak for the workload dtype and the fraction of memory bandwidth that its
+    memory-bound kernels reach. They replace the plateaus of the device calibration, whose curve shapes are kept."""
+    architecture: str | None = None
+    has_tensor_cores: bool | None = None
+    gemm_fraction_of_peak: float = Field(gt=0, le=1)
+    memory_fraction_of_bw: float = Field(gt=0, le=1)
+    matvec_max_tokens: int = Field(0, ge=0, description="matmuls of at most this many tokens (rows) run as "
+                                   "weight-streaming mat-vec kernels: costed on the memory curve, not the GEMM one")
+    source: str
+
+    def matches(self, gpu: "HardwareSpec") -> bool:
+        return ((self.architecture is None or self.architecture == gpu.architecture)
+                and (self.has_tensor_cores is None or self.has_tensor_cores == gpu.has_tensor_cores))
+
+
 class RuntimeSpec(Spec):
     """A serving/execution engine profile: per-step overheads and efficiency factors, documented."""
     name: str
@@ -159,9 +184,22 @@ class RuntimeSpec(Spec):
     dispatch: Literal["eager", "graphs", "none"] = Field(
         description="eager: CPU dispatch per aten op; graphs: per kernel; none: kernel time only (profiler sums)")
     per_step_overhead_s: float = 0.0
+    kernel_overhead_s: float | None = Field(None, description="graphs dispatch: CPU/queue cost per kernel, "
+                                            "instead of the device calibration's graphs_dispatch_s")
     compute_efficiency_scale: float = 1.0
     memory_efficiency_scale: float = 1.0
+    attn_impl: Literal["auto", "eager", "sdpa"] = Field(
+        "auto", description="how the engine runs attention: fused (sdpa/auto) or explicit matmul + softmax (eager)")
+    encode_cross_kv: bool = Field(False, description="the engine projects cross-attention K/V in the encode phase")
+    beam_batching: Literal["batch", "unified"] = Field(
+        "batch", description="beam search: beams as batch rows with their own caches (HF generate), or as tokens of "
+                             "one decoder call over a unified KV cache with one shared cross-attention K/V "
+                             "(whisper.cpp, llama.cpp)")
+    efficiency: list[BackendEfficiency] = Field(default_factory=list)
     source: str
+
+    def backend_efficiency(self, gpu: "HardwareSpec") -> BackendEfficiency | None:
+        return next((e for e in self.efficiency if e.matches(gpu)), None)
 
 
 # ---------------------------------------------------------------- loading

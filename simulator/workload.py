@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Phase = Literal["forward", "prefill", "decode", "generate", "encode", "forward-backward", "train"]
+Phase = Literal["forward", "prefill", "decode", "generate", "encode", "forward-backward", "train", "transcribe"]
 TpScope = Literal["all", "full", "mlp", "attention"]
 
 
@@ -20,6 +20,20 @@ class Workload(BaseModel):
     with_loss: bool = Field(False, description="forward includes the LM loss over the full logits (labels given)")
     optimizer: Literal["adamw", "sgd"] = "adamw"
     quant: Literal["none", "bitsandbytes-int8", "int8", "fp8", "int4"] = "none"
+    step_tokens: int = Field(1, ge=1, description="decode: new tokens each sequence feeds in the step (whisper.cpp "
+                             "prompt calls feed many); the cache holds seq - step_tokens tokens before it")
+    logits_all: bool = Field(False, description="decode: logits for every new token (beams stepping as tokens of "
+                             "one sequence) instead of the last one")
+    attn_impl: Literal["auto", "eager", "sdpa"] = Field(
+        "auto", description="attention as traced: sdpa where the model supports it (auto), or explicit matmul + "
+                            "softmax (eager, as ggml without flash attention runs it)")
+    encode_cross_kv: bool = Field(False, description="encode also projects the decoder's cross-attention K/V from "
+                                  "the encoder output (whisper.cpp and CTranslate2 do it there; HF in decode)")
+    audio_s: float | None = Field(None, gt=0, description="transcribe: seconds of audio")
+    beam: int = Field(5, ge=1, description="transcribe: beam size (beams step together as one batched call)")
+    transcript_tokens: int | None = Field(None, ge=1, description="transcribe: output tokens (default from the "
+                                          "assumed speech rate)")
+    windows: int | None = Field(None, ge=1, description="transcribe: 30 s windows encoded (default ceil(audio/30))")
 
 
 class ParallelPlan(BaseModel):

@@ -63,3 +63,19 @@ def attention_efficiency(cal: CalibrationSpec, dtype: str, variant: str, flops: 
 
 def memory_efficiency(cal: CalibrationSpec, nbytes: float) -> float:
     return curve_value(cal.memory_efficiency, math.log10(max(nbytes, 1.0)))
+
+
+def runtime_scales(runtime, gpu, cal: CalibrationSpec, dtype: str) -> tuple[float, float]:
+    """(compute, memory) efficiency multipliers of an engine on this GPU: its documented plateaus (RuntimeSpec
+    .efficiency) over the calibration's (the largest GEMM of the curve, the largest copy), times the profile's
+    plain scale factors."""
+    backend = runtime.backend_efficiency(gpu)
+    compute, memory = runtime.compute_efficiency_scale, runtime.memory_efficiency_scale
+    if backend is None:
+        return compute, memory
+    curve = cal.gemm_efficiency.get(dtype) or cal.gemm_efficiency.get("fp16")
+    table = cal.gemm_tables.get(dtype)
+    gemm_plateau = float(np.max(table.efficiency)) if table is not None else max(curve.efficiency)
+    memory_plateau = max(cal.memory_efficiency.efficiency)
+    return (compute * backend.gemm_fraction_of_peak / gemm_plateau,
+            memory * backend.memory_fraction_of_bw / memory_plateau)

@@ -57,18 +57,26 @@ def waiting_power_w(gpu: HardwareSpec, cal: CalibrationSpec) -> float:
     return cal.active_power_w or (cal.idle_power_w if cal.idle_power_w is not None else gpu.idle_power_w)
 
 
-def step_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s: np.ndarray, compute_s: np.ndarray,
-                  memory_s: np.ndarray, repeats: np.ndarray, runtime_s: float, gpus: int) -> tuple[float, float]:
-    """(energy in J over all GPUs, average power per GPU in W)."""
-    idle_w = waiting_power_w(gpu, cal)
+def op_power_w(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s: np.ndarray, compute_s: np.ndarray,
+               memory_s: np.ndarray) -> np.ndarray:
+    """Power each kernel draws at full clocks, from its achieved fractions of peak FLOP/s and bandwidth."""
     busy = gpu_s > 0
     safe = np.where(busy, gpu_s, 1.0)
     u_c = np.where(busy, compute_s / safe, 0.0).clip(0, 1)   # achieved fraction of peak FLOP/s
     u_m = np.where(busy, memory_s / safe, 0.0).clip(0, 1)    # achieved fraction of bandwidth
     if cal.power_compute_curve is not None and cal.power_memory_curve is not None:
-        power_w = _curve_power_w(gpu, cal, u_c, u_m)
-    else:
-        power_w = _linear_power_w(gpu, cal, u_c, u_m, idle_w)
+        return _curve_power_w(gpu, cal, u_c, u_m)
+    return _linear_power_w(gpu, cal, u_c, u_m, waiting_power_w(gpu, cal))
+
+
+def step_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s: np.ndarray, compute_s: np.ndarray,
+                  memory_s: np.ndarray, repeats: np.ndarray, runtime_s: float, gpus: int,
+                  power_w: np.ndarray | None = None) -> tuple[float, float]:
+    """(energy in J over all GPUs, average power per GPU in W). ``power_w``: per-kernel power where a power mode
+    (cost.power) has already set it."""
+    idle_w = waiting_power_w(gpu, cal)
+    if power_w is None:
+        power_w = op_power_w(gpu, cal, gpu_s, compute_s, memory_s)
     busy_s = float(np.dot(gpu_s, repeats))
     energy = float(np.dot(power_w * gpu_s, repeats)) + idle_w * max(runtime_s - busy_s, 0.0)
     avg_w = energy / runtime_s if runtime_s > 0 else 0.0

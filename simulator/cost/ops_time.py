@@ -37,7 +37,8 @@ def compute_dtype(op: Op, workload_dtype: str) -> str:
 
 
 def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_dtype: str,
-            compute_scale: float = 1.0, memory_scale: float = 1.0) -> OpTime:
+            compute_scale: float = 1.0, memory_scale: float = 1.0, matvec_max_m: int = 0) -> OpTime:
+    """``matvec_max_m``: the engine runs matmuls of at most this many rows as mat-vec kernels (memory curve)."""
     gpu = device.gpu
     if cost.kind == "comm":
         seconds = comm.collective_time_s(op, cost, device, cal)
@@ -51,8 +52,11 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
     roofline_s = max(compute_s, memory_s)
     if cost.kind == "gemm":
         batch, m, n, k = gemm_dims(op) if "conv" not in op.name else (1, 0, 0, 0)
-        eff = efficiency.gemm_efficiency(cal, dtype, batch * m, n, k, cost.flops)
-        eff *= compute_scale if compute_s >= memory_s else memory_scale
+        if 0 < m <= matvec_max_m:
+            eff = efficiency.memory_efficiency(cal, cost.bytes) * memory_scale
+        else:
+            eff = efficiency.gemm_efficiency(cal, dtype, batch * m, n, k, cost.flops)
+            eff *= compute_scale if compute_s >= memory_s else memory_scale
     elif cost.kind == "attention":
         variant = "backward" if op.name.endswith("_backward") else ("decode" if op.inputs[0].shape[-2] == 1 else "")
         eff = efficiency.attention_efficiency(cal, dtype, variant, cost.flops, cost.bytes) * compute_scale

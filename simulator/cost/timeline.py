@@ -35,7 +35,8 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
     if runtime.dispatch == "none":
         return np.zeros(len(kinds))
     if runtime.dispatch == "graphs":
-        return launches * cal.graphs_dispatch_s
+        per_kernel = runtime.kernel_overhead_s if runtime.kernel_overhead_s is not None else cal.graphs_dispatch_s
+        return launches * per_kernel
     split = None not in (cal.eager_python_call_s, cal.eager_kernel_dispatch_s, cal.eager_view_dispatch_s)
     costs = np.empty(len(kinds))
     for i, (op, kind) in enumerate(zip(ops, kinds)):

@@ -53,13 +53,14 @@ def model_class(config: dict):
     return transformers.AutoModelForCausalLM
 
 
-def build_meta_model(config: dict, dtype: str, layers: int | None = None):
-    """The HF model on the meta device, in eval mode, with SDPA attention where the class supports it."""
+def build_meta_model(config: dict, dtype: str, layers: int | None = None, attn_impl: str = "auto"):
+    """The HF model on the meta device, in eval mode, with SDPA attention where the class supports it (unless
+    ``attn_impl`` asks for the explicit eager attention)."""
     import torch
 
     hf = make_config(config, layers)
     cls = model_class(config)
-    attn = "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
+    attn = "sdpa" if getattr(cls, "_supports_sdpa", False) and attn_impl != "eager" else "eager"
     hf._attn_implementation = attn
     torch_dtype = getattr(torch, TORCH_DTYPES[dtype])
     with torch.device("meta"):

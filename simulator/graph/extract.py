@@ -135,7 +135,7 @@ def _trace_once(config: dict, workload: Workload, plan: ParallelPlan, layers: in
     from .sharding import shard_model
     from .tracer import Tracer, tracing
 
-    model, attn = build_meta_model(config, workload.dtype, layers)
+    model, attn = build_meta_model(config, workload.dtype, layers, workload.attn_impl)
     tracer = Tracer()
     shard_model(model, plan.tp, plan.tp_scope, tracer)
     params = list(model.parameters())
@@ -180,6 +180,8 @@ def _forward(model, config, w: Workload, batch, tracer, tracing):
 
 def _prefill(model, config, w: Workload, batch, tracer, tracing):
     """Generate's first step: builds the KV cache, computes logits for the last position only."""
+    if config.get("is_encoder_decoder"):
+        return _decoder_step(model, config, batch, w.seq, 0, tracer, tracing)
     ids = _ids(batch, w.seq)
     kwargs = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
     with tracing(model, tracer):
@@ -190,6 +192,13 @@ def _decode(model, config, w: Workload, batch, tracer, tracing):
     """One KV-cache step at context ``seq``: the cache holds seq - 1 tokens (built untraced), one new token."""
     import torch
 
+    if config.get("is_encoder_decoder"):
+        if w.step_tokens > w.seq:
+            raise AisimError(f"step_tokens {w.step_tokens} exceeds the context {w.seq}")
+        return _decoder_step(model, config, batch, w.step_tokens, w.seq - w.step_tokens, tracer, tracing,
+                             w.logits_all)
+    if w.step_tokens != 1:
+        raise AisimError("decode steps of several tokens per sequence are supported for encoder-decoder models only")
     kwargs = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
     from .tracer import Tracer
 
@@ -214,14 +223,59 @@ def _forward_backward(model, config, w: Workload, batch, tracer, tracing):
 
 
 def _encode(model, config, w: Workload, batch, tracer, tracing):
+    """The encoder on one 30 s window; with ``encode_cross_kv`` also every decoder layer's cross-attention K and
+    V projections of its output (computed once per window and reused by every decoder step)."""
     import torch
 
     encoder = model.get_encoder()
     mels = config.get("num_mel_bins", 80)
     dtype = next(model.parameters()).dtype
     features = torch.zeros(batch, mels, WHISPER_WINDOW_FRAMES, dtype=dtype, device="meta")
-    with tracing(encoder, tracer):
-        return encoder(input_features=features)
+    with tracing(model if w.encode_cross_kv else encoder, tracer):
+        out = encoder(input_features=features)
+        if not w.encode_cross_kv:
+            return out
+        states = out.last_hidden_state
+        cross = [(layer.encoder_attn.k_proj(states), layer.encoder_attn.v_proj(states))
+                 for layer in model.get_decoder().layers]
+    return out, cross
+
+
+def _encoder_states(model, config, batch: int):
+    """The encoder output a decoder attends to: batch x frames x d_model (1500 frames for whisper's window)."""
+    import torch
+
+    frames = config.get("max_source_positions") or WHISPER_WINDOW_FRAMES // 2
+    dtype = next(model.parameters()).dtype
+    return torch.zeros(batch, frames, config["d_model"], dtype=dtype, device="meta")
+
+
+def _decoder_step(model, config, batch: int, new_tokens: int, past: int, tracer, tracing, logits_all: bool = False):
+    """One decoder call of an encoder-decoder model: ``new_tokens`` per sequence after ``past`` cached ones, with
+    the cross-attention K/V already cached (they belong to the encode phase) and logits for the last position
+    (every new position with ``logits_all``).
+    The cache is built untraced; its self-attention part is cropped to ``past`` tokens."""
+    import torch
+
+    from .tracer import Tracer
+
+    states = _encoder_states(model, config, batch)
+    tracer.suppress += 1
+    with torch.no_grad(), tracing(None, Tracer()):
+        cache = model(encoder_outputs=(states,), decoder_input_ids=_ids(batch, max(past, 1)),
+                      use_cache=True).past_key_values
+        if past == 0:
+            cache.self_attention_cache.crop(0)
+    tracer.suppress -= 1
+    for t in _tensors_in(cache):
+        tracer.track(t)
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    with tracing(model, tracer):
+        out = decoder(input_ids=_ids(batch, new_tokens), encoder_hidden_states=states, past_key_values=cache,
+                      use_cache=True)
+        hidden = out.last_hidden_state
+        logits = head(hidden if logits_all else hidden[:, -1:])
+    return logits, cache, states
 
 
 _DRIVERS = {"forward": _forward, "prefill": _prefill, "decode": _decode, "forward-backward": _forward_backward,
