@@ -152,9 +152,11 @@ def step_cost(graph, dev, cal, rt, w: Workload, plan: ParallelPlan, power: Power
     from .cost.energy import step_energy_j
     from .cost.ops_time import op_time
     from .cost.timeline import cpu_costs, simulate
-    from .formulas import is_known, op_cost, quantized
+    from .formulas import is_known, kv_append_in_place, op_cost, quantized
 
     costs = [quantized(op_cost(op), op, w.quant) for op in graph.ops]
+    if rt.kv_cache == "preallocated":
+        costs = [kv_append_in_place(c, op) for c, op in zip(costs, graph.ops)]
     compute_scale, memory_scale = runtime_scales(rt, dev.gpu, cal, w.dtype)
     backend = rt.backend_efficiency(dev.gpu)
     matvec = backend.matvec_max_tokens if backend is not None else 0

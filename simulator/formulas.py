@@ -105,6 +105,16 @@ def quantized(cost: Cost, op: Op, quant: str) -> Cost:
     return Cost(cost.flops, max(cost.bytes_read - saved, 0.0), cost.bytes_written, cost.launches, cost.kind)
 
 
+def kv_append_in_place(cost: Cost, op: Op) -> Cost:
+    """An engine with a preallocated KV cache writes only the new tokens where HF's DynamicCache concatenates
+    (``torch.cat([cache, new], dim=-2)`` inside an attention module): read and write the new part only."""
+    ins = op.inputs
+    if (op.name != "aten.cat" or len(ins) != 2 or "attn" not in op.scope.rsplit(".", 1)[-1]
+            or len(ins[0].shape) != 4 or ins[0].shape[:2] != ins[1].shape[:2]):
+        return cost
+    return Cost(0.0, ins[1].nbytes, ins[1].nbytes, 1, "memory")
+
+
 # ------------------------------------------------------------------ matrix products
 
 def gemm_dims(op: Op) -> tuple[int, int, int, int]:

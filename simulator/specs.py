@@ -191,6 +191,9 @@ class RuntimeSpec(Spec):
     attn_impl: Literal["auto", "eager", "sdpa"] = Field(
         "auto", description="how the engine runs attention: fused (sdpa/auto) or explicit matmul + softmax (eager)")
     encode_cross_kv: bool = Field(False, description="the engine projects cross-attention K/V in the encode phase")
+    kv_cache: Literal["concat", "preallocated"] = Field(
+        "concat", description="concat: HF's DynamicCache re-copies the cache each step (torch.cat); preallocated: "
+                              "the engine writes only the new tokens' K/V into a fixed buffer (ggml, vLLM)")
     beam_batching: Literal["batch", "unified"] = Field(
         "batch", description="beam search: beams as batch rows with their own caches (HF generate), or as tokens of "
                              "one decoder call over a unified KV cache with one shared cross-attention K/V "
