@@ -51,6 +51,7 @@ def estimate(model: str, device: str, workload: str = "forward", batch: int = 1,
     try:
         w = Workload(phase=workload, batch=batch, seq=seq, gen_tokens=gen, dtype=dtype, with_loss=with_loss,
                      optimizer=optimizer, quant=quant, attn_impl=rt.attn_impl, encode_cross_kv=rt.encode_cross_kv,
+                     logits_all=rt.prefill_logits == "all" and workload in ("prefill", "generate"),
                      audio_s=audio_s, beam=beam, transcript_tokens=transcript_tokens, windows=windows)
     except ValueError as exc:
         raise AisimError(_pydantic_message(exc).replace("phase:", "--workload:")) from None
@@ -88,8 +89,13 @@ def _runtime(name: str) -> RuntimeSpec:
 def _assumptions(dev, cal, w: Workload, plan: ParallelPlan, config: dict, note: str | None) -> list[str]:
     """What the estimate assumed, printed with it: links, the default plan, quantization, calibration."""
     out = list(dev.assumptions) + ([note] if note else [])
-    if w.quant != "none":
-        out.append(f"--quant {w.quant}: linear weights read at {w.quant} width; dequantization work is not costed yet")
+    if w.quant == "bitsandbytes-int8":
+        out.append("--quant bitsandbytes-int8: every linear layer runs LLM.int8's MatMul8bitLt (input quantization "
+                   "with outlier split, 2 host syncs, col32 transform, int8 GEMM, dequantization, fp16 outlier "
+                   "matmul; aisim.graph.engine); the LM head stays 16-bit")
+    elif w.quant != "none":
+        out.append(f"--quant {w.quant}: linear weights read at {w.quant} width (weight-only); the dequantization "
+                   "inside the GEMM kernel is taken as free")
     if plan.tp > 1 and (config.get("num_local_experts") or config.get("num_experts")):
         out.append("MoE experts are replicated on every tensor-parallel rank (no expert parallelism yet)")
     if not cal.measured:
@@ -153,15 +159,18 @@ def step_cost(graph, dev, cal, rt, w: Workload, plan: ParallelPlan, power: Power
     from .cost.ops_time import op_time
     from .cost.timeline import cpu_costs, simulate
     from .formulas import is_known, kv_append_in_place, op_cost, quantized
+    from .graph.engine import expand
 
-    costs = [quantized(op_cost(op), op, w.quant) for op in graph.ops]
+    ops, repeats_list = expand(graph.ops, graph.repeats, w, rt, graph.meta.get("vocab_size") or 0,
+                               w.batch // plan.dp)
+    costs = [quantized(op_cost(op), op, w.quant) for op in ops]
     if rt.kv_cache == "preallocated":
-        costs = [kv_append_in_place(c, op) for c, op in zip(costs, graph.ops)]
+        costs = [kv_append_in_place(c, op) for c, op in zip(costs, ops)]
     compute_scale, memory_scale = runtime_scales(rt, dev.gpu, cal, w.dtype)
     backend = rt.backend_efficiency(dev.gpu)
     matvec = backend.matvec_max_tokens if backend is not None else 0
     times = [op_time(op, c, dev, cal, w.dtype, compute_scale, memory_scale, matvec)
-             for op, c in zip(graph.ops, costs)]
+             for op, c in zip(ops, costs)]
     gpu_s = np.array([t.gpu_s for t in times])
     compute_s = np.array([t.compute_s for t in times])
     memory_s = np.array([t.memory_s for t in times])
@@ -171,10 +180,10 @@ def step_cost(graph, dev, cal, rt, w: Workload, plan: ParallelPlan, power: Power
 
         gpu_s, power_w, _ = apply_power_mode(dev.gpu, cal, power, gpu_s, compute_s, memory_s)
         times = [replace(t, gpu_s=g) for t, g in zip(times, gpu_s.tolist())]
-    repeats = np.array(graph.repeats, dtype=float)
+    repeats = np.array(repeats_list, dtype=float)
     kinds = [c.kind for c in costs]
     launches = np.array([c.launches for c in costs], dtype=float)
-    cpu_s = cpu_costs(graph.ops, kinds, launches, cal, rt)
+    cpu_s = cpu_costs(ops, kinds, launches, cal, rt)
     syncs = np.array([k == "sync" for k in kinds])
     timeline = simulate(gpu_s, cpu_s, repeats, syncs)
     runtime_s = timeline.runtime_s + rt.per_step_overhead_s
@@ -183,14 +192,14 @@ def step_cost(graph, dev, cal, rt, w: Workload, plan: ParallelPlan, power: Power
                                   power_w)
     flops = float(np.dot([c.flops for c in costs], repeats))
     nbytes = float(np.dot([c.bytes for c in costs], repeats))
-    unknown = sorted({op.name for op in graph.ops if not is_known(op)})
-    return StepCost(runtime_s, energy, avg_w, flops, nbytes, _top_ops(graph, costs, times, repeats, runtime_s),
+    unknown = sorted({op.name for op in ops if not is_known(op)})
+    return StepCost(runtime_s, energy, avg_w, flops, nbytes, _top_ops(ops, costs, times, repeats, runtime_s),
                     unknown)
 
 
-def _top_ops(graph, costs, times, repeats, runtime_s: float) -> list[OpCost]:
+def _top_ops(ops, costs, times, repeats, runtime_s: float) -> list[OpCost]:
     groups: dict[str, list] = {}
-    for op, c, t, r in zip(graph.ops, costs, times, repeats):
+    for op, c, t, r in zip(ops, costs, times, repeats):
         if c.kind in ("none", "module") and t.gpu_s == 0:
             continue
         g = groups.setdefault(op.name, [0.0, 0.0, 0.0, 0.0, {}])

@@ -119,7 +119,7 @@ def serve_bench(
     decode_len: int = typer.Option(8, help="generated tokens (1 from prefill + decode_len - 1 steps)"),
     dtype: str = typer.Option("fp16"),
     quant: str = typer.Option("none", help="none|bitsandbytes-int8|int8|fp8|int4"),
-    runtime: str = typer.Option("eager"),
+    runtime: str = typer.Option("tgi-2023", help="engine profile (aisim list runtimes)"),
     max_batch_total_tokens: Optional[int] = typer.Option(None, help="server limit on batch x (seq + decode)"),
     as_json: bool = typer.Option(False, "--json"),
 ):

@@ -128,7 +128,7 @@ def gemm_dims(op: Op) -> tuple[int, int, int, int]:
     return batch, a.shape[-2], b.shape[-1], a.shape[-1]
 
 
-@formula("aten.mm", "aten.bmm", "aten._grouped_mm")
+@formula("aten.mm", "aten.bmm", "aten._grouped_mm", "bnb.igemmlt")
 def _mm(op: Op) -> Cost:
     batch, m, n, k = gemm_dims(op)
     # (B, M, K) @ (B, K, N): 2 * B * M * N * K
@@ -241,6 +241,13 @@ def _memory_kernel(op: Op) -> Cost:
 def _module_call(op: Op) -> Cost:
     """An nn.Module call: no kernel; the Python time it costs in eager mode is the timeline's."""
     return Cost(0.0, 0.0, 0.0, 0, "module")
+
+
+@formula("bnb.double_quant", "bnb.outliers", "bnb.transform", "bnb.mm_dequant", "engine.request_loop")
+def _engine_memory(op: Op) -> Cost:
+    """Engine-side memory-bound work (graph.engine): inputs read, outputs written, its kernel count."""
+    return Cost(float(sum(t.numel for t in op.outputs)), _bytes(op.inputs), _bytes(op.outputs),
+                int(op.attrs.get("launches", 1)), "memory")
 
 
 @formula("aten._local_scalar_dense")

@@ -7,8 +7,9 @@ as TGI defines it) and decode throughput in tokens/s (batch / step latency). A b
 KV cache and activations over capacity, or batch x (seq + decode_len) over max_batch_total_tokens when given) is
 reported as not fitting with the numbers, where TGI's report shows NaN.
 
-Known inaccuracies: the estimate traces the transformers implementation of the model, not TGI's own modeling
-code, and TGI's server-side per-step work (router, gRPC, per-request token choosers) is not modelled.
+The default ``--runtime tgi-2023`` adds TGI 0.x's own per-step work (its request loop, full-vocabulary prefill
+logits, a gRPC call per step: hardware_specs/runtimes/tgi-2023.yaml). Known inaccuracies: the estimate traces the
+transformers implementation of the model, not TGI's own modeling code; tokenizer CPU time is not modelled.
 """
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def _row(model: str, device: str, shards: int, batch: int, seq: int, decode_len:
 
 
 def serve_bench(model: str, device: str, shards: list[int], batches: list[int], seq: int = 1024,
-                decode_len: int = 8, dtype: str = "fp16", quant: str = "none", runtime: str = "eager",
+                decode_len: int = 8, dtype: str = "fp16", quant: str = "none", runtime: str = "tgi-2023",
                 max_batch_total_tokens: int | None = None) -> ServeBench:
     """The TGI-shaped serving report for ``model`` on ``shards`` GPUs of ``device``'s kind."""
     if decode_len < 2:
@@ -94,8 +95,18 @@ def serve_bench(model: str, device: str, shards: list[int], batches: list[int], 
             _row(model, dev, s, b, seq, decode_len, common, max_batch_total_tokens, notes) for b in batches]))
     name = estimate(model=model, device=_device_for(device, 1), workload="prefill", batch=1, seq=seq,
                     **common).model
-    notes.add("TGI's server-side per-step work (router, gRPC, token choosers) is not modelled; the estimate "
-              "traces the transformers implementation of the model, not TGI's own modeling code")
+    from .specs import all_runtimes
+
+    rt = all_runtimes().get(runtime)
+    if rt is not None and rt.request_loop is not None:
+        notes.add(f"runtime {runtime}: the server's per-step work is modelled from counts in its source (per "
+                  f"request: {rt.request_loop.launches} kernels, {rt.request_loop.syncs} host syncs, "
+                  f"{rt.request_loop.vocab_passes} vocabulary passes; {rt.per_step_overhead_s * 1e3:g} ms per gRPC "
+                  "step); the CPU time of tokenizing and detokenizing is not; the estimate traces the transformers "
+                  "implementation of the model")
+    else:
+        notes.add(f"runtime {runtime} has no serving loop: a server's per-step work (gRPC, token choosers) is not "
+                  "modelled (--runtime tgi-2023 models TGI 0.x's)")
     return ServeBench(model=name, device=device, seq=seq, decode_len=decode_len, dtype=dtype, quant=quant,
                       runtime=runtime, max_batch_total_tokens=max_batch_total_tokens, shards=out,
                       assumptions=sorted(notes))

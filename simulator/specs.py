@@ -177,6 +177,19 @@ class BackendEfficiency(Spec):
                 and (self.has_tensor_cores is None or self.has_tensor_cores == gpu.has_tensor_cores))
 
 
+class RequestLoopSpec(Spec):
+    """A serving engine's per-request work after each forward (token chooser, stopping criteria, detokenizing,
+    building the response), counted in its source: small kernels, host syncs, Python-level torch calls, and
+    full-vocabulary memory passes over the logits rows it post-processes."""
+    launches: int = Field(ge=0)
+    syncs: int = Field(ge=0)
+    py_calls: int = Field(ge=0)
+    vocab_passes: int = Field(ge=0, description="reads + writes of a rows x vocab fp16 logits tensor")
+    prefill_rows: Literal["last", "all"] = Field("last", description="all: prompt logprobs over every position")
+    prefill_syncs: int = Field(0, ge=0, description="extra syncs per request at prefill (.tolist() of logprobs)")
+    source: str
+
+
 class RuntimeSpec(Spec):
     """A serving/execution engine profile: per-step overheads and efficiency factors, documented."""
     name: str
@@ -199,6 +212,9 @@ class RuntimeSpec(Spec):
                              "one decoder call over a unified KV cache with one shared cross-attention K/V "
                              "(whisper.cpp, llama.cpp)")
     efficiency: list[BackendEfficiency] = Field(default_factory=list)
+    prefill_logits: Literal["last", "all"] = Field("last", description="logits at prefill: last position only "
+                                                   "(HF generate, logits_to_keep=1) or every position")
+    request_loop: RequestLoopSpec | None = None
     source: str
 
     def backend_efficiency(self, gpu: "HardwareSpec") -> BackendEfficiency | None:

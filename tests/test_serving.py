@@ -41,10 +41,11 @@ def test_tgi_reference_rows_cover_every_seed_row():
     from aisim.serving import ServeBench, ServeRow, ServeShard
     from aisim.validation.published import TGI_DEVICES, tgi_rows
 
-    def fake_bench(model, device, shards, batches, seq, decode_len, quant):
+    def fake_bench(model, device, shards, batches, seq, decode_len, quant, runtime):
+        assert runtime == "tgi-2023"
         rows = [ServeRow(batch=b, fits=True, prefill_ms=100.0, decode_token_ms=20.0) for b in batches]
         return ServeBench(model=model, device=device, seq=seq, decode_len=decode_len, dtype="fp16", quant=quant,
-                          runtime="eager", max_batch_total_tokens=None,
+                          runtime=runtime, max_batch_total_tokens=None,
                           shards=[ServeShard(shards=shards[0], device=device, rows=rows)], assumptions=[])
 
     rows = tgi_rows(fake_bench)

@@ -167,7 +167,8 @@ def cs336_summary(rows: list[Row], devices: Sequence[str]) -> list[list[str]]:
 
 # ------------------------------------------------------------------ TGI (bloomz-7b1-mt)
 
-TGI_DEVICES = ("a100-sxm4-80gb", "a100-sxm4-40gb", "h100-sxm")
+TGI_DEVICES = ("a100-sxm4-80gb", "a100-sxm4-40gb", "a100-pcie-80gb", "h100-sxm")
+TGI_RUNTIME = "tgi-2023"
 TGI_MODEL = "bloomz-7b1-mt"
 
 
@@ -180,7 +181,8 @@ def tgi_rows(bench: Callable, devices: Sequence[str] = TGI_DEVICES) -> list[Row]
         batches = [b["batch_size"] for b in run["batches"]]
         results = {dev: {r.batch: r for r in bench(model=TGI_MODEL, device=dev, shards=[run["shards"]],
                                                    batches=batches, seq=run["sequence_length"],
-                                                   decode_len=run["decode_length"], quant=quant).shards[0].rows}
+                                                   decode_len=run["decode_length"], quant=quant,
+                                                   runtime=TGI_RUNTIME).shards[0].rows}
                    for dev in devices}
         for b in run["batches"]:
             meas_prefill = (b.get("prefill_latency_ms") or {}).get("avg")
@@ -334,11 +336,13 @@ def compare_reference(name: str, fmt: str = "rst", estimator: Callable | None = 
         rows = tgi_rows(serve_bench)
         note = ("text-generation-benchmark report of bigscience/bloomz-7b1-mt (TGI v0.7-v0.8, mid 2023), "
                 "sequence length 1024 (and 100), decode length 8, 1-8 shards, one bitsandbytes int8 run. The GPU is "
-                "not stated: aisim estimates each plausible shipped device (A100 SXM4 80GB and 40GB, H100 SXM; the "
-                "A100s have no calibration file, so the default rules apply). Latencies are the averages; the "
-                "decode latency is per step. Status 'nan_in_source'/'empty_in_source' rows have no measurement; "
-                "aisim's column says whether it thinks they fit. aisim traces the transformers BLOOM code in eager "
-                "mode and does not model TGI's own server overheads or bitsandbytes' dequantization.")
+                "not stated: aisim estimates each plausible shipped device (A100 SXM4 80GB and 40GB with NVSwitch, A100 "
+                "PCIe 80GB over PCIe, H100 SXM; the A100s have no calibration file, so the default rules apply) with "
+                "--runtime tgi-2023 (TGI 0.x's request loop, prompt logprobs over the full vocabulary and a gRPC "
+                "call per step, counted in its source) and, for the int8 run, bitsandbytes LLM.int8's matmul "
+                "expanded from its source. Latencies are the averages; the decode latency is per step. Status "
+                "'nan_in_source'/'empty_in_source' rows have no measurement; aisim's column says whether it thinks "
+                "they fit. aisim traces the transformers BLOOM code; tokenizer CPU time is not modelled.")
         columns = [Column("Shards"), Column("Quant", align="left"), Column("Seq"), Column("Batch"),
                    Column("Status", align="left"), Column("Measured (ms)", ("prefill", "decode/token")),
                    *[Column(f"aisim {d} (ms)", ("prefill", "Error", "decode/token", "Error")) for d in TGI_DEVICES]]

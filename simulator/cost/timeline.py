@@ -44,6 +44,10 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
             costs[i] = cal.module_overhead_s
         elif kind == "comm" and cal.allreduce_cpu_s is not None:
             costs[i] = cal.allreduce_cpu_s
+        elif op.attrs.get("engine"):  # graph.engine: py_calls eager torch calls, `launches` of them kernels
+            calls = max(op.attrs.get("py_calls", 1), launches[i], 1)
+            costs[i] = (cal.eager_dispatch_s * calls if not split else
+                        cal.eager_kernel_dispatch_s * launches[i] + cal.eager_view_dispatch_s * (calls - launches[i]))
         elif not split:
             costs[i] = cal.eager_dispatch_s
         else:
@@ -53,17 +57,44 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
 
 
 def simulate(gpu_s: np.ndarray, cpu_s: np.ndarray, repeats: np.ndarray, syncs: np.ndarray) -> Timeline:
-    cpu = gpu = 0.0
-    for g, c, r, sync in zip(gpu_s.tolist(), cpu_s.tolist(), repeats.tolist(), syncs.tolist()):
-        if r <= 0:
-            continue
-        if sync:
-            cpu = max(cpu, gpu) + c * r
-            continue
-        cpu += c * r
-        if g >= c:   # GPU-bound block: the first call waits for its dispatch, the rest queue behind it
-            gpu = max(gpu, cpu - c * (r - 1)) + g * r
-        else:        # CPU-bound block: the GPU follows the CPU, finishing one kernel after the last dispatch
-            gpu = max(gpu + g * r, cpu + g)
+    """Walk the ops in order. A run of consecutive ops with the same repeat count that holds a sync (an engine's
+    per-layer host sync, e.g. bitsandbytes) is walked call by call, since each repetition waits for the GPU;
+    other ops are walked as blocks of back-to-back calls."""
+    g_l, c_l, r_l, s_l = gpu_s.tolist(), cpu_s.tolist(), repeats.tolist(), syncs.tolist()
+    state = [0.0, 0.0]  # cpu, gpu
+    i, n = 0, len(g_l)
+    while i < n:
+        j = i + 1
+        while j < n and r_l[j] == r_l[i]:
+            j += 1
+        r = r_l[i]
+        if r > 1 and any(s_l[i:j]):
+            whole = int(r)
+            for _ in range(whole):
+                for k in range(i, j):
+                    _step(state, g_l[k], c_l[k], 1.0, s_l[k])
+            if r > whole:
+                for k in range(i, j):
+                    _step(state, g_l[k], c_l[k], r - whole, s_l[k])
+        else:
+            for k in range(i, j):
+                _step(state, g_l[k], c_l[k], r, s_l[k])
+        i = j
+    cpu, gpu = state
     return Timeline(runtime_s=max(cpu, gpu), gpu_busy_s=float(np.dot(gpu_s, repeats)),
                     cpu_busy_s=float(np.dot(cpu_s, repeats)))
+
+
+def _step(state: list[float], g: float, c: float, r: float, sync: bool) -> None:
+    cpu, gpu = state
+    if r <= 0:
+        return
+    if sync:
+        state[0] = max(cpu, gpu) + c * r
+        return
+    cpu += c * r
+    if g >= c:   # GPU-bound block: the first call waits for its dispatch, the rest queue behind it
+        gpu = max(gpu, cpu - c * (r - 1)) + g * r
+    else:        # CPU-bound block: the GPU follows the CPU, finishing one kernel after the last dispatch
+        gpu = max(gpu + g * r, cpu + g)
+    state[0], state[1] = cpu, gpu

@@ -24,7 +24,7 @@ from ..workload import ParallelPlan, Workload
 from .ops import Graph, Op, TensorMeta
 
 TRACED_LAYERS = (2, 3)
-FORMAT_VERSION = "7"
+FORMAT_VERSION = "8"
 WHISPER_WINDOW_FRAMES = 3000  # 30 s of audio at 100 mel frames per second (whisper's fixed input window)
 
 
@@ -124,6 +124,7 @@ def _trace_scaled(config: dict, workload: Workload, plan: ParallelPlan) -> Graph
                  param_bytes=scale("param_bytes"), peak_activation_bytes=max(scale("peak_bytes"), low["peak_bytes"]),
                  persistent_bytes=max(scale("persistent_bytes"), 0.0), layers=layers, traced_layers=(k1, k2),
                  meta={"attn_implementation": low["attn"], "model_class": low["model_class"],
+                       "vocab_size": config.get("vocab_size"),
                        "n_param_tensors": int(round(scale("n_param_tensors"))),
                        "linear_weights": int(round(scale("linear_weights")))})
 
@@ -183,7 +184,7 @@ def _prefill(model, config, w: Workload, batch, tracer, tracing):
     if config.get("is_encoder_decoder"):
         return _decoder_step(model, config, batch, w.seq, 0, tracer, tracing)
     ids = _ids(batch, w.seq)
-    kwargs = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
+    kwargs = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") and not w.logits_all else {}
     with tracing(model, tracer):
         return model(input_ids=ids, use_cache=True, **kwargs)
 

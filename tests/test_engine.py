@@ -1,0 +1,81 @@
+"""Engine-side work: bitsandbytes LLM.int8 matmuls, a serving loop per request, preallocated KV caches, and the
+timeline's handling of per-layer host syncs."""
+import numpy as np
+import pytest
+
+import aisim
+from aisim.cost.timeline import simulate
+from aisim.formulas import gemm_dims, op_cost
+from aisim.graph.engine import BNB_OUTLIER_COLUMNS, bnb_int8_ops, expand, request_loop_ops
+from aisim.graph.ops import Op, TensorMeta
+from aisim.specs import all_runtimes
+from aisim.workload import Workload
+
+
+def _linear(m=8, k=64, n=32):
+    return Op(name="aten.mm", args=(TensorMeta((m, k), "fp16"), TensorMeta((k, n), "fp16")), kwargs={},
+              outputs=(TensorMeta((m, n), "fp16"),), alias=False, scope="model.layers.0.mlp.up_proj",
+              attrs={"weight_bytes": 2.0 * k * n})
+
+
+def test_bnb_int8_linear_expands_to_its_source_sequence():
+    op = _linear()
+    ops = bnb_int8_ops(op)
+    names = [o.name for o in ops]
+    assert names.count("aten._local_scalar_dense") == 2          # nnz .item() and torch.unique
+    gemm = ops[names.index("bnb.igemmlt")]
+    assert op_cost(gemm).flops == pytest.approx(2 * 8 * 64 * 32) and gemm.inputs[1].dtype == "int8"
+    outlier_mm = [o for o in ops if o.name == "aten.mm"][0]
+    assert gemm_dims(outlier_mm)[1:] == (8, 32, BNB_OUTLIER_COLUMNS)
+    ops2, reps = expand([op, op], [3.0, 1.0], Workload(quant="bitsandbytes-int8"), all_runtimes()["eager"], 100, 1)
+    assert len(ops2) == 2 * len(ops) and reps[:len(ops)] == [3.0] * len(ops)
+    same, _ = expand([op], [1.0], Workload(), all_runtimes()["eager"], 100, 1)
+    assert same == [op]
+
+
+def test_int8_is_slower_than_fp16_for_small_batches():
+    kw = dict(model="bloom-560m", device="h100", workload="decode", batch=1, seq=128)
+    fp16, int8 = aisim.estimate(**kw), aisim.estimate(quant="bitsandbytes-int8", **kw)
+    assert int8.runtime_ms > 1.5 * fp16.runtime_ms
+    assert int8.memory.weights_gb < fp16.memory.weights_gb
+
+
+def test_request_loop_costs_scale_with_batch_and_prompt_rows():
+    rt = all_runtimes()["tgi-2023"]
+    prefill = request_loop_ops(rt, Workload(phase="prefill", seq=100), vocab=1000)
+    decode = request_loop_ops(rt, Workload(phase="decode", seq=100), vocab=1000)
+    assert op_cost(prefill[0]).bytes == pytest.approx(100 * op_cost(decode[0]).bytes)   # all prompt rows
+    assert len(prefill) - len(decode) == rt.request_loop.prefill_syncs
+    kw = dict(model="opt-125m", device="h100", workload="decode", seq=128)
+    eager = [aisim.estimate(batch=b, **kw).runtime_ms for b in (1, 16)]
+    tgi = [aisim.estimate(batch=b, runtime="tgi-2023", **kw).runtime_ms for b in (1, 16)]
+    assert tgi[1] - tgi[0] > eager[1] - eager[0]   # per-request Python and syncs grow with the batch
+    assert tgi[0] > eager[0] + rt.per_step_overhead_s * 1e3 * 0.99
+
+
+def test_tgi_prefill_computes_every_position_logits():
+    kw = dict(model="opt-125m", device="h100", workload="prefill", batch=1, seq=256)
+    last, every = aisim.estimate(**kw), aisim.estimate(runtime="tgi-2023", **kw)
+    head = 2 * 255 * 768 * 50272   # the extra logits rows of OPT-125m's LM head
+    assert every.flops - last.flops == pytest.approx(head, rel=0.01)
+
+
+def test_preallocated_kv_cache_writes_only_new_tokens():
+    from aisim.formulas import kv_append_in_place
+
+    old, new = TensorMeta((1, 12, 99, 64), "fp16"), TensorMeta((1, 12, 1, 64), "fp16")
+    cat = Op(name="aten.cat", args=([old, new], -2), kwargs={}, outputs=(TensorMeta((1, 12, 100, 64), "fp16"),),
+             alias=False, scope="model.decoder.layers.0.self_attn")
+    assert op_cost(cat).bytes == pytest.approx(2 * 100 * 12 * 64 * 2)
+    assert kv_append_in_place(op_cost(cat), cat).bytes == pytest.approx(2 * 12 * 64 * 2)
+    other = Op(name="aten.cat", args=([old, new], -2), kwargs={}, outputs=cat.outputs, alias=False, scope="model")
+    assert kv_append_in_place(op_cost(other), other) == op_cost(other)
+
+
+def test_periodic_syncs_expose_the_cpu_each_repetition():
+    # per "layer": a 10 us kernel dispatched in 1 us, then a sync costing 5 us of CPU; 4 layers
+    gpu, cpu = np.array([10e-6, 0.0]), np.array([1e-6, 5e-6])
+    t = simulate(gpu, cpu, np.array([4.0, 4.0]), np.array([False, True]))
+    assert t.runtime_s == pytest.approx(4 * (1e-6 + 10e-6 + 5e-6))
+    free = simulate(gpu, cpu, np.array([4.0, 4.0]), np.array([False, False]))
+    assert free.runtime_s < t.runtime_s

@@ -1,0 +1,165 @@
+"""The transcribe workload (whisper.cpp's phases), encoder-decoder decoder steps, ggml runtime profiles, power
+modes, and the whisper.cpp comparison."""
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import aisim
+from aisim.cli import app
+from aisim.errors import AisimError
+from aisim.speech import TranscriptCounts, estimate_transcript
+
+DEV = "gtx-1650-mobile"
+
+
+def test_counts_from_audio_follow_whisper_cpp_rules():
+    c = TranscriptCounts.from_audio(61, beam=5, n_text_ctx=448, tokens=300)
+    assert c.windows == 3 and c.tokens == 300 and c.batchd_tokens == 5 * 300
+    # window 1: the SOT token alone (a 1-token call: whisper.cpp files it under decode); then <|prev|> + past + SOT
+    assert c.decode_calls == 1
+    assert c.prompt_lengths == (1 + 100 + 1, 1 + 200 + 1)
+    capped = TranscriptCounts.from_audio(3000, beam=5, n_text_ctx=448, tokens=20000)
+    assert max(capped.prompt_lengths) == 1 + 224 + 1  # at most n_text_ctx / 2 past tokens
+    greedy = TranscriptCounts.from_audio(30, beam=1, n_text_ctx=448, tokens=50)
+    assert greedy.batchd_tokens == 0 and greedy.decode_calls == 1 + 50
+
+
+def test_counts_from_runs_split_prompt_tokens_into_full_calls():
+    c = TranscriptCounts.from_runs(81, 73, 36718, 17764, 6991, 5, 448)
+    assert c.windows == 81 and len(c.prompt_lengths) == 79 and sum(c.prompt_lengths) == pytest.approx(17764)
+
+
+def test_transcribe_phases_are_consistent():
+    e = aisim.estimate(model="whisper-tiny", device=DEV, workload="transcribe", audio_s=61, beam=5, transcript_tokens=200,
+                       runtime="ggml-vulkan")
+    lines = {p.name: p for p in e.speech}
+    assert lines["mel"].on == "cpu" and lines["mel"].total_ms is None and lines["sample"].on == "cpu"
+    gpu = [lines[k] for k in ("encode", "decode", "batchd", "prompt")]
+    assert lines["encode"].runs == 3 and lines["batchd"].runs == 1000 and lines["batchd"].run_unit == "tokens"
+    for p in gpu:
+        if p.runs:
+            assert p.per_run_ms == pytest.approx(p.total_ms / p.runs)
+    assert e.runtime_ms == pytest.approx(sum(p.total_ms for p in gpu))
+    assert e.throughput_tokens_per_s == pytest.approx(200 / (e.runtime_ms / 1e3))
+    enc = aisim.estimate(model="whisper-tiny", device=DEV, workload="encode", runtime="ggml-vulkan")
+    assert lines["encode"].per_run_ms == pytest.approx(enc.runtime_ms)  # ggml-vulkan encodes with the cross K/V
+    r = CliRunner().invoke(app, ["estimate", "-m", "whisper-tiny", "-d", DEV, "--workload", "transcribe",
+                                 "--audio-s", "61", "--runtime", "ggml-cuda"])
+    assert r.exit_code == 0 and "batchd" in r.output and "CPU: not modelled" in r.output
+
+
+def test_transcribe_bad_input_is_explained():
+    with pytest.raises(AisimError, match="--audio-s"):
+        aisim.estimate(model="whisper-tiny", device=DEV, workload="transcribe")
+    with pytest.raises(AisimError, match="encoder-decoder"):
+        aisim.estimate(model="opt-125m", device=DEV, workload="transcribe", audio_s=10)
+    with pytest.raises(AisimError, match="power-saver"):
+        aisim.estimate(model="whisper-tiny", device=DEV, workload="encode", power_mode="turbo")
+    with pytest.raises(AisimError, match="waiting power"):
+        aisim.estimate(model="whisper-tiny", device=DEV, workload="encode", power_limit_w=1)
+
+
+def test_encode_cross_kv_adds_the_decoder_projections():
+    from aisim.graph.extract import trace_workload
+    from aisim.workload import ParallelPlan, Workload
+
+    cfg = aisim.catalog.resolve_model("whisper-tiny")[1]
+    base = Workload(phase="encode", dtype="fp16")
+    flops = {}
+    for cross in (False, True):
+        g = trace_workload(cfg, base.model_copy(update={"encode_cross_kv": cross}), ParallelPlan())
+        from aisim.formulas import op_cost
+        flops[cross] = sum(op_cost(op).flops * r for op, r in zip(g.ops, g.repeats) if op_cost(op).kind == "gemm")
+    d, frames, layers = cfg["d_model"], cfg["max_source_positions"], cfg["decoder_layers"]
+    # k_proj (no bias) and v_proj (bias) per decoder layer over the encoder output
+    expected = layers * (2 * frames * d * d + (2 * frames * d * d + frames * d))
+    assert flops[True] - flops[False] == pytest.approx(expected, rel=1e-9)
+
+
+def test_decoder_step_reuses_cached_cross_attention():
+    from aisim.formulas import op_cost
+    from aisim.graph.extract import trace_workload
+    from aisim.workload import ParallelPlan, Workload
+
+    cfg = aisim.catalog.resolve_model("whisper-tiny")[1]
+    g = trace_workload(cfg, Workload(phase="decode", seq=50, dtype="fp16"), ParallelPlan())
+    from aisim.formulas import gemm_dims
+
+    linears = [(op, r) for op, r in zip(g.ops, g.repeats) if op.name in ("aten.addmm", "aten.mm")]
+    assert all(gemm_dims(op)[1] == 1 for op, _ in linears)   # one token
+    mats = sum(r for _, r in linears)
+    # per layer: self q,k,v,o + cross q,o + fc1, fc2 = 8 (the cross k, v come from the encode phase); + the head
+    assert mats == pytest.approx(8 * cfg["decoder_layers"] + 1)
+    lin_flops = sum(op_cost(op).flops * r for op, r in zip(g.ops, g.repeats) if op.name in ("aten.addmm", "aten.mm"))
+    assert lin_flops > 0
+
+
+def test_unified_beams_share_the_cross_attention_cache():
+    cfg = "whisper-tiny"
+    counts = TranscriptCounts.from_audio(30, beam=5, n_text_ctx=448, tokens=100)
+    unified = estimate_transcript(cfg, DEV, counts, runtime="ggml-cuda")
+    batch = estimate_transcript(cfg, DEV, counts, runtime="eager")
+    assert unified.bytes < batch.bytes   # five copies of the 1500-frame cross K/V in HF's beam-as-batch
+
+
+def test_backend_efficiency_replaces_plateaus_only_where_it_matches():
+    from aisim.catalog import resolve_device
+    from aisim.cost.efficiency import runtime_scales
+    from aisim.specs import all_runtimes, load_calibration
+
+    rt = all_runtimes()["ggml-cuda"]
+    gtx, h100 = resolve_device(DEV).gpu, resolve_device("h100").gpu
+    cal = load_calibration(gtx.name)
+    compute, memory = runtime_scales(rt, gtx, cal, "fp16")
+    assert compute * max(cal.gemm_efficiency["fp16"].efficiency) == pytest.approx(0.13)
+    assert memory * max(cal.memory_efficiency.efficiency) == pytest.approx(0.8)
+    assert runtime_scales(rt, h100, load_calibration("h100-sxm"), "fp16") == (1.0, 1.0)
+
+
+def test_ggml_vulkan_fraction_is_what_its_derivation_gives():
+    from aisim.specs import all_runtimes
+    from aisim.validation.scripts.derive_ggml_profiles import derive
+
+    shipped = all_runtimes()["ggml-vulkan"].efficiency[0].gemm_fraction_of_peak
+    assert derive() == pytest.approx(shipped, abs=0.002)
+
+
+def test_power_mode_slows_compute_bound_kernels_only():
+    from aisim.catalog import resolve_device
+    from aisim.cost.power import PowerMode, apply_power_mode
+    from aisim.specs import load_calibration
+
+    gpu = resolve_device(DEV).gpu
+    cal = load_calibration(gpu.name)
+    gpu_s = np.array([1e-3, 1e-3])
+    compute_s = np.array([0.8e-3, 0.1e-3])   # a compute-bound and a memory-bound kernel
+    memory_s = np.array([0.1e-3, 0.8e-3])
+    t, w, f = apply_power_mode(gpu, cal, PowerMode(gpu_clock_mhz=780), gpu_s, compute_s, memory_s)
+    assert t[0] == pytest.approx(1e-3 * 2.0) and t[1] == pytest.approx(1e-3)   # half clock
+    t_full, w_full, _ = apply_power_mode(gpu, cal, PowerMode(), gpu_s, compute_s, memory_s)
+    assert (w < w_full).all() and (t_full == gpu_s).all()
+    t_lim, w_lim, f_lim = apply_power_mode(gpu, cal, PowerMode(power_limit_w=10), gpu_s, compute_s, memory_s)
+    assert (w_lim <= 10 + 1e-9).all() and f_lim[0] < gpu.boost_clock_mhz and t_lim[0] > 1e-3
+
+
+def test_power_saver_is_slower_and_draws_less():
+    kw = dict(model="whisper-tiny", device=DEV, workload="encode", runtime="ggml-cuda")
+    perf, saver = aisim.estimate(power_mode="performance", **kw), aisim.estimate(power_mode="power-saver", **kw)
+    assert saver.runtime_ms > perf.runtime_ms and saver.power_w < perf.power_w
+    assert any("power-saver" in a and "35 W" in a for a in saver.assumptions)
+
+
+def test_whisper_reference_comparison():
+    from aisim.validation.published import compare_reference
+
+    out = json.loads(compare_reference("whisper-cpp", fmt="json"))
+    rows = out["rows"]
+    assert len(rows) == 12 and sum(r["label"][3] == "ok" for r in rows) == 8
+    saver = [r for r in rows if r["label"][2] == "power_saver"]
+    assert len(saver) == 4 and all(r["encode_measured"] is None and r["encode_estimate"] > 0 for r in saver)
+    perf = {tuple(r["label"][:2]): r for r in rows if r["label"][2] == "performance"}
+    for r in saver:
+        assert r["encode_estimate"] > perf[tuple(r["label"][:2])]["encode_estimate"]
+    assert all(r["errors"]["encode"] is not None for r in rows if r["label"][3] == "ok")
