@@ -38,7 +38,7 @@ def estimate(model: str, device: str, workload: str = "forward", batch: int = 1,
              runtime: str | RuntimeSpec = "eager", with_loss: bool = False, optimizer: str = "adamw",
              quant: str = "none", top_ops: int | None = TOP_OPS, audio_s: float | None = None, beam: int = 5,
              transcript_tokens: int | None = None, windows: int | None = None, power_limit_w: float | None = None,
-             gpu_clock_mhz: float | None = None, power_mode: str | None = None) -> Estimate:
+             gpu_clock_mhz: float | None = None, power_mode: str | None = None, step_tokens: int = 1) -> Estimate:
     """Estimate runtime, peak memory per GPU, energy and throughput of one workload step.
 
     ``seq`` is the input length (forward, prefill, forward-backward, train) or the context length (decode);
@@ -52,7 +52,8 @@ def estimate(model: str, device: str, workload: str = "forward", batch: int = 1,
         w = Workload(phase=workload, batch=batch, seq=seq, gen_tokens=gen, dtype=dtype, with_loss=with_loss,
                      optimizer=optimizer, quant=quant, attn_impl=rt.attn_impl, encode_cross_kv=rt.encode_cross_kv,
                      logits_all=rt.prefill_logits == "all" and workload in ("prefill", "generate"),
-                     audio_s=audio_s, beam=beam, transcript_tokens=transcript_tokens, windows=windows)
+                     audio_s=audio_s, beam=beam, transcript_tokens=transcript_tokens, windows=windows,
+                     step_tokens=step_tokens)
     except ValueError as exc:
         raise AisimError(_pydantic_message(exc).replace("phase:", "--workload:")) from None
     plan, note = choose_plan(config, dev.count, dev.name, batch, tp, pp, dp, tp_scope)
@@ -216,7 +217,7 @@ def _top_ops(ops, costs, times, repeats, runtime_s: float) -> list[OpCost]:
 
 def _tokens(w: Workload, plan: ParallelPlan) -> int:
     if w.phase == "decode":
-        return w.batch
+        return w.batch * w.step_tokens
     if w.phase == "generate":
         return w.batch * w.gen_tokens
     if w.phase == "encode":

@@ -408,3 +408,32 @@ def test_decode_energy_with_large_untimed_work_is_not_compared():
     # 13.3 / (4.46 * 48 + 13.3) = 5.8%
     assert measured_energy_valid({"energy_after_work_j": 13.3, "energy_j_per_step": 4.46, "trials": 48})
     assert measured_energy_valid({"energy_j_per_step": 1.0, "trials": 10})
+
+
+def test_encoder_decoder_cases_run_on_the_cpu(tmp_path):
+    whisper = {"model_type": "whisper", "_name_or_path": "tiny-whisper", "architectures":
+               ["WhisperForConditionalGeneration"], "d_model": 64, "encoder_layers": 2, "decoder_layers": 2,
+               "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 128,
+               "decoder_ffn_dim": 128, "vocab_size": 1000, "num_mel_bins": 80, "max_source_positions": 1500,
+               "max_target_positions": 448, "is_encoder_decoder": True, "pad_token_id": 0, "bos_token_id": 1,
+               "eos_token_id": 2, "decoder_start_token_id": 3}
+    path = tmp_path / "tiny-whisper.json"
+    path.write_text(json.dumps(whisper))
+    suite = _write_suite(tmp_path, [
+        {"model": str(path), "workload": "encode", "dtype": "fp32", "batch": 1, "seq": 1},
+        {"model": str(path), "workload": "decode", "dtype": "fp32", "batch": [1, 5], "seq": 40},
+        {"model": str(path), "workload": "decode", "dtype": "fp32", "batch": 1, "seq": 30, "step_tokens": 30},
+    ])
+    out = tmp_path / "out.jsonl"
+    counts = run_suite(suite, out, progress=False)
+    assert counts["ok"] == 4, read_jsonl(out)
+    cases = [line for line in read_jsonl(out) if line["type"] == "case"]
+    prompt = next(c for c in cases if c["step_tokens"] == 30)
+    assert prompt["key"].endswith("/s30/q30/fp32/tp1") and prompt["tokens"] == 30
+    from aisim.validation.report import compare, load_measurements
+
+    import aisim
+
+    rows = compare(load_measurements([out]), lambda **kw: aisim.estimate(**{**kw, "device": "h100"}))
+    assert all(r.estimate_error is None for r in rows), [r.estimate_error for r in rows]
+    assert {r.workload for r in rows} == {"encode", "decode"}

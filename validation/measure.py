@@ -15,6 +15,14 @@ Workloads (one "step" each; tokens per step in brackets):
 - forward-backward: ``model(ids, labels=ids).loss.backward()``, grads set to None after each step  [batch x seq]
 - train:    forward-backward plus ``torch.optim.AdamW.step()`` (foreach default)  [batch x seq]
 
+Encoder-decoder models (Whisper; the class its config names):
+
+- encode:   the encoder on one 30 s window of random log-mel features (batch x mels x 3000)  [batch]
+- decode:   a decoder call of ``step_tokens`` new tokens per row after ``seq - step_tokens`` cached ones, attending
+            to random encoder states (batch x 1500 x d_model) whose cross-attention K/V are cached (computed
+            untimed, as in aisim's encode/decode split), logits of the last position; after every step the
+            self-attention cache is cropped back (untimed)  [batch x step_tokens]
+
 Timing: ``warmup`` untimed steps; the last one, synchronised, sizes the timed window: n trials with
 n >= min_trials lasting >= max(min_time_s, energy_min_s). Trials are timed with CUDA events and run back to
 back (tensor parallel: a barrier and a synchronize before each trial, the runtime of a trial is the max over
@@ -94,10 +102,17 @@ def build_model(model: str, dtype: str, device, *, seed: int = 0, rank: int = 0,
     torch_dtype = getattr(torch, TORCH_DTYPES[dtype])
     torch.manual_seed(seed)
     built = None
+    cls = AutoModelForCausalLM
+    if getattr(config, "is_encoder_decoder", False):
+        from aisim.catalog import resolve_model
+        from aisim.graph.build import model_class
+
+        cls = model_class(resolve_model(model)[1])
     for impl in ("sdpa", "eager"):
         try:
             with torch.device(device):
-                built = AutoModelForCausalLM.from_config(config, dtype=torch_dtype, attn_implementation=impl)
+                make = cls.from_config if hasattr(cls, "from_config") else cls._from_config
+                built = make(config, dtype=torch_dtype, attn_implementation=impl)
             break
         except (ValueError, ImportError) as exc:
             if impl == "eager" or "attention" not in str(exc).lower():
@@ -226,10 +241,67 @@ def check_positions(bm: BuiltModel, case: Case) -> None:
         raise ValueError(f"{case.model}: seq {case.seq} is longer than max_position_embeddings {limit}")
 
 
+def _encoder_states(bm: BuiltModel, batch: int, g):
+    import torch
+
+    frames = int(getattr(bm.config, "max_source_positions", 1500))
+    return torch.randn((batch, frames, bm.config.d_model), generator=g, device=bm.device,
+                       dtype=next(bm.model.parameters()).dtype)
+
+
+def _encode(bm: BuiltModel, case: Case, g) -> Steps:
+    import torch
+
+    mels = int(getattr(bm.config, "num_mel_bins", 80))
+    features = torch.randn((case.batch, mels, 3000), generator=g, device=bm.device,
+                           dtype=next(bm.model.parameters()).dtype)
+    return Steps(_inference(bm.model.get_encoder(), input_features=features))
+
+
+def _decoder_step(bm: BuiltModel, case: Case, settings: MeasureSettings, g) -> Steps:
+    import torch
+
+    past = case.seq - case.step_tokens
+    states = _encoder_states(bm, case.batch, g)
+    with torch.inference_mode():
+        ids = _random_ids(bm, settings, (case.batch, max(past, 1)), g)
+        cache = bm.model(encoder_outputs=(states,), decoder_input_ids=ids, use_cache=True).past_key_values
+        if past == 0:  # transformers 5.17: crop(-n) removes n tokens (crop(0) does nothing)
+            cache.self_attention_cache.crop(-1)
+    new = _random_ids(bm, settings, (case.batch, case.step_tokens), g)
+    decoder, head = bm.model.get_decoder(), bm.model.get_output_embeddings()
+
+    def step() -> None:
+        with torch.inference_mode():
+            hidden = decoder(input_ids=new, encoder_hidden_states=states, past_key_values=cache,
+                             use_cache=True).last_hidden_state
+            head(hidden[:, -1:])
+
+    def after() -> None:
+        cache.self_attention_cache.crop(-case.step_tokens)
+        for layer in cache.self_attention_cache.layers:
+            layer.keys, layer.values = layer.keys.contiguous(), layer.values.contiguous()
+
+    def check() -> None:
+        if cache.self_attention_cache.get_seq_length() != past:
+            raise RuntimeError(f"cache.crop left {cache.self_attention_cache.get_seq_length()} tokens, expected {past}")
+
+    return Steps(step, after, cleanup=lambda: cache.self_attention_cache.layers.clear(), check=check,
+                 info={"kv_fill": "prefill", "cross_kv": "cached"})
+
+
 def prepare(bm: BuiltModel, case: Case, settings: MeasureSettings) -> Steps:
     """Inputs and step functions for ``case`` on the built model."""
-    check_positions(bm, case)
     g = _generator(bm, settings)
+    if getattr(bm.config, "is_encoder_decoder", False):
+        if case.workload == "encode":
+            return _encode(bm, case, g)
+        if case.workload == "decode":
+            return _decoder_step(bm, case, settings, g)
+        raise ValueError(f"{case.model}: encoder-decoder models are measured in encode and decode only")
+    if case.workload == "encode":
+        raise ValueError(f"{case.model} has no encoder: encode needs an encoder-decoder model")
+    check_positions(bm, case)
     if case.workload == "decode":
         return _decode(bm, case, settings, g)
     if case.training:

@@ -153,7 +153,8 @@ def compare_one(m: dict, estimator: Estimator) -> ComparisonRow:
     try:
         est = estimator(model=m["model"], device=device, workload=m["workload"], batch=m["batch"], seq=m["seq"],
                         dtype=m["dtype"], tp=tp, tp_scope=m.get("tp_scope") or "all",
-                        with_loss=m["workload"] in TRAINING_WORKLOADS)
+                        with_loss=m["workload"] in TRAINING_WORKLOADS,
+                        **({"step_tokens": m["step_tokens"]} if m.get("step_tokens", 1) != 1 else {}))
     except Exception as exc:  # noqa: BLE001 - shown as n/a with the reason
         est_error = f"{type(exc).__name__}: {exc}"
     ok = m.get("status") == "ok"

@@ -21,7 +21,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Workload = Literal["forward", "prefill", "decode", "forward-backward", "train"]
+Workload = Literal["forward", "prefill", "decode", "encode", "forward-backward", "train"]
 DType = Literal["fp32", "bf16", "fp16"]
 TpScope = Literal["all", "mlp"]
 
@@ -55,24 +55,31 @@ class Case(BaseModel):
     dtype: DType = "fp16"
     tp: int = Field(1, ge=1)
     tp_scope: TpScope = "all"
+    step_tokens: int = Field(1, ge=1, description="decode of an encoder-decoder model: new tokens per row (a "
+                             "prompt call when step_tokens == seq)")
     name: str | None = None
 
     @model_validator(mode="after")
     def _decode_needs_context(self) -> "Case":
         if self.workload == "decode" and self.seq < 2:
             raise ValueError(f"decode case {self.model}: seq is the context length and must be at least 2")
+        if self.step_tokens > 1 and (self.workload != "decode" or self.step_tokens > self.seq):
+            raise ValueError(f"case {self.model}: step_tokens applies to decode and must not exceed seq")
         return self
 
     @property
     def key(self) -> str:
         """Stable identifier: ``model/workload/bB/sS/dtype/tpN`` (``/mlp`` appended for MLP-only TP)."""
         scope = "/mlp" if self.tp_scope == "mlp" else ""
-        return f"{self.model}/{self.workload}/b{self.batch}/s{self.seq}/{self.dtype}/tp{self.tp}{scope}"
+        step = f"/q{self.step_tokens}" if self.step_tokens != 1 else ""
+        return f"{self.model}/{self.workload}/b{self.batch}/s{self.seq}{step}/{self.dtype}/tp{self.tp}{scope}"
 
     @property
     def tokens(self) -> int:
-        """Tokens processed per step: batch x seq, or batch for a decode step."""
-        return self.batch if self.workload == "decode" else self.batch * self.seq
+        """Tokens processed per step: batch x seq, batch x step_tokens for a decode step, batch for encode."""
+        if self.workload == "decode":
+            return self.batch * self.step_tokens
+        return self.batch if self.workload == "encode" else self.batch * self.seq
 
     @property
     def group(self) -> tuple[str, str, int, str]:

@@ -265,8 +265,8 @@ def _decoder_step(model, config, batch: int, new_tokens: int, past: int, tracer,
     with torch.no_grad(), tracing(None, Tracer()):
         cache = model(encoder_outputs=(states,), decoder_input_ids=_ids(batch, max(past, 1)),
                       use_cache=True).past_key_values
-        if past == 0:
-            cache.self_attention_cache.crop(0)
+        if past == 0:  # transformers 5.17: crop(-n) removes n tokens (crop(0) does nothing)
+            cache.self_attention_cache.crop(-1)
     tracer.suppress -= 1
     for t in _tensors_in(cache):
         tracer.track(t)
