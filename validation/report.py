@@ -68,6 +68,7 @@ class ComparisonRow:
     fits: bool | None = None
     estimate_error: str | None = None
     measure_error: str | None = None
+    step_tokens: int = 1
 
     def as_dict(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k != "metrics"}
@@ -164,7 +165,8 @@ def compare_one(m: dict, estimator: Estimator) -> ComparisonRow:
         metrics["energy_j_per_token"] = Pair(metrics["energy_j_per_token"].estimated, None)
     fits = None if est is None else (est.get("fits") if isinstance(est, dict) else getattr(est, "fits", None))
     return ComparisonRow(m["key"], m["model"], m["gpu_name"], device, m["workload"], m["batch"], m["seq"],
-                         m["dtype"], tp, m.get("status", "unknown"), metrics, fits, est_error, m.get("error"))
+                         m["dtype"], tp, m.get("status", "unknown"), metrics, fits, est_error, m.get("error"),
+                         int(m.get("step_tokens") or 1))
 
 
 def compare(measured: list[dict], estimator: Estimator | None = None) -> list[ComparisonRow]:
@@ -175,6 +177,7 @@ def compare(measured: list[dict], estimator: Estimator | None = None) -> list[Co
 
 CATEGORIES = (
     ("forward/prefill runtime", "runtime_ms", lambda r: r.workload in ("forward", "prefill") and r.tp == 1),
+    ("encode runtime", "runtime_ms", lambda r: r.workload == "encode" and r.tp == 1),
     ("decode runtime", "runtime_ms", lambda r: r.workload == "decode" and r.tp == 1),
     ("forward-backward/train runtime", "runtime_ms", lambda r: r.workload in TRAINING_WORKLOADS and r.tp == 1),
     ("tp runtime", "runtime_ms", lambda r: r.tp > 1),
@@ -241,8 +244,9 @@ def _model_label(row: ComparisonRow) -> str:
 def flat_table(rows: Sequence[ComparisonRow], order: str = "measured-first", csv: bool = False):
     """(columns, cells) with one line per case: Model | Device | Workload | Batch | Seq | DType | metrics."""
     columns = [Column("Model", align="left"), Column("Device", align="left"), Column("Workload", align="left"),
-               Column("Batch"), Column("Seq"), Column("DType", align="left"), *metric_columns(order, csv)]
-    cells = [[_model_label(r), _device_label(r), r.workload, str(r.batch), str(r.seq), r.dtype,
+               Column("Batch"), Column("Seq"), Column("Step tokens"), Column("DType", align="left"),
+               *metric_columns(order, csv)]
+    cells = [[_model_label(r), _device_label(r), r.workload, str(r.batch), str(r.seq), str(r.step_tokens), r.dtype,
               *_metric_cells(r, order, csv)] for r in rows]
     return columns, cells
 
@@ -253,10 +257,14 @@ def seed_table(rows: Sequence[ComparisonRow], order: str = "measured-first"):
     return columns, [[_model_label(r), _device_label(r), *_metric_cells(r, order, False)] for r in rows]
 
 
-def _shape_title(workload: str, batch: int, seq: int, dtype: str, rst: bool) -> str:
+def _shape_title(workload: str, batch: int, seq: int, dtype: str, rst: bool, step_tokens: int = 1) -> str:
     size = f":math:`{batch} \\times {seq}`" if rst else f"{batch} x {seq}"
+    if workload == "decode" and step_tokens > 1:
+        return f"Decoder call of {step_tokens} tokens per row, batch {batch}, context {seq} ({dtype})"
     if workload == "decode":
         return f"Decode step, batch {batch}, context {seq} ({dtype})"
+    if workload == "encode":
+        return f"Encode, batch {batch}, one 30 s window ({dtype})"
     return f"{workload.capitalize()}, Input Sequence Size = {size} ({dtype})"
 
 
@@ -270,9 +278,9 @@ def _sections(rows: Sequence[ComparisonRow], order: str, rst: bool) -> list[str]
     render = render_rst_grid if rst else render_markdown
     parts, shapes = [], {}
     for r in rows:
-        shapes.setdefault((r.workload, r.batch, r.seq, r.dtype), []).append(r)
-    for (workload, batch, seq, dtype), group in shapes.items():
-        title = _shape_title(workload, batch, seq, dtype, rst)
+        shapes.setdefault((r.workload, r.batch, r.seq, r.dtype, r.step_tokens), []).append(r)
+    for (workload, batch, seq, dtype, step_tokens), group in shapes.items():
+        title = _shape_title(workload, batch, seq, dtype, rst, step_tokens)
         parts.append(rst_heading(title, "-") if rst else f"## {title}")
         for label, members in (("Single GPU", [r for r in group if r.tp == 1]),
                                ("Multi GPU", [r for r in group if r.tp > 1])):
