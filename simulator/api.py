@@ -19,6 +19,7 @@ from .units import MS_PER_S
 from .workload import ParallelPlan, Workload
 
 TOP_OPS = 12
+TRANSCRIBE_RUNTIME = "ggml-cuda"
 
 
 @dataclass
@@ -35,7 +36,7 @@ class StepCost:
 
 def estimate(model: str, device: str, workload: str = "forward", batch: int = 1, seq: int = 1024, gen: int = 128,
              dtype: str = "fp16", tp: int | None = None, pp: int = 1, dp: int = 1, tp_scope: str = "all",
-             runtime: str | RuntimeSpec = "eager", with_loss: bool = False, optimizer: str = "adamw",
+             runtime: str | RuntimeSpec | None = None, with_loss: bool = False, optimizer: str = "adamw",
              quant: str = "none", top_ops: int | None = TOP_OPS, audio_s: float | None = None, beam: int = 5,
              transcript_tokens: int | None = None, windows: int | None = None, power_limit_w: float | None = None,
              gpu_clock_mhz: float | None = None, power_mode: str | None = None, step_tokens: int = 1) -> Estimate:
@@ -46,6 +47,9 @@ def estimate(model: str, device: str, workload: str = "forward", batch: int = 1,
     """
     name, config = catalog.resolve_model(model)
     dev = catalog.resolve_device(device)
+    default_runtime = runtime is None
+    if default_runtime:  # a transcription is estimated as whisper.cpp runs it; everything else as eager PyTorch
+        runtime = TRANSCRIBE_RUNTIME if workload == "transcribe" else "eager"
     rt = runtime if isinstance(runtime, RuntimeSpec) else _runtime(runtime)
     cal = load_calibration(dev.gpu.name)
     try:
@@ -59,6 +63,9 @@ def estimate(model: str, device: str, workload: str = "forward", batch: int = 1,
     plan, note = choose_plan(config, dev.count, dev.name, batch, tp, pp, dp, tp_scope)
     _check_positions(config, w)
     assumptions = _assumptions(dev, cal, w, plan, config, note)
+    if default_runtime and workload == "transcribe":
+        assumptions.append(f"--runtime not given: {TRANSCRIBE_RUNTIME} (whisper.cpp's CUDA backend); "
+                           "ggml-vulkan and eager (HF transformers) are the others")
     power, power_note = resolve_power_mode(dev.gpu, cal, power_mode, power_limit_w, gpu_clock_mhz)
     assumptions += [power_note] if power_note else []
     backend = rt.backend_efficiency(dev.gpu)

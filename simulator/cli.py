@@ -44,8 +44,8 @@ def estimate(
     pp: int = typer.Option(1, help="pipeline parallel degree"),
     dp: int = typer.Option(1, help="data parallel degree"),
     tp_scope: str = typer.Option("all", help="all (attention+MLP) | full (+ vocab-parallel LM head) | mlp | attention"),
-    runtime: str = typer.Option("eager", help="eager|graphs|kernel-sum|ggml-cuda|ggml-vulkan|... (aisim list "
-                                "runtimes)"),
+    runtime: Optional[str] = typer.Option(None, help="eager (default; ggml-cuda for transcribe), graphs, kernel-sum, "
+                                          "ggml-cuda, ggml-vulkan, tgi-2023 (aisim list runtimes)"),
     with_loss: bool = typer.Option(False, "--with-loss", help="forward includes the LM loss over all logits"),
     optimizer: str = typer.Option("adamw", help="train: adamw|sgd"),
     quant: str = typer.Option("none", help="weight quantization: none|bitsandbytes-int8|int8|fp8|int4"),

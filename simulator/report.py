@@ -19,7 +19,9 @@ def _fmt(value, digits: int = 2, unit: str = "") -> str:
 
 def print_estimate(e: Estimate, notes: list[str] | None = None) -> None:
     w, p = e.workload, e.plan
-    title = (f"{e.model} on {e.device}: {w['phase']} batch {w['batch']} x seq {w['seq']} {w['dtype']}, "
+    shape = (f"{w['audio_s']:g} s of audio, beam {w['beam']}" if w['phase'] == "transcribe"
+             else f"batch {w['batch']} x seq {w['seq']}")
+    title = (f"{e.model} on {e.device}: {w['phase']} {shape} {w['dtype']}, "
              f"tp {p['tp']} pp {p['pp']} dp {p['dp']}" + (f" (tp scope {p['tp_scope']})" if p['tp'] > 1 else "")
              + f", runtime {e.runtime}")
     table = Table(title=title, show_header=True, header_style="bold")

@@ -61,12 +61,13 @@ TGI_TEXT = """\
 No goal was set for this table. Estimates use `--runtime tgi-2023` (TGI 0.x's per-request loop, prompt logprobs
 over the full vocabulary at prefill and a gRPC call per step, counted in its source) and, for the int8 run,
 bitsandbytes' LLM.int8 matmul expanded from its source (quantize with outlier split, two host syncs, col32
-transform, int8 GEMM, dequantize, fp16 outlier matmul). Which device fits best depends on the metric (summary
-above): the A100s, whose efficiencies are the default rules, fit best; the A100 PCIe system fits the 8-shard
-batch-1 prefill (whose all-reduces cross PCIe) but overshoots larger batches. Remaining gaps: fp16 prefill is
-30-60% short at 4-8 shards (TGI's BLOOM code and 2023 host are slower than the 2026 transformers code traced
-here; tokenizer and detokenizer CPU time is not modelled), and int8 steps are about 30% short (LLM.int8's
-Python runs on a 2023 host; the per-call costs are the calibrated eager dispatch costs of today's hosts)."""
+transform, int8 GEMM, dequantize, fp16 outlier matmul). The best-fit line above ranks the candidate devices; all
+A100 variants use the default rules (no A100 calibration file). The PCIe A100 system ranks first mainly through
+the 8-shard rows, whose all-reduces then cross PCIe, but it overshoots the large-batch 8-shard prefills. Remaining
+gaps: fp16 prefill is 30-60% short at 4-8 shards on the NVSwitch A100s (TGI's BLOOM code and 2023 host are slower
+than the 2026 transformers code traced here; tokenizer and detokenizer CPU time is not modelled), and int8 steps
+are about 30% short (LLM.int8's Python ran on a 2023 host; its per-call costs here are today's calibrated eager
+dispatch costs)."""
 
 WHISPER_TEXT = """\
 No parameter was fitted to these rows. The GTX 1650 laptop GPU has no calibration file: the backend efficiencies

@@ -207,6 +207,18 @@ def _tgi_cell(r: Row, dev: str, metric: str) -> list[str]:
     return [_f(r.values[f"{dev}_{metric}"]), _pct(r.errors[f"{dev}_{metric}"])]
 
 
+def tgi_best_fit(rows: list[Row], devices: Sequence[str]) -> str:
+    """Which candidate device fits the measured rows best: the mean of its prefill and decode MAPEs (all rows)."""
+    scores = {}
+    for dev in devices:
+        mapes = [_stats([r.errors[f"{dev}_{m}"] for r in rows])[1] for m in ("prefill", "decode")]
+        if None not in mapes:
+            scores[dev] = sum(mapes) / 2
+    ranked = sorted(scores, key=scores.get)
+    return ("Best fit (mean of the prefill and decode MAPE over all measured rows, fp16 and int8): " +
+            ", ".join(f"{d} {scores[d]:.1f}%" for d in ranked) + ".")
+
+
 def tgi_summary(rows: list[Row], devices: Sequence[str]) -> list[list[str]]:
     out = []
     for dev in devices:
@@ -282,7 +294,8 @@ def whisper_summary(rows: list[Row]) -> list[list[str]]:
 
 # ------------------------------------------------------------------ rendering
 
-def _render(fmt: str, title: str, note: str, columns, cells, summary_columns, summary_cells, payload) -> str:
+def _render(fmt: str, title: str, note: str, columns, cells, summary_columns, summary_cells, payload,
+            footer: str = "") -> str:
     if fmt == "json":
         return json.dumps(payload, indent=1)
     if fmt == "csv":
@@ -293,7 +306,7 @@ def _render(fmt: str, title: str, note: str, columns, cells, summary_columns, su
     head = rst_heading(title, "=") if fmt == "rst" else f"# {title}"
     summary_head = rst_heading("Summary", "-") if fmt == "rst" else "## Summary"
     return "\n\n".join([head, note, render(columns, cells), summary_head,
-                        render(summary_columns, summary_cells)]) + "\n"
+                        render(summary_columns, summary_cells)] + ([footer] if footer else [])) + "\n"
 
 
 def compare_reference(name: str, fmt: str = "rst", estimator: Callable | None = None) -> str:
@@ -352,9 +365,11 @@ def compare_reference(name: str, fmt: str = "rst", estimator: Callable | None = 
         sc = [Column("Device", align="left"), Column("Rows", align="left"), Column("Metric", align="left"),
               Column("n"), Column("MAPE"), Column("Max abs error")]
         summary = tgi_summary(rows, TGI_DEVICES)
-        payload = {"rows": [{"label": r.label, **r.values, "errors": r.errors} for r in rows], "summary": summary}
+        best = tgi_best_fit(rows, TGI_DEVICES)
+        payload = {"rows": [{"label": r.label, **r.values, "errors": r.errors} for r in rows], "summary": summary,
+                   "best_fit": best}
         return _render(fmt, "TGI benchmark (bloomz-7b1-mt): measured vs aisim", note, columns, cells, sc, summary,
-                       payload)
+                       payload, best)
     if name == "whisper-cpp":
         from aisim.speech import estimate_transcript
 
