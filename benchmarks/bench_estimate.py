@@ -76,6 +76,20 @@ def main() -> None:
                  t_first))
     rows.append((f"same sweep again (graphs cached): per configuration {1e3 * t_warm / len(configs):.1f} ms",
                  t_warm))
+    speech = dict(model="whisper-medium.en", device="gtx-1650-mobile", workload="transcribe", audio_s=2107,
+                  runtime="ggml-vulkan")
+    rows.append(("transcribe whisper-medium.en, 2107 s of audio, first run (4 traces)",
+                 timed(lambda: aisim.estimate(**speech), 1)))
+    rows.append(("same transcribe, graphs cached", timed(lambda: aisim.estimate(**speech), 5)))
+    limits = range(10, 60)
+    rows.append((f"sweep of {len(limits)} power limits x 2 backends (transcribe, graphs cached)", timed(
+        lambda: [aisim.estimate(**{**speech, "runtime": rt}, power_limit_w=w)
+                 for rt in ("ggml-cuda", "ggml-vulkan") for w in limits], 1)))
+    from aisim.serving import serve_bench
+
+    tgi = dict(model="bloomz-7b1-mt", device="a100", shards=[1, 2, 4, 8], batches=[1, 2, 4, 8, 16, 32], seq=1024)
+    rows.append(("serve-bench bloomz-7b1-mt, 4 shard counts x 6 batches, first run", timed(lambda: serve_bench(**tgi), 1)))
+    rows.append(("same serve-bench, graphs cached", timed(lambda: serve_bench(**tgi), 3)))
     write(Path(args.out), rows)
 
 

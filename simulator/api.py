@@ -5,6 +5,7 @@ the formula registry -> per-op time on the device (calibrated roofline) -> timel
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -39,12 +40,17 @@ def estimate(model: str, device: str, workload: str = "forward", batch: int = 1,
              runtime: str | RuntimeSpec | None = None, with_loss: bool = False, optimizer: str = "adamw",
              quant: str = "none", top_ops: int | None = TOP_OPS, audio_s: float | None = None, beam: int = 5,
              transcript_tokens: int | None = None, windows: int | None = None, power_limit_w: float | None = None,
-             gpu_clock_mhz: float | None = None, power_mode: str | None = None, step_tokens: int = 1) -> Estimate:
+             gpu_clock_mhz: float | None = None, power_mode: str | None = None, step_tokens: int = 1,
+             transcript_counts=None) -> Estimate:
     """Estimate runtime, peak memory per GPU, energy and throughput of one workload step.
 
     ``seq`` is the input length (forward, prefill, forward-backward, train) or the context length (decode);
-    generate runs a prefill of ``seq`` tokens and ``gen`` new tokens (gen - 1 decode steps).
+    generate runs a prefill of ``seq`` tokens and ``gen`` new tokens (gen - 1 decode steps); transcribe runs a
+    recording of ``audio_s`` seconds (or the decoder work in ``transcript_counts``, a speech.TranscriptCounts)
+    through whisper.cpp's phases.
     """
+    if workload != "transcribe" and (audio_s, transcript_tokens, windows, transcript_counts) != (None,) * 4:
+        raise AisimError("--audio-s, --tokens and --windows apply to --workload transcribe only")
     name, config = catalog.resolve_model(model)
     dev = catalog.resolve_device(device)
     default_runtime = runtime is None
@@ -59,27 +65,32 @@ def estimate(model: str, device: str, workload: str = "forward", batch: int = 1,
                      audio_s=audio_s, beam=beam, transcript_tokens=transcript_tokens, windows=windows,
                      step_tokens=step_tokens)
     except ValueError as exc:
-        raise AisimError(_pydantic_message(exc).replace("phase:", "--workload:")) from None
+        raise AisimError(_pydantic_message(exc)) from None
     plan, note = choose_plan(config, dev.count, dev.name, batch, tp, pp, dp, tp_scope)
-    _check_positions(config, w)
+    _check_workload(config, w, rt, dev)
     assumptions = _assumptions(dev, cal, w, plan, config, note)
     if default_runtime and workload == "transcribe":
         assumptions.append(f"--runtime not given: {TRANSCRIBE_RUNTIME} (whisper.cpp's CUDA backend); "
                            "ggml-vulkan and eager (HF transformers) are the others")
     power, power_note = resolve_power_mode(dev.gpu, cal, power_mode, power_limit_w, gpu_clock_mhz)
     assumptions += [power_note] if power_note else []
-    backend = rt.backend_efficiency(dev.gpu)
+    backend = rt.backend_efficiency(dev.gpu, w.dtype)
     if backend is not None:
         assumptions.append(f"runtime {rt.name} on {dev.gpu.architecture} (tensor cores: "
                            f"{'yes' if dev.gpu.has_tensor_cores else 'no'}): large GEMMs at "
                            f"{backend.gemm_fraction_of_peak:.0%} of the {w.dtype} peak, memory-bound kernels at "
                            f"{backend.memory_fraction_of_bw:.0%} of bandwidth ({backend.source})")
+    elif rt.efficiency and rt.name.startswith("ggml"):
+        assumptions.append(f"runtime {rt.name} has no documented efficiency for {dev.gpu.name} "
+                           f"({dev.gpu.architecture}, tensor cores: {'yes' if dev.gpu.has_tensor_cores else 'no'}): "
+                           "its kernels are costed at the device calibration's efficiencies (PyTorch's kernels); only "
+                           "its dispatch, attention, KV cache and beam settings apply")
     if w.phase == "generate":
         result = _generate(name, config, dev, cal, rt, w, plan, assumptions, power)
     elif w.phase == "transcribe":
         from .speech import transcribe
 
-        result = transcribe(name, config, dev, cal, rt, w, plan, assumptions, power)
+        result = transcribe(name, config, dev, cal, rt, w, plan, assumptions, power, transcript_counts)
     else:
         from .graph.extract import trace_workload
 
@@ -97,6 +108,10 @@ def _runtime(name: str) -> RuntimeSpec:
 def _assumptions(dev, cal, w: Workload, plan: ParallelPlan, config: dict, note: str | None) -> list[str]:
     """What the estimate assumed, printed with it: links, the default plan, quantization, calibration."""
     out = list(dev.assumptions) + ([note] if note else [])
+    if w.dtype in ("bf16", "tf32") and not getattr(dev.gpu.peak_flops_per_s, w.dtype):
+        out.append(f"{dev.gpu.name} has no {w.dtype} units: its matmuls are costed at the "
+                   f"{'fp16' if w.dtype == 'bf16' else 'fp32'} rate (PyTorch emulates or falls back; real runs may "
+                   "be slower)")
     if w.quant == "bitsandbytes-int8":
         out.append("--quant bitsandbytes-int8: every linear layer runs LLM.int8's MatMul8bitLt (input quantization "
                    "with outlier split, 2 host syncs, col32 transform, int8 GEMM, dequantization, fp16 outlier "
@@ -107,9 +122,10 @@ def _assumptions(dev, cal, w: Workload, plan: ParallelPlan, config: dict, note: 
     if plan.tp > 1 and (config.get("num_local_experts") or config.get("num_experts")):
         out.append("MoE experts are replicated on every tensor-parallel rank (no expert parallelism yet)")
     if not cal.measured:
-        out.append(f"{dev.gpu.name} has no calibration file: efficiencies and overheads are the documented default "
-                   "rules (hardware_specs/calibration/default.yaml), not measurements; run `aisim calibrate` on "
-                   "that GPU to measure them")
+        source = ("the documented default rules (hardware_specs/calibration/default.yaml)" if cal.device == "default"
+                  else f"documented rules for this GPU (hardware_specs/calibration/{cal.device}.yaml)")
+        out.append(f"{dev.gpu.name} has no measured calibration: efficiencies and overheads are {source}, not "
+                   "measurements; run `aisim calibrate` on that GPU to measure them")
     return out
 
 
@@ -131,11 +147,18 @@ def resolve_power_mode(gpu, cal, mode: str | None, limit_w: float | None,
     if limit is None and clock is None:
         return None, (f"power mode {mode}: full clocks and board power ({named.source})" if named else None)
     idle = waiting_power_w(gpu, cal)
+    for value, flag in ((limit, "--power-limit"), (clock, "--gpu-clock")):
+        if value is not None and not math.isfinite(value):
+            raise AisimError(f"{flag} must be a finite number (got {value})")
     if limit is not None and limit <= idle:
         raise AisimError(f"power limit {limit:g} W is at or below {gpu.name}'s waiting power ({idle:g} W); give a "
                          f"higher --power-limit (board power {gpu.board_power_w:g} W)")
-    if clock is not None and clock <= 0:
-        raise AisimError("--gpu-clock must be positive (MHz)")
+    if limit is not None and limit > gpu.board_power_w:
+        raise AisimError(f"power limit {limit:g} W is above {gpu.name}'s board power ({gpu.board_power_w:g} W); "
+                         f"give at most {gpu.board_power_w:g}")
+    if clock is not None and not 0 < clock <= gpu.boost_clock_mhz:
+        raise AisimError(f"--gpu-clock {clock:g} MHz: give a clock between 1 and {gpu.name}'s boost clock "
+                         f"({gpu.boost_clock_mhz:g} MHz)")
     text = (f"power mode{' ' + mode if mode else ''}: " +
             (f"power limit {limit:g} W (board {gpu.board_power_w:g} W)" if limit is not None else "") +
             (", " if limit is not None and clock is not None else "") +
@@ -145,8 +168,31 @@ def resolve_power_mode(gpu, cal, mode: str | None, limit_w: float | None,
     return PowerMode(limit, clock), text
 
 
+def _check_workload(config: dict, w: Workload, rt: RuntimeSpec, dev) -> None:
+    """Refuse workloads the model or engine cannot run, with what to give instead."""
+    enc_dec = bool(config.get("is_encoder_decoder"))
+    if w.phase == "encode" and not enc_dec:
+        raise AisimError("--workload encode needs an encoder-decoder model (e.g. whisper-medium.en); this one is "
+                         "decoder-only: use forward or prefill")
+    if w.phase == "transcribe":
+        if w.batch != 1:
+            raise AisimError("--workload transcribe estimates one recording: leave --batch at 1")
+        if rt.request_loop is not None:
+            raise AisimError(f"runtime {rt.name} is a text-serving engine; transcribe with ggml-cuda, ggml-vulkan "
+                             "or eager")
+    if rt.vendors and dev.gpu.vendor not in rt.vendors:
+        raise AisimError(f"runtime {rt.name} runs on {', '.join(rt.vendors)} GPUs; {dev.gpu.name} is "
+                         f"{dev.gpu.vendor}: choose another --runtime (aisim list runtimes)")
+    _check_positions(config, w)
+
+
 def _check_positions(config: dict, w: Workload) -> None:
     """Refuse a sequence longer than the model's position table (learned positions would index past it)."""
+    if config.get("is_encoder_decoder"):  # the decoder's table; encode takes a fixed 30 s window
+        limit = config.get("max_target_positions")
+        if limit and w.phase in ("decode", "prefill", "generate") and w.seq > limit:
+            raise AisimError(f"seq {w.seq} exceeds the decoder's {limit} positions; give a shorter --seq")
+        return
     limit = config.get("max_position_embeddings") or config.get("n_positions")
     length = w.seq + (w.gen_tokens if w.phase == "generate" else 0)
     if limit and w.phase != "encode" and length > limit:
@@ -154,10 +200,17 @@ def _check_positions(config: dict, w: Workload) -> None:
         raise AisimError(f"{given} exceeds the model's {limit} positions; give a shorter --seq")
 
 
+# Workload fields as the CLI names them, for error messages
+FLAGS = {"phase": "--workload", "audio_s": "--audio-s", "transcript_tokens": "--tokens", "windows": "--windows",
+         "beam": "--beam", "batch": "--batch", "seq": "--seq", "gen_tokens": "--gen", "step_tokens": "--step-tokens",
+         "dtype": "--dtype", "quant": "--quant", "optimizer": "--optimizer"}
+
+
 def _pydantic_message(exc: Exception) -> str:
     errors = getattr(exc, "errors", None)
     if callable(errors):
-        return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors())
+        return "; ".join(f"{FLAGS.get('.'.join(str(p) for p in e['loc']), '.'.join(str(p) for p in e['loc']))}: "
+                         f"{e['msg']}" for e in errors())
     return str(exc)
 
 
@@ -175,18 +228,19 @@ def step_cost(graph, dev, cal, rt, w: Workload, plan: ParallelPlan, power: Power
     if rt.kv_cache == "preallocated":
         costs = [kv_append_in_place(c, op) for c, op in zip(costs, ops)]
     compute_scale, memory_scale = runtime_scales(rt, dev.gpu, cal, w.dtype)
-    backend = rt.backend_efficiency(dev.gpu)
-    matvec = backend.matvec_max_tokens if backend is not None else 0
-    times = [op_time(op, c, dev, cal, w.dtype, compute_scale, memory_scale, matvec)
+    times = [op_time(op, c, dev, cal, w.dtype, compute_scale, memory_scale, rt.matvec_max_tokens)
              for op, c in zip(ops, costs)]
     gpu_s = np.array([t.gpu_s for t in times])
     compute_s = np.array([t.compute_s for t in times])
     memory_s = np.array([t.memory_s for t in times])
+    # an engine's slower kernels keep the SMs as busy as the calibrated ones they replace (emulated tensor ops,
+    # less tuned shaders): power follows the activity before the engine's scale
+    busy_c, busy_m = compute_s / min(compute_scale, 1.0), memory_s / min(memory_scale, 1.0)
     power_w = None
-    if power is not None and power.active:
+    if power is not None:
         from .cost.power import apply_power_mode
 
-        gpu_s, power_w, _ = apply_power_mode(dev.gpu, cal, power, gpu_s, compute_s, memory_s)
+        gpu_s, power_w = apply_power_mode(dev.gpu, cal, power, gpu_s, busy_c, busy_m)
         times = [replace(t, gpu_s=g) for t, g in zip(times, gpu_s.tolist())]
     repeats = np.array(repeats_list, dtype=float)
     kinds = [c.kind for c in costs]
@@ -196,7 +250,7 @@ def step_cost(graph, dev, cal, rt, w: Workload, plan: ParallelPlan, power: Power
     timeline = simulate(gpu_s, cpu_s, repeats, syncs)
     runtime_s = timeline.runtime_s + rt.per_step_overhead_s
     # the GPUs of one pipeline stage (tensor x data parallel) work together; stages are costed in _assemble
-    energy, avg_w = step_energy_j(dev.gpu, cal, gpu_s, compute_s, memory_s, repeats, runtime_s, plan.tp * plan.dp,
+    energy, avg_w = step_energy_j(dev.gpu, cal, gpu_s, busy_c, busy_m, repeats, runtime_s, plan.tp * plan.dp,
                                   power_w)
     flops = float(np.dot([c.flops for c in costs], repeats))
     nbytes = float(np.dot([c.bytes for c in costs], repeats))
@@ -283,7 +337,7 @@ def _generate(name, config, dev, cal, rt, w: Workload, plan, assumptions, power:
 
     steps = max(w.gen_tokens - 1, 0)
     prefill = w.model_copy(update={"phase": "prefill"})
-    first = w.model_copy(update={"phase": "decode", "seq": w.seq + 1})
+    first = w.model_copy(update={"phase": "decode", "seq": w.seq + 1, "logits_all": False})
     last = w.model_copy(update={"phase": "decode", "seq": w.seq + max(steps, 1)})
     g_prefill = trace_workload(config, prefill, plan)
     g_first, g_last = trace_workload(config, first, plan), trace_workload(config, last, plan)

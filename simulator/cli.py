@@ -10,6 +10,9 @@ import typer
 
 from .errors import AisimError
 
+# torch's import of the deprecated pynvml package warns on every run; it says nothing about the estimate
+warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="aisim: estimate runtime, memory, energy and throughput of transformer models on GPUs.")
 
@@ -54,6 +57,8 @@ def estimate(
     tokens: Optional[int] = typer.Option(None, "--tokens", help="transcribe: output tokens (default: assumed "
                                          "speech rate)"),
     windows: Optional[int] = typer.Option(None, help="transcribe: 30 s windows encoded (default ceil(audio/30))"),
+    step_tokens: int = typer.Option(1, "--step-tokens", help="decode of an encoder-decoder model: new tokens per "
+                                    "row in the call (a whisper.cpp prompt call: --step-tokens = --seq)"),
     power_mode: Optional[str] = typer.Option(None, "--power-mode", help="a power mode the GPU's spec file names "
                                              "(gtx-1650-mobile: performance, balanced, power-saver)"),
     power_limit: Optional[float] = typer.Option(None, "--power-limit", help="board power limit in W"),
@@ -68,7 +73,7 @@ def estimate(
                          gen=gen, dtype=dtype, tp=tp, pp=pp, dp=dp, tp_scope=tp_scope, runtime=runtime,
                          with_loss=with_loss, optimizer=optimizer, quant=quant, audio_s=audio_s, beam=beam,
                          transcript_tokens=tokens, windows=windows, power_mode=power_mode,
-                         power_limit_w=power_limit, gpu_clock_mhz=gpu_clock)
+                         power_limit_w=power_limit, gpu_clock_mhz=gpu_clock, step_tokens=step_tokens)
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
     else:

@@ -95,8 +95,8 @@ def op_cost(op: Op) -> Cost:
 
 
 def quantized(cost: Cost, op: Op, quant: str) -> Cost:
-    """A GEMM that reads its weight in a weight-only quantized format: fewer weight bytes read.
-    Known inaccuracy: the dequantization work (bitsandbytes LLM.int8's outlier split) is not costed."""
+    """A GEMM that reads its weight in a weight-only quantized format: fewer weight bytes read (dequantization
+    inside the kernel taken as free; bitsandbytes LLM.int8 is expanded into its own ops by graph.engine)."""
     weight = op.attrs.get("weight_bytes", 0.0)
     if quant not in QUANT_BYTES_PER_WEIGHT or cost.kind != "gemm" or not weight:
         return cost
@@ -109,8 +109,10 @@ def kv_append_in_place(cost: Cost, op: Op) -> Cost:
     """An engine with a preallocated KV cache writes only the new tokens where HF's DynamicCache concatenates
     (``torch.cat([cache, new], dim=-2)`` inside an attention module): read and write the new part only."""
     ins = op.inputs
+    dim = op.args[1] if len(op.args) > 1 else op.kwargs.get("dim", 0)
     if (op.name != "aten.cat" or len(ins) != 2 or "attn" not in op.scope.rsplit(".", 1)[-1]
-            or len(ins[0].shape) != 4 or ins[0].shape[:2] != ins[1].shape[:2]):
+            or len(ins[0].shape) != 4 or dim not in (-2, 2)   # the sequence axis (not RoPE's rotate_half, dim -1)
+            or ins[0].shape[:2] != ins[1].shape[:2] or ins[0].shape[-1] != ins[1].shape[-1]):
         return cost
     return Cost(0.0, ins[1].nbytes, ins[1].nbytes, 1, "memory")
 

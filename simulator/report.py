@@ -12,15 +12,20 @@ console = Console(width=None if Console().is_terminal else 160)  # piped output:
 def _fmt(value, digits: int = 2, unit: str = "") -> str:
     if value is None:
         return "n/a"
-    if abs(value) >= 1e4 or (value and abs(value) < 10 ** -digits):
+    if abs(value) >= 1e9 or (value and abs(value) < 10 ** -digits):
         return f"{value:.3e}{unit}"
+    if abs(value) >= 1e4:
+        return f"{value:,.0f}{unit}"
     return f"{value:,.{digits}f}{unit}"
 
 
 def print_estimate(e: Estimate, notes: list[str] | None = None) -> None:
     w, p = e.workload, e.plan
-    shape = (f"{w['audio_s']:g} s of audio, beam {w['beam']}" if w['phase'] == "transcribe"
-             else f"batch {w['batch']} x seq {w['seq']}")
+    if w["phase"] == "transcribe":
+        audio = f"{w['audio_s']:g} s of audio" if w.get("audio_s") else "a given transcript"
+        shape = f"{audio}, beam {w['beam']}"
+    else:
+        shape = f"batch {w['batch']} x seq {w['seq']}"
     title = (f"{e.model} on {e.device}: {w['phase']} {shape} {w['dtype']}, "
              f"tp {p['tp']} pp {p['pp']} dp {p['dp']}" + (f" (tp scope {p['tp_scope']})" if p['tp'] > 1 else "")
              + f", runtime {e.runtime}")
@@ -55,14 +60,15 @@ def print_estimate(e: Estimate, notes: list[str] | None = None) -> None:
 
 def _speech_table(e: Estimate) -> Table:
     """whisper.cpp's timing lines (runs of batchd and prompt are tokens, as whisper.cpp counts them)."""
-    table = Table(title="whisper.cpp phases (estimated GPU time)", header_style="bold")
+    table = Table(title="transcription in whisper.cpp's phases (estimated GPU time)", header_style="bold")
     for col in ("phase", "time (ms)", "runs", "ms per run"):
         table.add_column(col, justify="left" if col == "phase" else "right")
     for p in e.speech:
         if p.on != "gpu":
             table.add_row(p.name, "CPU: not modelled", "", "")
             continue
-        table.add_row(p.name, _fmt(p.total_ms), f"{p.runs} {p.run_unit}", _fmt(p.per_run_ms))
+        unit = p.run_unit[:-1] if p.runs == 1 else p.run_unit
+        table.add_row(p.name, _fmt(p.total_ms), f"{p.runs} {unit}", _fmt(p.per_run_ms))
     table.add_row("tokens per second", _fmt(e.throughput_tokens_per_s, 3), f"({e.tokens})", "")
     table.add_row("total GPU time (s)", _fmt(e.runtime_ms / 1000 if e.runtime_ms else None, 3), "", "")
     return table

@@ -86,6 +86,8 @@ def serve_bench(model: str, device: str, shards: list[int], batches: list[int], 
     """The TGI-shaped serving report for ``model`` on ``shards`` GPUs of ``device``'s kind."""
     if decode_len < 2:
         raise AisimError("--decode-len must be at least 2 (one token from prefill, then decode steps)")
+    if max_batch_total_tokens is not None and max_batch_total_tokens < 1:
+        raise AisimError("--max-batch-total-tokens must be a positive number of tokens (leave it out for no limit)")
     common = {"dtype": dtype, "quant": quant, "runtime": runtime}
     notes: set[str] = set()
     out = []

@@ -166,15 +166,15 @@ class BackendEfficiency(Spec):
     memory-bound kernels reach. They replace the plateaus of the device calibration, whose curve shapes are kept."""
     architecture: str | None = None
     has_tensor_cores: bool | None = None
+    dtypes: list[str] | None = Field(None, description="workload dtypes the entry applies to (all if absent)")
     gemm_fraction_of_peak: float = Field(gt=0, le=1)
     memory_fraction_of_bw: float = Field(gt=0, le=1)
-    matvec_max_tokens: int = Field(0, ge=0, description="matmuls of at most this many tokens (rows) run as "
-                                   "weight-streaming mat-vec kernels: costed on the memory curve, not the GEMM one")
     source: str
 
-    def matches(self, gpu: "HardwareSpec") -> bool:
+    def matches(self, gpu: "HardwareSpec", dtype: str | None = None) -> bool:
         return ((self.architecture is None or self.architecture == gpu.architecture)
-                and (self.has_tensor_cores is None or self.has_tensor_cores == gpu.has_tensor_cores))
+                and (self.has_tensor_cores is None or self.has_tensor_cores == gpu.has_tensor_cores)
+                and (self.dtypes is None or dtype is None or dtype in self.dtypes))
 
 
 class RequestLoopSpec(Spec):
@@ -212,13 +212,16 @@ class RuntimeSpec(Spec):
                              "one decoder call over a unified KV cache with one shared cross-attention K/V "
                              "(whisper.cpp, llama.cpp)")
     efficiency: list[BackendEfficiency] = Field(default_factory=list)
+    matvec_max_tokens: int = Field(0, ge=0, description="matmuls of at most this many tokens (rows) run as the "
+                                   "engine's weight-streaming mat-vec kernels: costed on the memory curve")
+    vendors: list[str] | None = Field(None, description="GPU vendors the engine runs on (all if absent)")
     prefill_logits: Literal["last", "all"] = Field("last", description="logits at prefill: last position only "
                                                    "(HF generate, logits_to_keep=1) or every position")
     request_loop: RequestLoopSpec | None = None
     source: str
 
-    def backend_efficiency(self, gpu: "HardwareSpec") -> BackendEfficiency | None:
-        return next((e for e in self.efficiency if e.matches(gpu)), None)
+    def backend_efficiency(self, gpu: "HardwareSpec", dtype: str | None = None) -> BackendEfficiency | None:
+        return next((e for e in self.efficiency if e.matches(gpu, dtype)), None)
 
 
 # ---------------------------------------------------------------- loading

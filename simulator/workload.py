@@ -11,7 +11,7 @@ TpScope = Literal["all", "full", "mlp", "attention"]
 
 class Workload(BaseModel):
     """One workload. ``seq`` is the input length (forward/prefill/encode/train) or the context length (decode)."""
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     phase: Phase = "forward"
     batch: int = Field(1, ge=1)
     seq: int = Field(1024, ge=1)

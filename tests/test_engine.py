@@ -79,3 +79,12 @@ def test_periodic_syncs_expose_the_cpu_each_repetition():
     assert t.runtime_s == pytest.approx(4 * (1e-6 + 10e-6 + 5e-6))
     free = simulate(gpu, cpu, np.array([4.0, 4.0]), np.array([False, False]))
     assert free.runtime_s < t.runtime_s
+
+
+def test_rope_concat_is_not_a_kv_append():
+    from aisim.formulas import kv_append_in_place
+
+    half = TensorMeta((1, 32, 100, 64), "fp16")
+    rope = Op(name="aten.cat", args=([half, half], -1), kwargs={}, outputs=(TensorMeta((1, 32, 100, 128), "fp16"),),
+              alias=False, scope="model.layers.0.self_attn")
+    assert kv_append_in_place(op_cost(rope), rope) == op_cost(rope)

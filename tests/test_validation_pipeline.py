@@ -272,7 +272,7 @@ def test_generic_tables_have_aligned_grids():
     rows = [["opt-1.3b", "693.77", "740.79", "+6.78%"], ["a-much-longer-model-name", "1.00", "n/a", "n/a"]]
     grid = render_rst_grid(columns, rows).splitlines()
     assert len({len(line) for line in grid}) == 1
-    assert grid[0].count("+") == 5 and set(grid[2]) == {"+", "="}          # 4 leaves; '=' under the titles
+    assert grid[0].count("+") == 5 and set(grid[4]) == {"+", "="}          # 4 leaves; '=' under the sub-titles
     assert "Runtime (ms)" in grid[1] and grid[1].count("|") == 3           # the group title spans 3 leaves
     assert "Measured" in grid[3]
     narrow = render_rst_grid([Column("A very long group title", ("x", "y"))], [["1", "2"]]).splitlines()
@@ -437,3 +437,12 @@ def test_encoder_decoder_cases_run_on_the_cpu(tmp_path):
     rows = compare(load_measurements([out]), lambda **kw: aisim.estimate(**{**kw, "device": "h100"}))
     assert all(r.estimate_error is None for r in rows), [r.estimate_error for r in rows]
     assert {r.workload for r in rows} == {"encode", "decode"}
+
+
+def test_rst_grid_rule_sits_under_the_last_header_row():
+    columns = [Column("Model", align="left"), Column("Runtime", ("measured", "error"))]
+    text = render_rst_grid(columns, [["m", "1.0", "+2.00%"]])
+    lines = text.splitlines()
+    assert "measured" in lines[3] and set(lines[4]) <= {"+", "="}   # border, titles, border, subs, ===
+    csv_text = render_csv(columns, [["m", "1,234.5", "+2.00%"], ["n", "n/a", "n/a"]])
+    assert csv_text.splitlines() == ["Model,Runtime measured,Runtime error (%)", "m,1234.5,+2.00", "n,n/a,n/a"]

@@ -70,18 +70,24 @@ are about 30% short (LLM.int8's Python ran on a 2023 host; its per-call costs he
 dispatch costs)."""
 
 WHISPER_TEXT = """\
-No parameter was fitted to these rows. The GTX 1650 laptop GPU has no calibration file: the backend efficiencies
-come from the runtime profiles (hardware_specs/runtimes/ggml-cuda.yaml, ggml-vulkan.yaml), whose sources are
-other measurements: cuBLAS FP16 GEMMs on GTX 16xx cards (llama.cpp PR #15468, a PyTorch benchmark on a GTX 1650
-Ti) for CUDA, and a whisper.cpp bench of medium on an AMD RX 6750 GRE (issue #89) for Vulkan, transferred by
-fraction of peak (validation/scripts/derive_ggml_profiles.py). The runs per phase (windows, decoder calls, tokens)
-are read from each printout as the workload. Encode and prompt per run are within 16% on both backends. CUDA
-single-token decode calls are 56-71% short: they are one or two calls per 30 s window, each the first decoder
-call after an encode, which aisim costs as a steady-state step (no first-call cost is modelled); Vulkan batchd
-(five beams as one call) is 36-40% short: aisim runs its matmuls on the mat-vec path up to 8 tokens
-(ggml-vulkan's mul_mat_vec_max_cols), which the 1.7.5 build may not have had. Balanced and Performance differ
-in the seed only on the CPU (sample time); aisim estimates both alike. The Power Saver rows are estimates under
-an assumption (the GPU held to the Max-Q envelope, 35 W and 1245 MHz: hardware_specs/gpus/gtx-1650-mobile.yaml)."""
+No parameter was fitted to these rows. The GTX 1650 laptop GPU has no measured calibration: its file
+(hardware_specs/calibration/gtx-1650-mobile.yaml) holds the default rules plus published PyTorch measurements of
+cuBLAS fp16 GEMMs on TU11x cards (their emulated tensor-op path: 0.12 of the FP32 rate for large GEMMs, 0.037 of
+the roofline for 2-16 rows, the GEMV path for one row). The backend profiles (hardware_specs/runtimes/ggml-cuda.yaml,
+ggml-vulkan.yaml) take their efficiencies from other measurements: llama.cpp's cuBLAS FP16 figure on a GTX 16xx for
+CUDA, and a whisper.cpp bench of medium on an AMD RX 6750 GRE (issue #89) for Vulkan, transferred by fraction of
+peak (validation/scripts/derive_ggml_profiles.py). The runs per phase (windows, decoder calls, tokens) are read
+from each printout as the workload. What the rows show: encode is within 12% (Vulkan) and 20% (CUDA) of the
+printouts; prompt calls are 23-33% fast. CUDA batchd (five beams as one 5-row call) is 4.5x slow: the only
+small-M measurement on this GPU class is PyTorch's cuBLAS call (pytorch/pytorch#195716, 4.4 GiB/s of weights),
+and ggml's CUBLAS_COMPUTE_16F call evidently avoids most of that cliff. Vulkan batchd is 36-45% fast: aisim runs
+its matmuls on the mat-vec path up to 8 tokens (ggml-vulkan's mul_mat_vec_max_cols), which the 1.7.5 build may
+not have had. CUDA single-token decode calls are 56-71% short: they are one or two per 30 s window, each the
+first decoder call after an encode, which aisim costs as a steady-state step. The power column is low for CUDA:
+the emulated kernels keep the SMs busy at a low achieved throughput, which the activity-based power model reads
+as a near-idle GPU. Balanced and Performance differ in the seed only on the CPU (sample time); aisim estimates
+both alike. The Power Saver rows are estimates under an assumption (the GPU held to the Max-Q envelope, 35 W and
+1245 MHz: hardware_specs/gpus/gtx-1650-mobile.yaml)."""
 
 
 def dataset_section(name: str, title: str) -> tuple[list[str], list]:

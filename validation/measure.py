@@ -286,8 +286,12 @@ def _decoder_step(bm: BuiltModel, case: Case, settings: MeasureSettings, g) -> S
         if cache.self_attention_cache.get_seq_length() != past:
             raise RuntimeError(f"cache.crop left {cache.self_attention_cache.get_seq_length()} tokens, expected {past}")
 
+    def same_copies() -> None:   # the copies of after(), with no change to the cache (energy subtraction)
+        for layer in cache.self_attention_cache.layers:
+            layer.keys.clone(), layer.values.clone()
+
     return Steps(step, after, cleanup=lambda: cache.self_attention_cache.layers.clear(), check=check,
-                 info={"kv_fill": "prefill", "cross_kv": "cached"})
+                 info={"kv_fill": "prefill", "cross_kv": "cached"}, after_work=same_copies)
 
 
 def prepare(bm: BuiltModel, case: Case, settings: MeasureSettings) -> Steps:

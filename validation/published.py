@@ -242,8 +242,11 @@ def _whisper_counts(row: dict):
     from aisim.speech import TranscriptCounts
 
     ph = row["phases"]
+    from aisim.catalog import resolve_model
+
+    n_text_ctx = resolve_model(WHISPER_MODEL)[1]["max_target_positions"]
     return TranscriptCounts.from_runs(ph["encode"]["runs"], ph["decode"]["runs"], ph["batchd"]["runs"],
-                                      ph["prompt"]["runs"], row["tokens"], WHISPER_BEAM, 448)
+                                      ph["prompt"]["runs"], row["tokens"], WHISPER_BEAM, n_text_ctx)
 
 
 def whisper_rows(transcriber: Callable) -> list[Row]:
@@ -258,6 +261,8 @@ def whisper_rows(transcriber: Callable) -> list[Row]:
         source = r if r["status"] == "ok" else recorded[(r["backend"], r["recording"])]
         est = transcriber(WHISPER_MODEL, WHISPER_DEVICE, _whisper_counts(source),
                           runtime=WHISPER_RUNTIMES[r["backend"]], power_mode=WHISPER_POWER_MODES[r["power_mode"]])
+        if not est.fits:
+            raise ValueError(f"{WHISPER_MODEL} does not fit {WHISPER_DEVICE}: {est.not_fit_reason}")
         lines = {p.name: p for p in est.speech}
         row = Row(label=[r["backend"], r["recording"], r["power_mode"], r["status"]])
         gpu_ms = 0.0
@@ -358,7 +363,8 @@ def compare_reference(name: str, fmt: str = "rst", estimator: Callable | None = 
                 "they fit. aisim traces the transformers BLOOM code; tokenizer CPU time is not modelled.")
         columns = [Column("Shards"), Column("Quant", align="left"), Column("Seq"), Column("Batch"),
                    Column("Status", align="left"), Column("Measured (ms)", ("prefill", "decode/token")),
-                   *[Column(f"aisim {d} (ms)", ("prefill", "Error", "decode/token", "Error")) for d in TGI_DEVICES]]
+                   *[Column(f"aisim {d}", ("prefill (ms)", "prefill error", "decode/token (ms)", "decode error"))
+                     for d in TGI_DEVICES]]
         cells = [[*r.label, _f(r.values["prefill_measured"]), _f(r.values["decode_measured"]),
                   *[c for d in TGI_DEVICES for c in (_tgi_cell(r, d, "prefill") + _tgi_cell(r, d, "decode"))]]
                  for r in rows]

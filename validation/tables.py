@@ -79,14 +79,15 @@ def render_rst_grid(columns: Sequence[Column], rows: Sequence[Sequence[str]]) ->
         span = sum(widths[leaf:leaf + col.leaves]) + col.leaves - 1
         titles.append(_pad(col.title, span, "left"))
         leaf += col.leaves
-    lines = [border, "|" + "|".join(titles) + "|", header_rule]
-    if any(c.sub for c in columns):
+    lines = [border, "|" + "|".join(titles) + "|"]
+    if any(c.sub for c in columns):  # a second header row; the header rule (=) goes under the last one
         subs, leaf = [], 0
         for col in columns:
             for j in range(col.leaves):
                 subs.append(_pad(col.sub[j], widths[leaf], "center") if col.sub else " " * widths[leaf])
                 leaf += 1
-        lines += ["|" + "|".join(subs) + "|", border]
+        lines += [border, "|" + "|".join(subs) + "|"]
+    lines.append(header_rule)
     aligns = [c.align for c in columns for _ in range(c.leaves)]
     for row in rows:
         lines += ["|" + "|".join(_pad(cell, w, a) for cell, w, a in zip(row, widths, aligns)) + "|", border]
@@ -111,9 +112,28 @@ def render_csv(columns: Sequence[Column], rows: Sequence[Sequence[str]]) -> str:
     _check(columns, rows)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(leaf_labels(columns))
-    writer.writerows(rows)
+    labels = leaf_labels(columns)
+    percent = [all(_is_number(r[i]) and str(r[i]).endswith("%") or r[i] in (NA, "") for r in rows)
+               and any(str(r[i]).endswith("%") for r in rows) for i in range(len(labels))]
+    writer.writerow([f"{label} (%)" if pct else label for label, pct in zip(labels, percent)])
+    writer.writerows([[_plain(cell) for cell in row] for row in rows])
     return buffer.getvalue()
+
+
+NA = "n/a"
+
+
+def _is_number(cell) -> bool:
+    try:
+        float(str(cell).replace(",", "").rstrip("%"))
+        return True
+    except ValueError:
+        return False
+
+
+def _plain(cell):
+    """A CSV cell as a machine reads it: numbers without thousands separators or % (n/a stays n/a)."""
+    return str(cell).replace(",", "").rstrip("%") if _is_number(cell) else cell
 
 
 def rst_heading(text: str, char: str) -> str:

@@ -69,13 +69,15 @@ def runtime_scales(runtime, gpu, cal: CalibrationSpec, dtype: str) -> tuple[floa
     """(compute, memory) efficiency multipliers of an engine on this GPU: its documented plateaus (RuntimeSpec
     .efficiency) over the calibration's (the largest GEMM of the curve, the largest copy), times the profile's
     plain scale factors."""
-    backend = runtime.backend_efficiency(gpu)
+    backend = runtime.backend_efficiency(gpu, dtype)
     compute, memory = runtime.compute_efficiency_scale, runtime.memory_efficiency_scale
     if backend is None:
         return compute, memory
     curve = cal.gemm_efficiency.get(dtype) or cal.gemm_efficiency.get("fp16")
     table = cal.gemm_tables.get(dtype)
-    gemm_plateau = float(np.max(table.efficiency)) if table is not None else max(curve.efficiency)
+    # the plateau: the largest GEMM of the table (not its maximum, which may be a memory-bound GEMV corner)
+    gemm_plateau = (gemm_table_value(table, table.m[-1], table.n[-1], table.k[-1]) if table is not None
+                    else max(curve.efficiency))
     memory_plateau = max(cal.memory_efficiency.efficiency)
     return (compute * backend.gemm_fraction_of_peak / gemm_plateau,
             memory * backend.memory_fraction_of_bw / memory_plateau)

@@ -27,14 +27,10 @@ class PowerMode:
     power_limit_w: float | None = None
     gpu_clock_mhz: float | None = None
 
-    @property
-    def active(self) -> bool:
-        return self.power_limit_w is not None or self.gpu_clock_mhz is not None
-
 
 def apply_power_mode(gpu: HardwareSpec, cal: CalibrationSpec, mode: PowerMode, gpu_s: np.ndarray,
-                     compute_s: np.ndarray, memory_s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(kernel seconds, kernel watts, clock MHz) per op under ``mode``."""
+                     compute_s: np.ndarray, memory_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(kernel seconds, kernel watts) per op under ``mode``."""
     from .energy import op_power_w, waiting_power_w
 
     boost = gpu.boost_clock_mhz
@@ -55,4 +51,4 @@ def apply_power_mode(gpu: HardwareSpec, cal: CalibrationSpec, mode: PowerMode, g
     power_w = np.where(gpu_s > 0, power_w, 0.0)
     floor = np.maximum(np.maximum(compute_s, memory_s), 1e-30)
     slow = np.maximum(1.0, compute_s / floor * boost / clock)
-    return gpu_s * slow, power_w, clock
+    return gpu_s * slow, power_w

@@ -11,6 +11,7 @@ plan and the torch/transformers/aisim versions.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -25,6 +26,7 @@ from .ops import Graph, Op, TensorMeta
 
 TRACED_LAYERS = (2, 3)
 FORMAT_VERSION = "8"
+TRANSCRIPT_FIELDS = {"audio_s", "beam", "transcript_tokens", "windows"}
 WHISPER_WINDOW_FRAMES = 3000  # 30 s of audio at 100 mel frames per second (whisper's fixed input window)
 
 
@@ -70,6 +72,7 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("AISIM_CACHE_DIR", Path.home() / ".cache" / "aisim")) / "graphs"
 
 
+@functools.cache
 def _version(dist: str) -> str:
     try:
         return metadata.version(dist)
@@ -78,7 +81,8 @@ def _version(dist: str) -> str:
 
 
 def _cache_key(config: dict, workload: Workload, plan: ParallelPlan) -> str:
-    blob = json.dumps([config, workload.model_dump(), plan.model_dump(), _version("torch"),
+    traced = workload.model_dump(exclude=TRANSCRIPT_FIELDS)  # the recording's fields do not shape a step's graph
+    blob = json.dumps([config, traced, plan.model_dump(), _version("torch"),
                        _version("transformers"), _version("aisim"), FORMAT_VERSION], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
