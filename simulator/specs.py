@@ -136,6 +136,9 @@ class CalibrationSpec(Spec):
     gemm_tables: dict[str, GemmTable] = Field(default_factory=dict)
     attention_efficiency: dict[str, Curve] = Field(description="per dtype: efficiency vs FLOPs of one attention call")
     memory_efficiency: Curve = Field(description="achieved fraction of memory bandwidth vs bytes moved")
+    transposed_memory_efficiency: Curve | None = Field(
+        None, description="the same for elementwise ops with an operand whose innermost dim is strided (a "
+                          "transpose: uncoalesced reads); absent: the memory curve is used")
     launch_overhead_s: float = Field(description="GPU-side gap between back-to-back kernels")
     eager_dispatch_s: float = Field(description="CPU time to dispatch one aten op in eager PyTorch")
     graphs_dispatch_s: float = Field(description="CPU time per kernel under CUDA graphs / fused engines")

@@ -352,3 +352,14 @@ def test_power_curves_are_fitted_monotone_from_the_active_floor():
     assert curve.x == [0.0, 0.2, 0.5, 0.6]
     assert curve.efficiency == pytest.approx([0.2, 0.6, 1.0, 1.0])  # 140/700, 420/700, 700/700, kept at 1.0
     assert fitted["power_memory_curve"].efficiency == pytest.approx([0.2, 0.5])
+
+
+def test_transposed_records_fit_their_own_curve():
+    from aisim.validation.calibrate_fit import fit_transposed
+
+    bw = 1e12
+    recs = [{"bench": "memory_t", "op": "copy_t", "dtype": "fp16", "size_bytes": s, "time_s": 2 * s / bw / 0.2}
+            for s in (2**20, 2**24, 2**28)]
+    curve, notes = fit_transposed(recs + [{"bench": "memory", "op": "copy", "size_bytes": 1, "time_s": 1}], bw)
+    assert curve is not None and all(e == pytest.approx(0.2) for e in curve.efficiency) and notes
+    assert fit_transposed([], bw) == (None, [])

@@ -55,9 +55,11 @@ WHY = """\
 - **Whisper decoder steps are host-bound on an H200** (10-15 ms for a step whose GPU work is 1-3 ms): two runs of
   the whisper suite on H200 hosts 25 minutes apart gave whisper-small decode 1 x 150 at 5.96 and 9.28 ms and
   whisper-medium.en decode 5 x 440 at 17.3 and 9.9 ms; the committed dataset is the second run (after the
-  energy subtraction of the cache copies was added to the encoder-decoder driver). Encode at batch 5-8 is 22-29%
-  short although GPU-bound (680-700 W); the cause is not established (its GEMMs and 1500-frame attention are
-  costed at the H200's calibrated efficiencies; a kernel profile of these cases is the next step).
+  energy subtraction of the cache copies was added to the encoder-decoder driver). Encode at batch 5-8 was 22-29%
+  short until the kernel profile (validation/data/profiles/h200-whisper-medium-encode.txt) showed why: Whisper's
+  conv output is a transposed view, so the residual adds and layer norms of the encoder read an operand across
+  its innermost dim at 0.12-0.3 of HBM bandwidth. A microbenchmark of such ops (calibrate --add-transposed) now
+  feeds a separate curve, and those rows are 6-12% short.
 - **Training memory with AdamW** is low by about 10% (cs336-2.7b train): the step's foreach temporaries are
   modelled as one parameter-sized buffer; PyTorch 2.11's foreach AdamW holds more at its peak.
 """

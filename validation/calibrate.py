@@ -96,6 +96,44 @@ def run_calibration(device_name: str, out_path: Path, *, quick: bool = False, ma
     return write_outputs(raw, out_path, budget)
 
 
+def add_transposed(device: str, raw_path: Path, out_path: Path, quick: bool = False) -> Path:
+    """Measure the transposed-operand memory ops (calibrate_bench.bench_transposed) on the local GPU and refit an
+    existing calibration's raw records with them (the other measurements are kept as they were)."""
+    import torch
+
+    from .calibrate_bench import bench_transposed, transposed_plan
+
+    key, hw = resolve_device(device)
+    raw = json.loads(Path(raw_path).read_text())
+    if raw["device"] != key:
+        raise AisimError(f"{raw_path} is the calibration of {raw['device']!r}, not {key!r}")
+    props = torch.cuda.get_device_properties(0)
+    from ..specs import all_hardware
+
+    mismatch = gpu_name_mismatch(props.name, key, all_hardware())
+    if mismatch:
+        raise AisimError(mismatch)
+    budget = Budget(total_s=600.0, start=time.monotonic())
+    l2_bytes = float(getattr(props, "L2_cache_size", 0) or hw.l2_bytes)
+    torch.randn(8, device="cuda").sum().item()
+    records = bench_transposed(transposed_plan(quick), budget, raw["peaks"], l2_bytes)
+    raw["records"] = [r for r in raw["records"] if r["bench"] != "memory_t"] + records
+    raw["provenance"] = {**raw["provenance"], "transposed_memory": (
+        f"added {time.strftime('%Y-%m-%d')} on {props.name}, torch {torch.__version__}, driver "
+        f"{_driver()}: python -m aisim.validation.calibrate --add-transposed")}
+    return write_outputs(raw, out_path, budget)
+
+
+def _driver() -> str:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return str(pynvml.nvmlSystemGetDriverVersion())
+    except Exception:  # noqa: BLE001 - provenance only
+        return "unknown"
+
+
 def write_outputs(raw: dict, out_path: Path, budget: Budget | None = None) -> Path:
     """Write ``<stem>.raw.json`` and the fitted YAML; the YAML is checked by loading it back."""
     import yaml
@@ -213,9 +251,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="small grids (about 20 s on an H100)")
     p.add_argument("--max-minutes", type=float, default=4.0, help="wall-clock budget; grids shrink to fit")
     p.add_argument("--refit", type=Path, help="refit an existing .raw.json (no GPU needed) instead of measuring")
+    p.add_argument("--add-transposed", type=Path, metavar="RAW_JSON",
+                   help="measure only the transposed-operand memory ops on the local GPU, append them to this "
+                        "existing .raw.json's records and refit (written to --out and its .raw.json)")
     args = p.parse_args(argv)
     try:
-        if args.refit:
+        if args.add_transposed:
+            if not (args.device and args.out):
+                raise AisimError("--add-transposed needs --device and --out")
+            path = add_transposed(args.device, args.add_transposed, args.out, quick=args.quick)
+        elif args.refit:
             raw = json.loads(args.refit.read_text())
             out = args.out or args.refit.with_name(args.refit.name.removesuffix(".raw.json") + ".yaml")
             if out.with_name(out.stem + ".raw.json").resolve() != args.refit.resolve():

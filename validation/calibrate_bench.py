@@ -9,7 +9,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from .calibrate_fit import (ATTN_BACKWARD_FLOPS_FACTOR, ATTN_DECODE_BATCH, ATTN_DECODE_KV, ATTN_DTYPES, ATTN_HEADS, ATTN_HEAD_DIMS, ATTN_PREFILL, ELEM_BYTES, GEMM_DTYPES, GEMM_M, GEMM_MAX_BYTES, GEMM_MAX_TIME_S, GEMM_NK, GEMM_QUICK, MEMORY_DTYPES, MEMORY_OPS, MEMORY_SIZES, PHASE_DEADLINES, SLEEP_CYCLES_PER_S, attention_bytes, attention_flops, gemm_bytes, gemm_flops, roofline_time_s)
+from .calibrate_fit import (ATTN_BACKWARD_FLOPS_FACTOR, ATTN_DECODE_BATCH, ATTN_DECODE_KV, ATTN_DTYPES, ATTN_HEADS, ATTN_HEAD_DIMS, ATTN_PREFILL, ELEM_BYTES, GEMM_DTYPES, GEMM_M, GEMM_MAX_BYTES, GEMM_MAX_TIME_S, GEMM_NK, GEMM_QUICK, MEMORY_DTYPES, MEMORY_OPS, MEMORY_SIZES, TRANSPOSED_OPS, PHASE_DEADLINES, SLEEP_CYCLES_PER_S, attention_bytes, attention_flops, gemm_bytes, gemm_flops, roofline_time_s)
 
 # ---------------------------------------------------------------- GPU timing
 
@@ -120,6 +120,43 @@ def memory_plan(quick: bool) -> list[dict]:
     sizes = MEMORY_SIZES[:-1:2] if quick else MEMORY_SIZES
     return [{"bench": "memory", "op": op, "dtype": dtype, "size_bytes": size}
             for size in sizes for dtype in MEMORY_DTYPES for op in MEMORY_OPS]
+
+
+def transposed_plan(quick: bool) -> list[dict]:
+    sizes = MEMORY_SIZES[2:-1:2] if quick else MEMORY_SIZES[2:]
+    return [{"bench": "memory_t", "op": op, "dtype": dtype, "size_bytes": size}
+            for size in sizes for dtype in MEMORY_DTYPES for op in TRANSPOSED_OPS]
+
+
+def bench_transposed(plan: list[dict], budget: Budget, peaks: dict, l2_bytes: float) -> list[dict]:
+    """Elementwise ops over a (rows, h) tensor read through its transpose (innermost dim strided): a copy to
+    contiguous and an add with a contiguous operand (HF: a permuted conv output meeting a residual)."""
+    import torch
+
+    out = []
+    for it in plan:
+        dt = getattr(torch, _TORCH_DTYPE[it["dtype"]])
+        moved = TRANSPOSED_OPS[it["op"]] * it["size_bytes"]
+        sets = rotation_sets(moved, l2_bytes)
+        guess = predicted_time_s(0.0, moved, 1.0, peaks["memory_bw_bytes_per_s"])
+
+        def build(it=it, dt=dt, sets=sets):
+            return [_transposed_call(torch, it, dt) for _ in range(sets)]
+
+        label = f"memory_t {it['op']:8s} {it['dtype']} {it['size_bytes'] / 2**20:10.3f} MiB"
+        out.append(_measure({**it, "rotation_sets": sets}, build, budget, "memory", guess * 400 + 0.01, label))
+    torch.cuda.empty_cache()
+    return out
+
+
+def _transposed_call(torch, it: dict, dt):
+    numel = it["size_bytes"] // ELEM_BYTES[it["dtype"]]
+    h = min(1024, numel)
+    x = torch.randn(numel // h, h, device="cuda", dtype=dt)
+    if it["op"] == "add_t":
+        y = torch.randn(h, numel // h, device="cuda", dtype=dt)
+        return lambda: x.t() + y
+    return lambda: x.t().contiguous()
 
 
 def _product(*iterables):

@@ -32,6 +32,9 @@ ATTN_BACKWARD_FLOPS_FACTOR = FLASH_BACKWARD_FLOPS_RATIO   # 2.5: flash backward,
 MEMORY_DTYPES = ("fp16", "fp32")
 # tensors of the input's size that each op reads + writes (bytes moved = this x input bytes)
 MEMORY_OPS = {"copy": 2, "add": 3, "gelu": 2, "silu": 2, "layer_norm": 2, "rms_norm": 2, "softmax": 2}
+# elementwise ops with an operand whose innermost dimension is not contiguous (a transpose of the last two dims:
+# x.t().contiguous(), x.t() + y), the uncoalesced case; fitted into their own curve
+TRANSPOSED_OPS = {"copy_t": 2, "add_t": 3}
 MEMORY_SIZES = tuple(4096 * 4**i for i in range(10)) + (2 * 2**30,)     # input bytes, 4 KiB .. 2 GiB
 SLEEP_CYCLES_PER_S = 2.0e9       # torch.cuda._sleep counts SM cycles; ~H100/H200 boost (1.98 GHz); slower = longer
 CURVE_BIN_DECADES = 0.5          # curves: median efficiency in bins of half a decade of log10(size)
@@ -202,6 +205,17 @@ DISPATCH_MIX = {"view_call_s": (1, 0, 1), "eager_op_s": (1, 1, 0), "linear_nobia
                 "t_contiguous_s": (2, 1, 1), "add_out_s": (1, 1, 0)}
 
 
+def fit_transposed(records: list[dict], memory_bw_bytes_per_s: float) -> tuple[Curve | None, list[str]]:
+    """Transposed-operand elementwise records -> their curve (None where not measured)."""
+    rows = [r for r in records if r["bench"] == "memory_t" and r.get("time_s")]
+    if not rows:
+        return None, []
+    moved = [TRANSPOSED_OPS[r["op"]] * r["size_bytes"] for r in rows]
+    effs = [b / memory_bw_bytes_per_s / r["time_s"] for b, r in zip(moved, rows)]
+    return (grouped_curve([r["size_bytes"] for r in rows], moved, effs),
+            [f"transposed memory: {len(rows)} (op, dtype, size) points, ops {sorted({r['op'] for r in rows})}"])
+
+
 def fit_dispatch(med: dict[str, float]) -> dict[str, float]:
     """Least squares of wall time per call = calls * P + kernels * K + views * V over DISPATCH_MIX (non-negative)."""
     import numpy as np
@@ -267,7 +281,8 @@ def fit_calibration(raw: dict, defaults: CalibrationSpec | None = None) -> Calib
     gemm_curves, tables, n = fit_gemm(recs, peaks, raw["grid"]["gemm"])
     attn, n2 = fit_attention(recs, peaks)
     memory, _, n3 = fit_memory(recs, peaks["memory_bw_bytes_per_s"])
-    notes += n + n2 + n3
+    transposed, n5 = fit_transposed(recs, peaks["memory_bw_bytes_per_s"])
+    notes += n + n2 + n3 + n5
     fields = {}
     for name, fit, args in (("overheads", fit_overheads, (recs,)),
                             ("power", fit_power, (recs, float(raw["provenance"].get("power_limit_w", "nan"))))):
@@ -290,7 +305,8 @@ def fit_calibration(raw: dict, defaults: CalibrationSpec | None = None) -> Calib
     notes.append(_conventions_note(peaks))
     return CalibrationSpec(device=raw["device"], measured=True, provenance=raw["provenance"],
                            gemm_efficiency=gemm_curves, gemm_tables=tables, attention_efficiency=attn,
-                           memory_efficiency=memory, **{k: _sig(v) if isinstance(v, (int, float)) else v
+                           memory_efficiency=memory, transposed_memory_efficiency=transposed,
+                           **{k: _sig(v) if isinstance(v, (int, float)) else v
                                                         for k, v in {**fields, **coll}.items()},
                            notes="\n".join(notes))
 

@@ -7,6 +7,7 @@ Collectives are costed in ``comm``; syncs and metadata ops take no GPU time.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..catalog import Device
@@ -60,6 +61,8 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
     elif cost.kind == "attention":
         variant = "backward" if op.name.endswith("_backward") else ("decode" if op.inputs[0].shape[-2] == 1 else "")
         eff = efficiency.attention_efficiency(cal, dtype, variant, cost.flops, cost.bytes) * compute_scale
+    elif op.attrs.get("transposed") and cal.transposed_memory_efficiency is not None:
+        eff = efficiency.curve_value(cal.transposed_memory_efficiency, math.log10(max(cost.bytes, 1.0))) * memory_scale
     else:
         eff = efficiency.memory_efficiency(cal, cost.bytes) * memory_scale
     kernel_s = roofline_s / eff

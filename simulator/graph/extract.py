@@ -25,7 +25,7 @@ from ..workload import ParallelPlan, Workload
 from .ops import Graph, Op, TensorMeta
 
 TRACED_LAYERS = (2, 3)
-FORMAT_VERSION = "8"
+FORMAT_VERSION = "9"
 TRANSCRIPT_FIELDS = {"audio_s", "beam", "transcript_tokens", "windows"}
 WHISPER_WINDOW_FRAMES = 3000  # 30 s of audio at 100 mel frames per second (whisper's fixed input window)
 

@@ -106,6 +106,8 @@ class _Dispatch(TorchDispatchMode):
         name = f"aten.{func._schema.name.split('::')[-1]}" + (
             f".{func._overloadname}" if func._overloadname != "default" else "")
         attrs = {"view": bool(func.is_view), "pointwise": torch.Tag.pointwise in func.tags}
+        if not func.is_view and any(_transposed(a) for a in inputs):
+            attrs["transposed"] = True   # an operand read across its innermost dim (uncoalesced elementwise)
         if tracer.param_storages:
             weight = sum(a.numel() * a.element_size() for a in inputs
                          if a.untyped_storage()._cdata in tracer.param_storages)
@@ -116,6 +118,11 @@ class _Dispatch(TorchDispatchMode):
             tracer.track(o, new=not alias)
         tracer.ops[-1].attrs["live_bytes"] = tracer.live_bytes
         return out
+
+
+def _transposed(t: torch.Tensor) -> bool:
+    """Whether ``t`` is laid out with its innermost dim strided (a transposed view), not broadcast along it."""
+    return t.dim() >= 2 and t.shape[-1] > 1 and t.stride(-1) not in (0, 1)
 
 
 def _tensors(args, kwargs):
