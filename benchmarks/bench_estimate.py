@@ -81,7 +81,7 @@ def main() -> None:
     rows.append(("transcribe whisper-medium.en, 2107 s of audio, first run (4 traces)",
                  timed(lambda: aisim.estimate(**speech), 1)))
     rows.append(("same transcribe, graphs cached", timed(lambda: aisim.estimate(**speech), 5)))
-    limits = range(10, 60)
+    limits = range(10, 50)
     rows.append((f"sweep of {len(limits)} power limits x 2 backends (transcribe, graphs cached)", timed(
         lambda: [aisim.estimate(**{**speech, "runtime": rt}, power_limit_w=w)
                  for rt in ("ggml-cuda", "ggml-vulkan") for w in limits], 1)))
