@@ -225,6 +225,8 @@ def step_cost(graph, dev, cal, rt, w: Workload, plan: ParallelPlan, power: Power
     ops, repeats_list = expand(graph.ops, graph.repeats, w, rt, graph.meta.get("vocab_size") or 0,
                                w.batch // plan.dp)
     costs = [quantized(op_cost(op), op, w.quant) for op in ops]
+    if dev.interconnect is not None and dev.interconnect.allreduce_cpu_s is not None and plan.tp > 1:
+        cal = cal.model_copy(update={"allreduce_cpu_s": dev.interconnect.allreduce_cpu_s})
     if rt.kv_cache == "preallocated":
         costs = [kv_append_in_place(c, op) for c, op in zip(costs, ops)]
     compute_scale, memory_scale = runtime_scales(rt, dev.gpu, cal, w.dtype)

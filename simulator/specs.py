@@ -91,6 +91,8 @@ class InterconnectSpec(Spec):
     algorithm: Literal["ring", "tree", "switch"] = "ring"
     link_bw_bytes_per_s: float = Field(description="achievable one-direction bandwidth per GPU into the fabric")
     latency_s: float = Field(description="per-step latency of a collective (launch + sync)")
+    allreduce_cpu_s: float | None = Field(None, description="CPU cost to issue one collective on this host "
+                                          "(replaces the device calibration's, measured on another GPU count)")
     source: str
 
 

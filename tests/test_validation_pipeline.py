@@ -106,6 +106,10 @@ def test_shipped_suites_load():
     assert 50 <= len(h100.cases) <= 70
     assert {c.tp for c in tp2.cases} == {1, 2}
     assert all(c.tp == 1 for c in h100.cases)
+    tp4 = load_suite(ROOT / "validation/suites/tp4.yaml")
+    assert {c.tp for c in tp4.cases} == {1, 4} and tp4.cases[-1].model == "Llama-2-70b-hf"   # the 70B last
+    whisper = load_suite(ROOT / "validation/suites/whisper.yaml")
+    assert {c.workload for c in whisper.cases} == {"encode", "decode"} and any(c.step_tokens > 1 for c in whisper.cases)
 
 
 # ------------------------------------------------------------------ runner, end to end on the CPU
