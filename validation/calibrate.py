@@ -101,7 +101,7 @@ def add_transposed(device: str, raw_path: Path, out_path: Path, quick: bool = Fa
     existing calibration's raw records with them (the other measurements are kept as they were)."""
     import torch
 
-    from .calibrate_bench import bench_transposed, transposed_plan
+    from .calibrate_bench import transposed_plan
 
     key, hw = resolve_device(device)
     raw = json.loads(Path(raw_path).read_text())
@@ -116,7 +116,7 @@ def add_transposed(device: str, raw_path: Path, out_path: Path, quick: bool = Fa
     budget = Budget(total_s=600.0, start=time.monotonic())
     l2_bytes = float(getattr(props, "L2_cache_size", 0) or hw.l2_bytes)
     torch.randn(8, device="cuda").sum().item()
-    records = bench_transposed(transposed_plan(quick), budget, raw["peaks"], l2_bytes)
+    records = bench_memory(transposed_plan(quick), budget, raw["peaks"], l2_bytes)
     raw["records"] = [r for r in raw["records"] if r["bench"] != "memory_t"] + records
     raw["provenance"] = {**raw["provenance"], "transposed_memory": (
         f"added {time.strftime('%Y-%m-%d')} on {props.name}, torch {torch.__version__}, driver "

@@ -128,27 +128,6 @@ def transposed_plan(quick: bool) -> list[dict]:
             for size in sizes for dtype in MEMORY_DTYPES for op in TRANSPOSED_OPS]
 
 
-def bench_transposed(plan: list[dict], budget: Budget, peaks: dict, l2_bytes: float) -> list[dict]:
-    """Elementwise ops over a (rows, h) tensor read through its transpose (innermost dim strided): a copy to
-    contiguous and an add with a contiguous operand (HF: a permuted conv output meeting a residual)."""
-    import torch
-
-    out = []
-    for it in plan:
-        dt = getattr(torch, _TORCH_DTYPE[it["dtype"]])
-        moved = TRANSPOSED_OPS[it["op"]] * it["size_bytes"]
-        sets = rotation_sets(moved, l2_bytes)
-        guess = predicted_time_s(0.0, moved, 1.0, peaks["memory_bw_bytes_per_s"])
-
-        def build(it=it, dt=dt, sets=sets):
-            return [_transposed_call(torch, it, dt) for _ in range(sets)]
-
-        label = f"memory_t {it['op']:8s} {it['dtype']} {it['size_bytes'] / 2**20:10.3f} MiB"
-        out.append(_measure({**it, "rotation_sets": sets}, build, budget, "memory", guess * 400 + 0.01, label))
-    torch.cuda.empty_cache()
-    return out
-
-
 def _transposed_call(torch, it: dict, dt):
     numel = it["size_bytes"] // ELEM_BYTES[it["dtype"]]
     h = min(1024, numel)
@@ -253,21 +232,26 @@ def _sdpa_call(torch, F, it: dict, dt, backward: bool):
 
 def bench_memory(plan: list[dict], budget: Budget, peaks: dict, l2_bytes: float) -> list[dict]:
     """Memory-bound kernels on (rows, min(4096, numel)) tensors: clone, a + b, gelu, silu, layer_norm,
-    rms_norm (F.rms_norm) and softmax over the last dim."""
+    rms_norm (F.rms_norm) and softmax over the last dim; and (bench "memory_t") the same tensor read through its
+    transpose (innermost dim strided): a copy to contiguous and an add with a contiguous operand (HF: a permuted
+    conv output meeting a residual)."""
     import torch
 
     out = []
     for it in plan:
         dt = getattr(torch, _TORCH_DTYPE[it["dtype"]])
-        moved = MEMORY_OPS[it["op"]] * it["size_bytes"]
+        transposed = it["bench"] == "memory_t"
+        moved = (TRANSPOSED_OPS if transposed else MEMORY_OPS)[it["op"]] * it["size_bytes"]
         sets = rotation_sets(moved, l2_bytes)
         guess = predicted_time_s(0.0, moved, 1.0, peaks["memory_bw_bytes_per_s"])
+        call = _transposed_call if transposed else _memory_call
 
-        def build(it=it, dt=dt, sets=sets):
-            return [_memory_call(torch, it, dt) for _ in range(sets)]
+        def build(it=it, dt=dt, sets=sets, call=call):
+            return [call(torch, it, dt) for _ in range(sets)]
 
-        label = f"memory {it['op']:10s} {it['dtype']} {it['size_bytes'] / 2**20:10.3f} MiB"
-        out.append(_measure({**it, "rotation_sets": sets}, build, budget, "memory", guess * 120 + 0.01, label))
+        label = f"{it['bench']} {it['op']:10s} {it['dtype']} {it['size_bytes'] / 2**20:10.3f} MiB"
+        out.append(_measure({**it, "rotation_sets": sets}, build, budget, "memory",
+                            guess * (400 if transposed else 120) + 0.01, label))
     torch.cuda.empty_cache()
     return out
 
