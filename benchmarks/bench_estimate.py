@@ -88,7 +88,8 @@ def main() -> None:
     from aisim.serving import serve_bench
 
     tgi = dict(model="bloomz-7b1-mt", device="a100", shards=[1, 2, 4, 8], batches=[1, 2, 4, 8, 16, 32], seq=1024)
-    rows.append(("serve-bench bloomz-7b1-mt, 4 shard counts x 6 batches, first run", timed(lambda: serve_bench(**tgi), 1)))
+    rows.append(("serve-bench bloomz-7b1-mt, 4 shard counts x 6 batches, first run",
+                 timed(lambda: serve_bench(**tgi), 1)))
     rows.append(("same serve-bench, graphs cached", timed(lambda: serve_bench(**tgi), 3)))
     write(Path(args.out), rows)
 

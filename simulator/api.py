@@ -101,7 +101,8 @@ def estimate(model: str, device: str, workload: str = "forward", batch: int = 1,
 def _runtime(name: str) -> RuntimeSpec:
     runtimes = all_runtimes()
     if name not in runtimes:
-        raise catalog.UnknownNameError("runtime", name, sorted(runtimes), f"Choose one of: {', '.join(sorted(runtimes))}.")
+        raise catalog.UnknownNameError("runtime", name, sorted(runtimes),
+                                       f"Choose one of: {', '.join(sorted(runtimes))}.")
     return runtimes[name]
 
 
@@ -340,7 +341,7 @@ def _generate(name, config, dev, cal, rt, w: Workload, plan, assumptions, power:
     steps = max(w.gen_tokens - 1, 0)
     prefill = w.model_copy(update={"phase": "prefill"})
     first = w.model_copy(update={"phase": "decode", "seq": w.seq + 1, "logits_all": False})
-    last = w.model_copy(update={"phase": "decode", "seq": w.seq + max(steps, 1)})
+    last = first.model_copy(update={"seq": w.seq + max(steps, 1)})
     g_prefill = trace_workload(config, prefill, plan)
     g_first, g_last = trace_workload(config, first, plan), trace_workload(config, last, plan)
     c_prefill = step_cost(g_prefill, dev, cal, rt, prefill, plan, power)

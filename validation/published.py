@@ -354,7 +354,8 @@ def compare_reference(name: str, fmt: str = "rst", estimator: Callable | None = 
         rows = tgi_rows(serve_bench)
         note = ("text-generation-benchmark report of bigscience/bloomz-7b1-mt (TGI v0.7-v0.8, mid 2023), "
                 "sequence length 1024 (and 100), decode length 8, 1-8 shards, one bitsandbytes int8 run. The GPU is "
-                "not stated: aisim estimates each plausible shipped device (A100 SXM4 80GB and 40GB with NVSwitch, A100 "
+                "not stated: aisim estimates each plausible shipped device (A100 SXM4 80GB and 40GB with NVSwitch, "
+                "A100 "
                 "PCIe 80GB over PCIe, H100 SXM; the A100s have no calibration file, so the default rules apply) with "
                 "--runtime tgi-2023 (TGI 0.x's request loop, prompt logprobs over the full vocabulary and a gRPC "
                 "call per step, counted in its source) and, for the int8 run, bitsandbytes LLM.int8's matmul "
