@@ -58,6 +58,8 @@ def estimate(model: str, device: str, workload: str = "forward", batch: int = 1,
         runtime = TRANSCRIBE_RUNTIME if workload == "transcribe" else "eager"
     rt = runtime if isinstance(runtime, RuntimeSpec) else _runtime(runtime)
     cal = load_calibration(dev.gpu.name)
+    if dev.interconnect.allreduce_cpu_s is not None:  # measured on this host's GPU count: it replaces the device's
+        cal = cal.model_copy(update={"allreduce_cpu_s": dev.interconnect.allreduce_cpu_s})
     try:
         w = Workload(phase=workload, batch=batch, seq=seq, gen_tokens=gen, dtype=dtype, with_loss=with_loss,
                      optimizer=optimizer, quant=quant, attn_impl=rt.attn_impl, encode_cross_kv=rt.encode_cross_kv,
@@ -226,8 +228,6 @@ def step_cost(graph, dev, cal, rt, w: Workload, plan: ParallelPlan, power: Power
     ops, repeats_list = expand(graph.ops, graph.repeats, w, rt, graph.meta.get("vocab_size") or 0,
                                w.batch // plan.dp)
     costs = [quantized(op_cost(op), op, w.quant) for op in ops]
-    if dev.interconnect is not None and dev.interconnect.allreduce_cpu_s is not None and plan.tp > 1:
-        cal = cal.model_copy(update={"allreduce_cpu_s": dev.interconnect.allreduce_cpu_s})
     if rt.kv_cache == "preallocated":
         costs = [kv_append_in_place(c, op) for c, op in zip(costs, ops)]
     compute_scale, memory_scale = runtime_scales(rt, dev.gpu, cal, w.dtype)

@@ -102,6 +102,7 @@ def add_transposed(device: str, raw_path: Path, out_path: Path, quick: bool = Fa
     import torch
 
     from .calibrate_bench import transposed_plan
+    from .gpu import driver_version
 
     key, hw = resolve_device(device)
     raw = json.loads(Path(raw_path).read_text())
@@ -120,18 +121,8 @@ def add_transposed(device: str, raw_path: Path, out_path: Path, quick: bool = Fa
     raw["records"] = [r for r in raw["records"] if r["bench"] != "memory_t"] + records
     raw["provenance"] = {**raw["provenance"], "transposed_memory": (
         f"added {time.strftime('%Y-%m-%d')} on {props.name}, torch {torch.__version__}, driver "
-        f"{_driver()}: python -m aisim.validation.calibrate --add-transposed")}
+        f"{driver_version() or 'unknown'}: python -m aisim.validation.calibrate --add-transposed")}
     return write_outputs(raw, out_path, budget)
-
-
-def _driver() -> str:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return str(pynvml.nvmlSystemGetDriverVersion())
-    except Exception:  # noqa: BLE001 - provenance only
-        return "unknown"
 
 
 def write_outputs(raw: dict, out_path: Path, budget: Budget | None = None) -> Path:

@@ -238,13 +238,10 @@ WHISPER_RUNTIMES = {"vulkan": "ggml-vulkan", "cuda": "ggml-cuda"}
 WHISPER_POWER_MODES = {"performance": "performance", "balanced": "balanced", "power_saver": "power-saver"}
 
 
-def _whisper_counts(row: dict):
+def _whisper_counts(row: dict, n_text_ctx: int):
     from aisim.speech import TranscriptCounts
 
     ph = row["phases"]
-    from aisim.catalog import resolve_model
-
-    n_text_ctx = resolve_model(WHISPER_MODEL)[1]["max_target_positions"]
     return TranscriptCounts.from_runs(ph["encode"]["runs"], ph["decode"]["runs"], ph["batchd"]["runs"],
                                       ph["prompt"]["runs"], row["tokens"], WHISPER_BEAM, n_text_ctx)
 
@@ -253,13 +250,16 @@ def whisper_rows(transcriber: Callable) -> list[Row]:
     """Every block of the seed: recorded ones compared per phase (time per run, as whisper.cpp prints it) and in
     GPU tokens per second; the never-recorded Power Saver blocks estimated with the same backend and recording's
     Performance run counts under the GPU spec's power-saver mode."""
+    from aisim.catalog import resolve_model
+
     ref = load_reference("whisper-cpp")
+    n_text_ctx = resolve_model(WHISPER_MODEL)[1]["max_target_positions"]
     recorded = {(r["backend"], r["recording"]): r for r in ref["rows"]
                 if r["status"] == "ok" and r["power_mode"] == "performance"}
     rows = []
     for r in ref["rows"]:
         source = r if r["status"] == "ok" else recorded[(r["backend"], r["recording"])]
-        est = transcriber(WHISPER_MODEL, WHISPER_DEVICE, _whisper_counts(source),
+        est = transcriber(WHISPER_MODEL, WHISPER_DEVICE, _whisper_counts(source, n_text_ctx),
                           runtime=WHISPER_RUNTIMES[r["backend"]], power_mode=WHISPER_POWER_MODES[r["power_mode"]])
         if not est.fits:
             raise ValueError(f"{WHISPER_MODEL} does not fit {WHISPER_DEVICE}: {est.not_fit_reason}")
