@@ -85,7 +85,7 @@ def main() -> None:
     rows.append((f"sweep of {len(limits)} power limits x 2 backends (transcribe, graphs cached)", timed(
         lambda: [aisim.estimate(**{**speech, "runtime": rt}, power_limit_w=w)
                  for rt in ("ggml-cuda", "ggml-vulkan") for w in limits], 1)))
-    from aisim.serving import serve_bench
+    from aisim.api import serve_bench
 
     tgi = dict(model="bloomz-7b1-mt", device="a100", shards=[1, 2, 4, 8], batches=[1, 2, 4, 8, 16, 32], seq=1024)
     rows.append(("serve-bench bloomz-7b1-mt, 4 shard counts x 6 batches, first run",

@@ -5,13 +5,8 @@
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-
-def estimate(*args, **kwargs):
-    from .api import estimate as _estimate
-
-    return _estimate(*args, **kwargs)
-
+from .api import estimate  # noqa: E402  (typed front: pydantic and the spec loaders only, no torch)
 
 __all__ = ["estimate", "__version__"]

@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
 from .errors import AisimError, UnknownNameError
-from .specs import HardwareSpec, InterconnectSpec, SystemSpec, all_hardware, all_systems
+from .specs import (Device, HardwareSpec, InterconnectSpec, SystemSpec, load_yaml, all_hardware, all_systems,
+                    parse_spec)
 
+MAX_GPUS = 100_000  # beyond any built cluster: bounds the default-plan search
 _MULTI = re.compile(r"^(?P<gpu>.+?)\s*[x×]\s*(?P<n>\d+)$")
 
 # Architecture rules for a host with no system spec file (docs/specs.md says where each comes from).
@@ -19,22 +20,6 @@ PCIE_ACHIEVED_FRACTION = 0.80      # TLP/DLLP protocol overhead, typical achieve
 NVLINK_ACHIEVED_FRACTION = 0.80    # NCCL bus bandwidth / NVLink unidirectional peak on NVSwitch systems
 COLLECTIVE_LATENCY_PCIE_S = 50e-6  # NCCL small-message all-reduce latency over PCIe (nccl-tests order of magnitude)
 COLLECTIVE_LATENCY_NVLINK_S = 15e-6
-
-
-@dataclass(frozen=True)
-class Device:
-    """A resolved device: one GPU spec, a count, and the interconnect between the GPUs."""
-    gpu: HardwareSpec
-    count: int
-    system: SystemSpec | None
-    interconnect: InterconnectSpec
-    assumptions: tuple[str, ...] = ()
-
-    @property
-    def name(self) -> str:
-        if self.system is not None:
-            return self.system.name
-        return self.gpu.name if self.count == 1 else f"{self.gpu.name}x{self.count}"
 
 
 def _gpu_index() -> dict[str, str]:
@@ -46,6 +31,7 @@ def _gpu_index() -> dict[str, str]:
 
 
 def resolve_gpu(name: str) -> HardwareSpec:
+    """A GPU spec by any of its names: file stem, ``name``, an alias, or the name the driver reports."""
     index = _gpu_index()
     key = index.get(name.strip().lower())
     if key is None:
@@ -72,20 +58,34 @@ def _default_interconnect(gpu: HardwareSpec, count: int) -> tuple[InterconnectSp
                 f"through the host, {pcie_bw / 1e9:.1f} GB/s per GPU per direction")
 
 
-def resolve_device(name: str) -> Device:
-    """``h100`` -> one GPU; ``a6000x8`` -> a system spec file if one exists, else 8 GPUs on default links."""
-    text = name.strip().lower()
+def resolve_device(name) -> Device:
+    """``h100`` -> one GPU; ``a6000x8`` -> a system spec file if one exists, else 8 GPUs on default links; a path
+    to a GPU or system YAML file -> that spec (validated like the shipped ones)."""
+    if isinstance(name, Device):
+        return name
+    if isinstance(name, Path) or str(name).endswith((".yaml", ".yml")):
+        return _device_from_file(Path(name).expanduser())
+    text = str(name).strip().lower()
+    if not text:
+        raise AisimError("--device is empty; give a GPU name (h100), NAMExN (a6000x8) or a spec YAML path")
     for spec in all_systems().values():
         if text in {spec.name.lower(), *(a.lower() for a in spec.aliases)}:
-            gpu = resolve_gpu(spec.gpu)
-            return Device(gpu=gpu, count=spec.gpu_count, system=spec, interconnect=spec.interconnect)
+            return _system_device(spec)
     match = _MULTI.match(text)
-    if match and text.lower() not in _gpu_index():
+    if match and text not in _gpu_index():
         gpu, count = resolve_gpu(match["gpu"]), int(match["n"])
-        if count < 1:
-            raise AisimError(f"device {name!r}: the GPU count must be at least 1")
+        if not 1 <= count <= MAX_GPUS:
+            raise AisimError(f"device {name!r}: the GPU count must be between 1 and {MAX_GPUS}")
     else:
         gpu, count = resolve_gpu(text), 1
+    return gpu_device(gpu, count)
+
+
+def gpu_device(gpu: HardwareSpec, count: int) -> Device:
+    """``count`` GPUs of one kind: a system spec file for that pair if one is shipped, else default links."""
+    for spec in all_systems().values():
+        if spec.gpu == gpu.name and spec.gpu_count == count:
+            return _system_device(spec)
     if count == 1:
         ic = InterconnectSpec(kind="none", algorithm="ring", link_bw_bytes_per_s=0.0, latency_s=0.0,
                               source="single GPU")
@@ -94,21 +94,55 @@ def resolve_device(name: str) -> Device:
     return Device(gpu=gpu, count=count, system=None, interconnect=ic, assumptions=(assumed,))
 
 
+def _system_device(spec: SystemSpec) -> Device:
+    return Device(gpu=resolve_gpu(spec.gpu), count=spec.gpu_count, system=spec, interconnect=spec.interconnect)
+
+
+def _device_from_file(path: Path) -> Device:
+    if not path.is_file():
+        raise AisimError(f"device spec {str(path)!r} does not exist; give a GPU or system YAML file, or a name "
+                         "(`aisim list devices`)")
+    data = load_yaml(path)
+    if "gpu_count" in data:
+        return _system_device(parse_spec(SystemSpec, data, path))
+    return gpu_device(parse_spec(HardwareSpec, data, path), 1)
+
+
 # ---------------------------------------------------------------- models
+
+MAX_CONFIG_BYTES = 4 * 2**20
+# Config keys that must be positive integers where present (HF names across families).
+POSITIVE_INT_KEYS = ("hidden_size", "n_embd", "d_model", "num_hidden_layers", "n_layer", "num_layers",
+                     "encoder_layers", "decoder_layers", "num_attention_heads", "n_head", "num_key_value_heads",
+                     "intermediate_size", "ffn_dim", "n_inner", "vocab_size", "max_position_embeddings",
+                     "n_positions", "num_local_experts", "num_experts", "num_experts_per_tok", "head_dim",
+                     "moe_intermediate_size", "sliding_window")
+MAX_DIM = 10_000_000
+
 
 def _model_dir() -> Path:
     return Path(str(resources.files("aisim.model_specs")))
 
 
+def common_names(full: str) -> set[str]:
+    """The names a user types for a shipped config: the HF repo id, the name after the organisation, and that name
+    without a vendor prefix or a release suffix (Meta-Llama-3-70B -> llama-3-70b, Llama-2-70b-hf -> llama-2-70b,
+    Mixtral-8x7B-v0.1 -> mixtral-8x7b)."""
+    short = full.split("/")[-1].lower()
+    bare = re.sub(r"^meta-", "", short)
+    bare = re.sub(r"(-hf|-v\d+(\.\d+)*)+$", "", bare)
+    return {full.lower(), short, bare}
+
+
 @lru_cache(maxsize=None)
 def model_index() -> dict[str, Path]:
-    """Every shipped config by file stem, by its ``_name_or_path`` and by the name after the organisation."""
+    """Every shipped config by file stem and by its common names (first claim wins)."""
     index: dict[str, Path] = {}
     for path in sorted(_model_dir().glob("*.json")):
         with open(path) as f:
             full = json.load(f).get("_name_or_path", path.stem)
-        for alias in {path.stem, full, full.split("/")[-1]}:
-            index[alias.lower()] = path
+        for alias in sorted({path.stem.lower()} | common_names(full)):
+            index.setdefault(alias, path)
     return index
 
 
@@ -120,25 +154,60 @@ def model_names() -> list[str]:
     return sorted(names)
 
 
-def resolve_model(name: str) -> tuple[str, dict]:
-    """A shipped name (with or without organisation) or a path to a local HF config.json -> (name, config)."""
+def resolve_model(name) -> tuple[str, dict]:
+    """A shipped name (with or without organisation, or a common short name) or a path to a local HF config.json
+    (or its folder) -> (name, config), checked: a mapping with a known model_type, positive integer dimensions, and
+    no custom code."""
+    if isinstance(name, Path):
+        name = str(name)
+    if not isinstance(name, str) or not name.strip():
+        raise AisimError("--model is empty; give a shipped name (`aisim list models`) or a path to a config.json")
     path = Path(name).expanduser()
     if name.endswith(".json") or path.is_dir():
         if path.is_dir():
             path = path / "config.json"
-        if not path.exists():
+        if not path.is_file():
             raise AisimError(f"model config {str(path)!r} does not exist; give a path to an HF config.json "
                              "or a shipped name (`aisim list models`).")
-        try:
-            with open(path) as f:
-                config = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise AisimError(f"{path}: not valid JSON ({exc})") from None
+        config = _read_config(path)
         return config.get("_name_or_path") or path.parent.name or path.stem, config
     found = model_index().get(name.strip().lower())
     if found is None:
         raise UnknownNameError("model", name, model_names() + [n.split("/")[-1] for n in model_names()],
                                "Run `aisim list models`, or pass a path to a local HF config.json.")
-    with open(found) as f:
-        config = json.load(f)
+    config = _read_config(found)
     return config.get("_name_or_path", found.stem), config
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise AisimError(f"{path}: larger than {MAX_CONFIG_BYTES // 2**20} MiB; not an HF config.json")
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as exc:
+        raise AisimError(f"{path}: not valid JSON ({type(exc).__name__}); give an HF config.json") from None
+    except OSError as exc:
+        raise AisimError(f"{path}: cannot be read ({exc.strerror})") from None
+    check_config(config, str(path))
+    return config
+
+
+def check_config(config, where: str) -> None:
+    """Refuse configs aisim cannot use safely: not a mapping, no model_type, a dimension that is not a positive
+    integer, or custom code (``auto_map``): aisim never runs code from a config."""
+    if not isinstance(config, dict):
+        raise AisimError(f"{where}: a config.json must be a JSON object, got {type(config).__name__}")
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise AisimError(f"{where}: no 'model_type'; give an HF config.json (model_type names the architecture)")
+    if config.get("auto_map"):
+        raise AisimError(f"{where}: the config asks for custom code (auto_map: {sorted(config['auto_map'])}); aisim "
+                         "never runs code from a config. Remove 'auto_map' and set 'model_type' to the built-in "
+                         f"transformers architecture it follows (e.g. llama, mistral, qwen2), not {model_type!r}")
+    for key in POSITIVE_INT_KEYS:
+        value = config.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIM:
+            raise AisimError(f"{where}: {key} must be a positive integer up to {MAX_DIM:,} (got {value!r})")

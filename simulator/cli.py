@@ -35,8 +35,10 @@ def _run(fn, *args, **kwargs):
 
 @app.command()
 def estimate(
-    model: str = typer.Option(..., "--model", "-m", help="shipped name (opt-6.7b, facebook/opt-6.7b) or a config.json path"),
-    device: str = typer.Option(..., "--device", "-d", help="GPU name, or NAMExN for N GPUs in one host (a6000x8)"),
+    model: str = typer.Option(..., "--model", "-m", help="shipped name (opt-6.7b, llama-3-70b, facebook/opt-6.7b) "
+                              "or a config.json path"),
+    device: str = typer.Option(..., "--device", "-d", help="GPU name, NAMExN for N GPUs in one host (a6000x8), a "
+                               "system name, or a GPU/system YAML path"),
     workload: str = typer.Option("forward", help="forward, prefill, decode, generate, encode, forward-backward, "
                                  "train or transcribe (speech models: a recording, in whisper.cpp's phases)"),
     batch: int = typer.Option(1, help="batch size"),
@@ -45,10 +47,12 @@ def estimate(
     dtype: str = typer.Option("fp16", help="fp32|tf32|fp16|bf16"),
     tp: Optional[int] = typer.Option(None, help="tensor parallel degree (default: all GPUs of the device)"),
     pp: int = typer.Option(1, help="pipeline parallel degree"),
-    dp: int = typer.Option(1, help="data parallel degree"),
+    dp: Optional[int] = typer.Option(None, help="data parallel degree (default: GPUs / (tp x pp))"),
     tp_scope: str = typer.Option("all", help="all (attention+MLP) | full (+ vocab-parallel LM head) | mlp | attention"),
     runtime: Optional[str] = typer.Option(None, help="eager (default; ggml-cuda for transcribe), graphs, kernel-sum, "
                                           "ggml-cuda, ggml-vulkan, tgi-2023 (aisim list runtimes)"),
+    calibration: str = typer.Option("auto", help="auto (the GPU's calibration file, else default rules) | none "
+                                    "(datasheet rules only) | PATH to a calibration YAML"),
     with_loss: bool = typer.Option(False, "--with-loss", help="forward includes the LM loss over all logits"),
     optimizer: str = typer.Option("adamw", help="train: adamw|sgd"),
     quant: str = typer.Option("none", help="weight quantization: none|bitsandbytes-int8|int8|fp8|int4"),
@@ -71,7 +75,7 @@ def estimate(
 
     result, notes = _run(run_estimate, model=model, device=device, workload=workload, batch=batch, seq=seq,
                          gen=gen, dtype=dtype, tp=tp, pp=pp, dp=dp, tp_scope=tp_scope, runtime=runtime,
-                         with_loss=with_loss, optimizer=optimizer, quant=quant, audio_s=audio_s, beam=beam,
+                         calibration=calibration, with_loss=with_loss, optimizer=optimizer, quant=quant, audio_s=audio_s, beam=beam,
                          transcript_tokens=tokens, windows=windows, power_mode=power_mode,
                          power_limit_w=power_limit, gpu_clock_mhz=gpu_clock, step_tokens=step_tokens)
     if as_json:
@@ -130,11 +134,17 @@ def serve_bench(
 ):
     """Prefill and decode latency and throughput per shard count and batch size (TGI benchmark layout)."""
     from . import report
-    from .serving import serve_bench as run_bench
+    from .scenario import ScenarioRequest, build_request
+    from .studies.serve_bench import ServeBenchRequest
+    from .studies.serve_bench import serve_bench as run_bench
 
-    result, _ = _run(run_bench, model=model, device=device, shards=_ints(shards, "--shards"),
-                     batches=_ints(batch, "--batch"), seq=seq, decode_len=decode_len, dtype=dtype, quant=quant,
-                     runtime=runtime, max_batch_total_tokens=max_batch_total_tokens)
+    def bench():
+        base = build_request(ScenarioRequest, model=model, device=device, dtype=dtype, quant=quant, runtime=runtime)
+        req = build_request(ServeBenchRequest, shards=_ints(shards, "--shards"), batches=_ints(batch, "--batch"),
+                            seq=seq, decode_len=decode_len, max_batch_total_tokens=max_batch_total_tokens)
+        return run_bench(base, req)
+
+    result, _ = _run(bench)
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
     else:

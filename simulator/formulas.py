@@ -16,7 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from .graph.ops import ELEMENT_BYTES, Op, TensorMeta
+from .graph.ops import ELEMENT_BYTES, Op, TensorMeta, gemm_dims
+from .units import DTYPE_BYTES
 
 POINTWISE_FLOPS_PER_ELEMENT = 1
 SOFTMAX_FLOPS_PER_ELEMENT = 5      # max, subtract, exp, sum, divide
@@ -28,7 +29,8 @@ ADAMW_STREAMS_WRITTEN = 3          # param, exp_avg, exp_avg_sq
 SGD_STREAMS_READ = 2
 SGD_STREAMS_WRITTEN = 1
 # Bytes per weight element of weight-only quantization (scales and zero points not counted).
-QUANT_BYTES_PER_WEIGHT = {"bitsandbytes-int8": 1.0, "int8": 1.0, "fp8": 1.0, "int4": 0.5}
+QUANT_BYTES_PER_WEIGHT = {"bitsandbytes-int8": DTYPE_BYTES["int8"], "int8": DTYPE_BYTES["int8"], "fp8": DTYPE_BYTES["fp8"],
+                          "int4": DTYPE_BYTES["int4"]}
 FOREACH_TENSORS_PER_LAUNCH = 110   # multi_tensor_apply depth-4 list limit (ATen MultiTensorApply.cuh)
 ADAMW_FOREACH_OPS = 10             # foreach kernels in torch.optim.adamw._multi_tensor_adamw
 SGD_FOREACH_OPS = 1
@@ -118,17 +120,6 @@ def kv_append_in_place(cost: Cost, op: Op) -> Cost:
 
 
 # ------------------------------------------------------------------ matrix products
-
-def gemm_dims(op: Op) -> tuple[int, int, int, int]:
-    """(batch, M, N, K) of a matmul-family op."""
-    ins = op.inputs
-    if op.name in ("aten.addmm", "aten.baddbmm"):
-        a, b = ins[1], ins[2]
-    else:
-        a, b = ins[0], ins[1]
-    batch = a.shape[0] if len(a.shape) == 3 else 1
-    return batch, a.shape[-2], b.shape[-1], a.shape[-1]
-
 
 @formula("aten.mm", "aten.bmm", "aten._grouped_mm", "bnb.igemmlt")
 def _mm(op: Op) -> Cost:

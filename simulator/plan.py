@@ -2,24 +2,8 @@
 from __future__ import annotations
 
 from .errors import AisimError
+from .graph.tp_rules import tp_dims
 from .workload import ParallelPlan
-
-
-def tp_dims(config: dict, scope: str) -> dict[str, int]:
-    """The config dimensions a tensor-parallel degree must divide (HF key names across families)."""
-    dims: dict[str, int] = {}
-    heads = config.get("num_attention_heads") or config.get("n_head") or config.get("encoder_attention_heads")
-    hidden = config.get("hidden_size") or config.get("n_embd") or config.get("d_model") or 0
-    if scope in ("all", "full", "attention") and heads:
-        dims["num_attention_heads"] = heads
-        if config.get("num_key_value_heads"):
-            dims["num_key_value_heads"] = config["num_key_value_heads"]
-    if scope in ("all", "full", "mlp"):
-        ffn = (config.get("intermediate_size") or config.get("ffn_dim") or config.get("n_inner")
-               or config.get("encoder_ffn_dim") or 4 * hidden)
-        if ffn:
-            dims["intermediate_size"] = ffn
-    return dims
 
 
 def check_tp(config: dict, tp: int, scope: str) -> None:
@@ -30,31 +14,50 @@ def check_tp(config: dict, tp: int, scope: str) -> None:
                              f"choose --tp among the divisors of {value}")
 
 
-def choose_plan(config: dict, gpus: int, device_name: str, batch: int, tp: int | None, pp: int, dp: int,
-                tp_scope: str) -> tuple[ParallelPlan, str | None]:
-    """The given plan, checked; or, when --tp is not given, tensor parallel over the largest number of the GPUs
-    that the model's dimensions allow, with the rest as data parallel (stated in the output)."""
+def _check_degree(value: int | None, flag: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise AisimError(f"{flag} must be a positive integer (got {value!r})")
+
+
+def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp: int | None, pp: int,
+                dp: int | None, tp_scope: str) -> tuple[ParallelPlan, str | None]:
+    """The given plan, checked; the rest filled in as Megatron and vLLM do. No --tp: tensor parallel over the
+    largest number of the GPUs that the model's dimensions allow, the rest data parallel. --tp without --dp: data
+    parallel replicas = GPUs / (tp x pp). Every default is stated in the output."""
+    for value, flag in ((tp, "--tp"), (pp, "--pp"), (dp, "--dp")):
+        _check_degree(value, flag)
     note = None
     if tp is None:
-        if gpus % (pp * dp):
-            raise AisimError(f"--pp {pp} x --dp {dp} = {pp * dp} does not divide the {gpus} GPUs of {device_name}")
-        free = gpus // (pp * dp)
+        given_dp = dp or 1
+        if gpus % (pp * given_dp):
+            raise AisimError(f"--pp {pp} x --dp {given_dp} = {pp * given_dp} does not divide the {gpus} GPUs of "
+                             f"{device_name}")
+        free = gpus // (pp * given_dp)
         dims = tp_dims(config, tp_scope).values()
-        tp = max(t for t in range(1, free + 1) if free % t == 0 and all(d % t == 0 for d in dims))
-        dp *= free // tp
+        tp = max(t for t in _divisors(free) if all(d % t == 0 for d in dims))
+        dp = given_dp * (free // tp)
         if gpus > 1:
             note = f"default plan for {device_name}: tensor parallel {tp} x pipeline {pp} x data parallel {dp}"
-            if dp > 1 and batch % dp:
-                raise AisimError(f"{note}, but data parallel {dp} does not divide batch {batch}; give a batch "
-                                 f"divisible by {dp} or choose --tp/--pp/--dp")
-    try:
-        plan = ParallelPlan(tp=tp, pp=pp, dp=dp, tp_scope=tp_scope)
-    except ValueError as exc:
-        errors = getattr(exc, "errors", lambda: [])()
-        detail = "; ".join(f"--{'-'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}" for e in errors)
-        raise AisimError(f"invalid parallel plan: {detail or exc}") from None
+    elif dp is None:
+        if gpus % (tp * pp):
+            raise AisimError(f"--tp {tp} x --pp {pp} = {tp * pp} does not divide the {gpus} GPUs of {device_name}; "
+                             f"choose degrees whose product divides {gpus}")
+        dp = gpus // (tp * pp)
+        if dp > 1:
+            note = (f"--dp not given: {dp} data-parallel replicas = {gpus} GPUs / (tp {tp} x pp {pp}), as Megatron "
+                    "and vLLM infer it")
+    plan = ParallelPlan(tp=tp, pp=pp, dp=dp, tp_scope=tp_scope)
     if plan.gpus != gpus:
         raise AisimError(f"the plan tp {plan.tp} x pp {plan.pp} x dp {plan.dp} = {plan.gpus} GPUs does not match "
                          f"the {gpus} GPU(s) of {device_name}; make the product equal {gpus}")
+    if dp > 1 and batch is not None and batch % dp:
+        raise AisimError(f"{note + ', but d' if note else 'D'}ata parallel {dp} does not divide batch {batch}; give "
+                         f"a batch divisible by {dp} or choose --tp/--pp/--dp")
     check_tp(config, plan.tp, plan.tp_scope)
     return plan, note
+
+
+def _divisors(n: int) -> list[int]:
+    """Divisors of n in O(sqrt n): a 100,000-GPU device must not loop over every count."""
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))

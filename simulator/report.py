@@ -21,13 +21,13 @@ def _fmt(value, digits: int = 2, unit: str = "") -> str:
 
 def print_estimate(e: Estimate, notes: list[str] | None = None) -> None:
     w, p = e.workload, e.plan
-    if w["phase"] == "transcribe":
-        audio = f"{w['audio_s']:g} s of audio" if w.get("audio_s") else "a given transcript"
-        shape = f"{audio}, beam {w['beam']}"
+    if w.phase == "transcribe":
+        audio = f"{w.audio_s:g} s of audio" if w.audio_s else "a given transcript"
+        shape = f"{audio}, beam {w.beam}"
     else:
-        shape = f"batch {w['batch']} x seq {w['seq']}"
-    title = (f"{e.model} on {e.device}: {w['phase']} {shape} {w['dtype']}, "
-             f"tp {p['tp']} pp {p['pp']} dp {p['dp']}" + (f" (tp scope {p['tp_scope']})" if p['tp'] > 1 else "")
+        shape = f"batch {w.batch} x seq {w.seq}"
+    title = (f"{e.model} on {e.device}: {w.phase} {shape} {w.dtype}, "
+             f"tp {p.tp} pp {p.pp} dp {p.dp}" + (f" (tp scope {p.tp_scope})" if p.tp > 1 else "")
              + f", runtime {e.runtime}")
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("quantity")
@@ -93,7 +93,7 @@ def _notes(e: Estimate, notes: list[str] | None) -> None:
 
 
 def print_op_table(e: Estimate) -> None:
-    console.print(_ops_table(e, f"{e.model}: traced ops ({e.workload['phase']}, share of time on {e.device})"))
+    console.print(_ops_table(e, f"{e.model}: traced ops ({e.workload.phase}, share of time on {e.device})"))
     _notes(e, None)
 
 

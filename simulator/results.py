@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from .workload import ParallelPlan, Workload
+
 
 class OpCost(BaseModel):
     """One op kind (aten op name plus shape class) aggregated over the graph, per GPU."""
@@ -40,8 +42,8 @@ class Estimate(BaseModel):
     """Top level of ``aisim estimate --json``. Runtime is per step of the workload; memory is the peak per GPU."""
     model: str
     device: str
-    workload: dict
-    plan: dict
+    workload: Workload
+    plan: ParallelPlan
     runtime: str
     runtime_ms: float | None
     memory_gb: float

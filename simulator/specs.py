@@ -5,35 +5,59 @@ Fields carry their unit in their name; extra fields are forbidden so a typo in a
 """
 from __future__ import annotations
 
+import os
+import warnings
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import AisimError
+
+MAX_SPEC_FILE_BYTES = 8 * 2**20
 
 DType = Literal["fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
 
 
+class SpecFileError(AisimError):
+    """A spec file that cannot be read or does not validate; the message names the file and the field."""
+
+
+class SpecWarning(UserWarning):
+    """A spec file skipped while loading all of one kind."""
+
+
+# Constrained numbers for spec fields: finite (allow_inf_nan=False on every spec), and
+Positive = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+Count = Annotated[int, Field(ge=1)]
+# a measured average power over the limit: boards briefly draw above it (the H100 GEMM loop averaged 1.002)
+PowerFraction = Annotated[float, Field(gt=0, le=1.2)]
+
+
 class Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class PeakFlops(Spec):
     """Dense peak FLOP/s per dtype (no sparsity). ``None`` where the GPU has no such unit."""
-    fp32: float
-    tf32: float | None = None
-    fp16: float
-    bf16: float | None = None
-    fp8: float | None = None
-    int8: float | None = None
+    fp32: Positive
+    tf32: Positive | None = None
+    fp16: Positive
+    bf16: Positive | None = None
+    fp8: Positive | None = None
+    int8: Positive | None = None
 
 
 class PowerModeSpec(Spec):
     """A named operating mode of a GPU (a laptop's OS power profile): its power limit and/or clock cap."""
-    power_limit_w: float | None = None
-    gpu_clock_mhz: float | None = None
+    power_limit_w: Positive | None = None
+    gpu_clock_mhz: Positive | None = None
     source: str
 
 
@@ -47,19 +71,21 @@ class HardwareSpec(Spec):
     compute_capability: str
     has_tensor_cores: bool
     peak_flops_per_s: PeakFlops
-    memory_bytes: float
-    memory_bw_bytes_per_s: float
-    l2_bytes: float
-    sm_count: int
-    boost_clock_mhz: float
-    base_clock_mhz: float | None = None
-    board_power_w: float
-    idle_power_w: float
-    pcie_gen: int
-    pcie_lanes: int
-    nvlink_bw_bytes_per_s: float = Field(0.0, description="total NVLink bandwidth per GPU, both directions; 0 if none")
+    memory_bytes: Positive
+    memory_bw_bytes_per_s: Positive
+    l2_bytes: Positive
+    sm_count: Count
+    boost_clock_mhz: Positive
+    base_clock_mhz: Positive | None = None
+    board_power_w: Positive
+    idle_power_w: Positive
+    pcie_gen: Annotated[int, Field(ge=1, le=7)]
+    pcie_lanes: Annotated[int, Field(ge=1, le=32)]
+    nvlink_bw_bytes_per_s: NonNegative = Field(0.0, description="total NVLink bandwidth per GPU, both directions; 0 if none")
     nvlink_kind: Literal["none", "bridge", "switch"] = "none"
     power_modes: dict[str, PowerModeSpec] = Field(default_factory=dict)
+    price_usd_per_gpu_hour: float | None = Field(None, gt=0, description="a default on-demand cloud price per GPU "
+                                                  "hour (planner input; override with --price); cite it in sources")
     sources: dict[str, str]
     notes: str = ""
 
@@ -69,9 +95,13 @@ class HardwareSpec(Spec):
                   "boost_clock_mhz", "board_power_w", "idle_power_w", "pcie_gen"}
         if self.nvlink_bw_bytes_per_s:
             needed.add("nvlink_bw_bytes_per_s")
+        if self.price_usd_per_gpu_hour is not None:
+            needed.add("price_usd_per_gpu_hour")
         missing = sorted(needed - set(self.sources))
         if missing:
             raise ValueError(f"hardware spec {self.name!r}: no source given for {missing}")
+        if self.idle_power_w >= self.board_power_w:
+            raise ValueError(f"idle_power_w {self.idle_power_w:g} must be below board_power_w {self.board_power_w:g}")
         return self
 
     def peak_for(self, dtype: str) -> float:
@@ -89,9 +119,10 @@ class InterconnectSpec(Spec):
     """How the GPUs of one host talk to each other, as seen by a collective."""
     kind: Literal["pcie", "pcie-switch", "nvlink-bridge", "nvswitch", "none"]
     algorithm: Literal["ring", "tree", "switch"] = "ring"
-    link_bw_bytes_per_s: float = Field(description="achievable one-direction bandwidth per GPU into the fabric")
-    latency_s: float = Field(description="per-step latency of a collective (launch + sync)")
-    allreduce_cpu_s: float | None = Field(None, description="CPU cost to issue one collective on this host "
+    link_bw_bytes_per_s: NonNegative = Field(description="achievable one-direction bandwidth per GPU into the "
+                                             "fabric (0 only for a single GPU)")
+    latency_s: NonNegative = Field(description="per-step latency of a collective (launch + sync)")
+    allreduce_cpu_s: NonNegative | None = Field(None, description="CPU cost to issue one collective on this host "
                                           "(replaces the device calibration's, measured on another GPU count)")
     source: str
 
@@ -101,16 +132,22 @@ class SystemSpec(Spec):
     name: str
     aliases: list[str] = Field(default_factory=list)
     gpu: str
-    gpu_count: int
+    gpu_count: Annotated[int, Field(ge=1, le=100_000)]
     interconnect: InterconnectSpec
-    host_power_w: float = 0.0
+    host_power_w: NonNegative = 0.0
+
+    @model_validator(mode="after")
+    def _links(self) -> "SystemSpec":
+        if self.gpu_count > 1 and self.interconnect.link_bw_bytes_per_s <= 0:
+            raise ValueError(f"interconnect.link_bw_bytes_per_s must be positive for {self.gpu_count} GPUs")
+        return self
     notes: str = ""
 
 
 class Curve(Spec):
     """Piecewise-linear curve in log10(x): achieved fraction of a peak as a function of op size."""
     x: list[float]
-    efficiency: list[float]
+    efficiency: list[Fraction]
 
     @model_validator(mode="after")
     def _same_length(self) -> "Curve":
@@ -123,10 +160,18 @@ class Curve(Spec):
 
 class GemmTable(Spec):
     """Measured GEMM efficiency (roofline time / measured time) on a grid of M, N, K (log-interpolated)."""
-    m: list[int]
-    n: list[int]
-    k: list[int]
-    efficiency: list[list[list[float]]]
+    m: list[Count]
+    n: list[Count]
+    k: list[Count]
+    efficiency: list[list[list[Fraction]]]
+
+    @model_validator(mode="after")
+    def _grid(self) -> "GemmTable":
+        shape = (len(self.m), len(self.n), len(self.k))
+        if (len(self.efficiency) != shape[0] or any(len(row) != shape[1] for row in self.efficiency)
+                or any(len(col) != shape[2] for row in self.efficiency for col in row)):
+            raise ValueError(f"efficiency must be an m x n x k = {shape} grid")
+        return self
 
 
 class CalibrationSpec(Spec):
@@ -141,27 +186,28 @@ class CalibrationSpec(Spec):
     transposed_memory_efficiency: Curve | None = Field(
         None, description="the same for elementwise ops with an operand whose innermost dim is strided (a "
                           "transpose: uncoalesced reads); absent: the memory curve is used")
-    launch_overhead_s: float = Field(description="GPU-side gap between back-to-back kernels")
-    eager_dispatch_s: float = Field(description="CPU time to dispatch one aten op in eager PyTorch")
-    graphs_dispatch_s: float = Field(description="CPU time per kernel under CUDA graphs / fused engines")
-    module_overhead_s: float = Field(0.0, description="extra Python time per nn.Module call in eager HF models")
-    eager_python_call_s: float | None = Field(None, description="CPU time per Python-level torch call (fit)")
-    eager_kernel_dispatch_s: float | None = Field(None, description="CPU time per kernel-launching aten op (fit)")
-    eager_view_dispatch_s: float | None = Field(None, description="CPU time per view aten op (fit)")
-    eager_framework_scale: float = Field(1.0, description="measured / predicted CPU time of tiny HF models "
+    launch_overhead_s: NonNegative = Field(description="GPU-side gap between back-to-back kernels")
+    eager_dispatch_s: NonNegative = Field(description="CPU time to dispatch one aten op in eager PyTorch")
+    graphs_dispatch_s: NonNegative = Field(description="CPU time per kernel under CUDA graphs / fused engines")
+    module_overhead_s: NonNegative = Field(0.0, description="extra Python time per nn.Module call in eager HF models")
+    eager_python_call_s: NonNegative | None = Field(None, description="CPU time per Python-level torch call (fit)")
+    eager_kernel_dispatch_s: NonNegative | None = Field(None, description="CPU time per kernel-launching aten op "
+                                                        "(fit)")
+    eager_view_dispatch_s: NonNegative | None = Field(None, description="CPU time per view aten op (fit)")
+    eager_framework_scale: Positive = Field(1.0, description="measured / predicted CPU time of tiny HF models "
                                          "(validation/framework_overhead.py): the Python between the ops")
-    allreduce_cpu_s: float | None = Field(None, description="CPU time to issue one small NCCL all-reduce")
-    power_compute_fraction: float = Field(description="power at full compute load / board power")
-    power_memory_fraction: float = Field(description="power at full memory-bound load / board power")
-    idle_power_w: float | None = None
+    allreduce_cpu_s: NonNegative | None = Field(None, description="CPU time to issue one small NCCL all-reduce")
+    power_compute_fraction: PowerFraction = Field(description="power at full compute load / board power")
+    power_memory_fraction: PowerFraction = Field(description="power at full memory-bound load / board power")
+    idle_power_w: Positive | None = None
     power_compute_curve: Curve | None = Field(None, description="x: fraction of peak FLOP/s a GEMM loop achieves; "
                                               "efficiency: its average power / power limit (linear in x)")
     power_memory_curve: Curve | None = Field(None, description="x: fraction of bandwidth a copy loop achieves; "
                                              "efficiency: its average power / power limit")
-    active_power_w: float | None = Field(None, description="power while the GPU runs only tiny kernels (clocked "
+    active_power_w: Positive | None = Field(None, description="power while the GPU runs only tiny kernels (clocked "
                                          "up, nearly idle): the floor during a step")
-    allreduce_bus_bw_bytes_per_s: float | None = None
-    allreduce_latency_s: float | None = None
+    allreduce_bus_bw_bytes_per_s: Positive | None = None
+    allreduce_latency_s: NonNegative | None = None
     notes: str = ""
 
 
@@ -201,11 +247,11 @@ class RuntimeSpec(Spec):
     description: str
     dispatch: Literal["eager", "graphs", "none"] = Field(
         description="eager: CPU dispatch per aten op; graphs: per kernel; none: kernel time only (profiler sums)")
-    per_step_overhead_s: float = 0.0
-    kernel_overhead_s: float | None = Field(None, description="graphs dispatch: CPU/queue cost per kernel, "
+    per_step_overhead_s: NonNegative = 0.0
+    kernel_overhead_s: NonNegative | None = Field(None, description="graphs dispatch: CPU/queue cost per kernel, "
                                             "instead of the device calibration's graphs_dispatch_s")
-    compute_efficiency_scale: float = 1.0
-    memory_efficiency_scale: float = 1.0
+    compute_efficiency_scale: Fraction = 1.0
+    memory_efficiency_scale: Fraction = 1.0
     attn_impl: Literal["auto", "eager", "sdpa"] = Field(
         "auto", description="how the engine runs attention: fused (sdpa/auto) or explicit matmul + softmax (eager)")
     encode_cross_kv: bool = Field(False, description="the engine projects cross-attention K/V in the encode phase")
@@ -229,36 +275,133 @@ class RuntimeSpec(Spec):
         return next((e for e in self.efficiency if e.matches(gpu, dtype)), None)
 
 
+@dataclass(frozen=True)
+class Device:
+    """A resolved device: one GPU spec, a count, and the interconnect between the GPUs."""
+    gpu: HardwareSpec
+    count: int
+    system: SystemSpec | None
+    interconnect: InterconnectSpec
+    assumptions: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        if self.system is not None:
+            return self.system.name
+        return self.gpu.name if self.count == 1 else f"{self.gpu.name}x{self.count}"
+
+
 # ---------------------------------------------------------------- loading
 
-def _spec_dir(sub: str) -> Path:
-    return Path(str(resources.files("aisim.hardware_specs"))) / sub
+USER_SPECS_ENV = "AISIM_SPECS_DIR"
+USER_SPECS_DEFAULT = Path("~/.config/aisim/specs")
+KINDS = {"gpus": "HardwareSpec", "systems": "SystemSpec", "runtimes": "RuntimeSpec"}
 
 
-def _load_yaml(path: Path) -> dict:
-    with open(path) as f:
-        return yaml.safe_load(f)
+def user_spec_dir() -> Path:
+    """The user's own spec files (gpus/, systems/, runtimes/, calibration/): ``$AISIM_SPECS_DIR``, else
+    ``~/.config/aisim/specs``. Files there add to (or, by file name, replace) the shipped ones; ``aisim calibrate``
+    writes its calibration there, where estimates read it."""
+    return Path(os.environ.get(USER_SPECS_ENV) or USER_SPECS_DEFAULT).expanduser()
+
+
+def _spec_dirs(sub: str) -> list[Path]:
+    return [Path(str(resources.files("aisim.hardware_specs"))) / sub, user_spec_dir() / sub]
+
+
+def load_yaml(path: Path) -> dict:
+    """One spec file as a mapping; anything else is a SpecFileError naming the file."""
+    try:
+        if path.stat().st_size > MAX_SPEC_FILE_BYTES:
+            raise SpecFileError(f"{path}: larger than {MAX_SPEC_FILE_BYTES} bytes; not a spec file")
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
+        raise SpecFileError(f"{path}: not readable YAML ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise SpecFileError(f"{path}: a spec file must be a YAML mapping of fields, got {type(data).__name__}")
+    return data
+
+
+def parse_spec(cls: type[BaseModel], data: dict, path: Path):
+    """``cls(**data)`` with pydantic's errors turned into one line naming the file and the fields."""
+    try:
+        return cls(**data)
+    except ValidationError as exc:
+        fields = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(file)'}: {e['msg']}" for e in exc.errors())
+        raise SpecFileError(f"{path}: {fields}") from None
+
+
+def load_spec_file(cls: type[BaseModel], path: Path):
+    return parse_spec(cls, load_yaml(path), path)
+
+
+def _load_all(sub: str, cls: type[BaseModel]) -> dict:
+    """Every spec of one kind by file stem, shipped first, then the user's. A broken file is skipped with a
+    warning (one bad file must not break every command); a name or alias claimed twice is a warning too, and the
+    first claim keeps it."""
+    out: dict = {}
+    for folder in _spec_dirs(sub):
+        for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
+            try:
+                out[path.stem] = load_spec_file(cls, path)
+            except SpecFileError as exc:
+                warnings.warn(f"skipped spec file {exc}", SpecWarning, stacklevel=2)
+    return _unique_names(out, sub)
+
+
+def _unique_names(specs: dict, sub: str) -> dict:
+    seen: dict[str, str] = {}
+    kept = {}
+    for key, spec in specs.items():
+        names = {key.lower()} | {n.lower() for n in [getattr(spec, "name", key), *getattr(spec, "aliases", [])]}
+        taken = {n: seen[n] for n in names if n in seen and seen[n] != key}
+        if taken:
+            warnings.warn(f"skipped {sub} spec {key!r}: it claims {sorted(taken)} already taken by "
+                          f"{sorted(set(taken.values()))}; rename or remove the alias", SpecWarning, stacklevel=2)
+            continue
+        seen.update({n: key for n in names})
+        kept[key] = spec
+    return kept
 
 
 @lru_cache(maxsize=None)
 def all_hardware() -> dict[str, HardwareSpec]:
-    return {p.stem: HardwareSpec(**_load_yaml(p)) for p in sorted(_spec_dir("gpus").glob("*.yaml"))}
+    return _load_all("gpus", HardwareSpec)
 
 
 @lru_cache(maxsize=None)
 def all_systems() -> dict[str, SystemSpec]:
-    return {p.stem: SystemSpec(**_load_yaml(p)) for p in sorted(_spec_dir("systems").glob("*.yaml"))}
+    return _load_all("systems", SystemSpec)
 
 
 @lru_cache(maxsize=None)
 def all_runtimes() -> dict[str, RuntimeSpec]:
-    return {p.stem: RuntimeSpec(**_load_yaml(p)) for p in sorted(_spec_dir("runtimes").glob("*.yaml"))}
+    return _load_all("runtimes", RuntimeSpec)
+
+
+def calibration_path(device: str) -> Path | None:
+    """Where the device's calibration file is: the user's directory first (``aisim calibrate`` writes there),
+    then the shipped ones; None when there is none."""
+    for folder in reversed(_spec_dirs("calibration")):
+        path = folder / f"{device}.yaml"
+        if path.exists():
+            return path
+    return None
 
 
 @lru_cache(maxsize=None)
 def load_calibration(device: str) -> CalibrationSpec:
-    """The device's measured calibration file, else the documented default rules (``measured: false``)."""
-    path = _spec_dir("calibration") / f"{device}.yaml"
-    if not path.exists():
-        path = _spec_dir("calibration") / "default.yaml"
-    return CalibrationSpec(**_load_yaml(path))
+    """The device's calibration file, else the documented default rules (``measured: false``)."""
+    path = calibration_path(device) or calibration_path("default")
+    return load_spec_file(CalibrationSpec, path)
+
+
+def default_calibration() -> CalibrationSpec:
+    return load_calibration("default")
+
+
+def clear_caches() -> None:
+    """Forget loaded spec files (after a user directory changed)."""
+    for fn in (all_hardware, all_systems, all_runtimes, load_calibration):
+        fn.cache_clear()

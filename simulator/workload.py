@@ -6,21 +6,28 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Phase = Literal["forward", "prefill", "decode", "generate", "encode", "forward-backward", "train", "transcribe"]
+StepPhase = Literal["forward", "prefill", "decode", "encode", "forward-backward", "train"]
 TpScope = Literal["all", "full", "mlp", "attention"]
+DType = Literal["fp32", "tf32", "fp16", "bf16"]
+Quant = Literal["none", "bitsandbytes-int8", "int8", "fp8", "int4"]
+MAX_TOKENS = 10_000_000      # bounds on what a step can physically hold: beyond any model's context x batch
+MAX_BATCH = 1_000_000
+MAX_AUDIO_S = 366 * 24 * 3600  # a year of audio
 
 
 class Workload(BaseModel):
     """One workload. ``seq`` is the input length (forward/prefill/encode/train) or the context length (decode)."""
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     phase: Phase = "forward"
-    batch: int = Field(1, ge=1)
-    seq: int = Field(1024, ge=1)
-    gen_tokens: int = Field(128, ge=1, description="new tokens of a generate workload (gen - 1 decode steps)")
-    dtype: Literal["fp32", "tf32", "fp16", "bf16"] = "fp16"
+    batch: int = Field(1, ge=1, le=MAX_BATCH)
+    seq: int = Field(1024, ge=1, le=MAX_TOKENS)
+    gen_tokens: int = Field(128, ge=1, le=MAX_TOKENS, description="new tokens of a generate workload (gen - 1 "
+                            "decode steps)")
+    dtype: DType = "fp16"
     with_loss: bool = Field(False, description="forward includes the LM loss over the full logits (labels given)")
     optimizer: Literal["adamw", "sgd"] = "adamw"
-    quant: Literal["none", "bitsandbytes-int8", "int8", "fp8", "int4"] = "none"
-    step_tokens: int = Field(1, ge=1, description="decode: new tokens each sequence feeds in the step (whisper.cpp "
+    quant: Quant = "none"
+    step_tokens: int = Field(1, ge=1, le=MAX_TOKENS, description="decode: new tokens each sequence feeds in the step (whisper.cpp "
                              "prompt calls feed many); the cache holds seq - step_tokens tokens before it")
     logits_all: bool = Field(False, description="decode: logits for every new token (beams stepping as tokens of "
                              "one sequence) instead of the last one")
@@ -29,19 +36,32 @@ class Workload(BaseModel):
                             "softmax (eager, as ggml without flash attention runs it)")
     encode_cross_kv: bool = Field(False, description="encode also projects the decoder's cross-attention K/V from "
                                   "the encoder output (whisper.cpp and CTranslate2 do it there; HF in decode)")
-    audio_s: float | None = Field(None, gt=0, description="transcribe: seconds of audio")
-    beam: int = Field(5, ge=1, description="transcribe: beam size (beams step together as one batched call)")
-    transcript_tokens: int | None = Field(None, ge=1, description="transcribe: output tokens (default from the "
-                                          "assumed speech rate)")
-    windows: int | None = Field(None, ge=1, description="transcribe: 30 s windows encoded (default ceil(audio/30))")
+    audio_s: float | None = Field(None, gt=0, le=MAX_AUDIO_S, description="transcribe: seconds of audio")
+    beam: int = Field(5, ge=1, le=64, description="transcribe: beam size (beams step together as one batched call)")
+    transcript_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="transcribe: output tokens "
+                                          "(default from the assumed speech rate)")
+    windows: int | None = Field(None, ge=1, le=MAX_AUDIO_S // 30 + 1, description="transcribe: 30 s windows "
+                                "encoded (default ceil(audio/30))")
+
+
+class StepShape(BaseModel):
+    """What one step computes, apart from the scenario: the phase, batch and sequence (the input length, or the
+    context of a decode step), the new tokens per sequence of a decode call, and whether every new token gets
+    logits (None: as the runtime does)."""
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    phase: StepPhase = "forward"
+    batch: int = Field(1, ge=1, le=MAX_BATCH)
+    seq: int = Field(1024, ge=1, le=MAX_TOKENS)
+    step_tokens: int = Field(1, ge=1, le=MAX_TOKENS)
+    logits_all: bool | None = None
 
 
 class ParallelPlan(BaseModel):
     """Tensor (Megatron column/row), pipeline and data parallel degrees. ``tp_scope='mlp'`` shards only the MLP."""
     model_config = ConfigDict(extra="forbid", frozen=True)
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    dp: int = Field(1, ge=1)
+    tp: int = Field(1, ge=1, le=100_000)
+    pp: int = Field(1, ge=1, le=100_000)
+    dp: int = Field(1, ge=1, le=100_000)
     tp_scope: TpScope = "all"
 
     @property

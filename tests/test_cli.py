@@ -63,8 +63,19 @@ def test_default_plan_falls_back_to_data_parallel_where_tp_does_not_divide():
 def test_plan_that_does_not_divide_names_the_dimension():
     r = run("estimate", "--model", "opt-125m", "--device", "h100x8", "--tp", "8")
     assert r.exit_code == 2 and "num_attention_heads = 12" in r.output
-    r = run("estimate", "--model", "opt-125m", "--device", "h100x8", "--tp", "2")
+    r = run("estimate", "--model", "opt-125m", "--device", "h100x8", "--tp", "2", "--dp", "2")
     assert r.exit_code == 2 and "does not match the 8 GPU(s)" in r.output
+    r = run("estimate", "--model", "opt-125m", "--device", "h100x8", "--tp", "3")
+    assert r.exit_code == 2 and "does not divide the 8 GPUs" in r.output
+
+
+def test_dp_is_inferred_from_the_gpus_left_over():
+    # --device h100x2 --tp 1: two data-parallel replicas (GPUs / (tp x pp)), as Megatron and vLLM infer it
+    r = run("estimate", "--model", "opt-125m", "--device", "h100x2", "--tp", "1", "--batch", "4", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["plan"] == {"tp": 1, "pp": 1, "dp": 2, "tp_scope": "all"}
+    assert any("--dp not given: 2 data-parallel replicas" in a for a in out["assumptions"])
 
 
 def test_bad_workload_is_a_clear_error():

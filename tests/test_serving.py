@@ -5,12 +5,12 @@ import pytest
 from typer.testing import CliRunner
 
 from aisim.cli import app
-from aisim.serving import serve_bench
+from aisim.api import serve_bench
 
 
 def test_serve_bench_rows_follow_tgi_definitions():
     bench = serve_bench("opt-125m", "h100", shards=[1, 2], batches=[1, 4], seq=64, decode_len=4)
-    assert [s.shards for s in bench.shards] == [1, 2] and bench.shards[1].device == "h100-sxmx2"
+    assert [s.shards for s in bench.shards] == [1, 2] and bench.shards[1].device == "h100x2"
     for shard in bench.shards:
         for r in shard.rows:
             assert r.fits
@@ -38,7 +38,7 @@ def test_serve_bench_cli_json_and_bad_shards():
 
 
 def test_tgi_reference_rows_cover_every_seed_row():
-    from aisim.serving import ServeBench, ServeRow, ServeShard
+    from aisim.studies.serve_bench import ServeBench, ServeRow, ServeShard
     from aisim.validation.published import TGI_DEVICES, tgi_rows
 
     def fake_bench(model, device, shards, batches, seq, decode_len, quant, runtime):

@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 import aisim
 from aisim.cli import app
 from aisim.errors import AisimError
-from aisim.speech import TranscriptCounts, estimate_transcript
+from aisim.api import estimate_transcript
+from aisim.studies.transcribe import TranscriptCounts
 
 DEV = "gtx-1650-mobile"
 

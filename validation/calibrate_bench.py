@@ -9,6 +9,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from ..units import TORCH_DTYPE_NAMES
 from .calibrate_fit import (ATTN_BACKWARD_FLOPS_FACTOR, ATTN_DECODE_BATCH, ATTN_DECODE_KV, ATTN_DTYPES, ATTN_HEADS, ATTN_HEAD_DIMS, ATTN_PREFILL, ELEM_BYTES, GEMM_DTYPES, GEMM_M, GEMM_MAX_BYTES, GEMM_MAX_TIME_S, GEMM_NK, GEMM_QUICK, MEMORY_DTYPES, MEMORY_OPS, MEMORY_SIZES, TRANSPOSED_OPS, PHASE_DEADLINES, SLEEP_CYCLES_PER_S, attention_bytes, attention_flops, gemm_bytes, gemm_flops, roofline_time_s)
 
 # ---------------------------------------------------------------- GPU timing
@@ -145,7 +146,6 @@ def _product(*iterables):
 
 # ---------------------------------------------------------------- GPU microbenchmarks
 
-_TORCH_DTYPE = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def _log(budget: Budget, msg: str) -> None:
@@ -177,7 +177,7 @@ def bench_gemm(plan: list[dict], budget: Budget) -> list[dict]:
     out = []
     for it in plan:
         torch.backends.cuda.matmul.allow_tf32 = it["dtype"] == "tf32"
-        dt = getattr(torch, _TORCH_DTYPE[it["dtype"]])
+        dt = getattr(torch, TORCH_DTYPE_NAMES[it["dtype"]])
 
         def build(it=it, dt=dt):
             sets = [(torch.randn(it["m"], it["k"], device="cuda", dtype=dt),
@@ -201,7 +201,7 @@ def bench_attention(plan: list[dict], budget: Budget, peaks: dict, l2_bytes: flo
     torch.backends.cuda.matmul.allow_tf32 = False
     out = []
     for it in plan:
-        dt, bw = getattr(torch, _TORCH_DTYPE[it["dtype"]]), it["direction"] == "backward"
+        dt, bw = getattr(torch, TORCH_DTYPE_NAMES[it["dtype"]]), it["direction"] == "backward"
         shape = (it["batch"], it["heads"], it["q_len"], it["kv_len"], it["head_dim"])
         nbytes = attention_bytes(*shape, ELEM_BYTES[it["dtype"]], backward=bw)
         sets = rotation_sets(nbytes, l2_bytes, max_sets=16)
@@ -239,7 +239,7 @@ def bench_memory(plan: list[dict], budget: Budget, peaks: dict, l2_bytes: float)
 
     out = []
     for it in plan:
-        dt = getattr(torch, _TORCH_DTYPE[it["dtype"]])
+        dt = getattr(torch, TORCH_DTYPE_NAMES[it["dtype"]])
         transposed = it["bench"] == "memory_t"
         moved = (TRANSPOSED_OPS if transposed else MEMORY_OPS)[it["op"]] * it["size_bytes"]
         sets = rotation_sets(moved, l2_bytes)

@@ -13,6 +13,7 @@ from ..formulas import FLASH_BACKWARD_FLOPS_RATIO
 from ..formulas import attention_flops as _formula_attention_flops
 from ..graph.ops import TensorMeta
 from ..specs import CalibrationSpec, Curve, GemmTable
+from ..units import DTYPE_BYTES
 
 # ---------------------------------------------------------------- conventions and grids (documented constants)
 
@@ -38,7 +39,7 @@ TRANSPOSED_OPS = {"copy_t": 2, "add_t": 3}
 MEMORY_SIZES = tuple(4096 * 4**i for i in range(10)) + (2 * 2**30,)     # input bytes, 4 KiB .. 2 GiB
 SLEEP_CYCLES_PER_S = 2.0e9       # torch.cuda._sleep counts SM cycles; ~H100/H200 boost (1.98 GHz); slower = longer
 CURVE_BIN_DECADES = 0.5          # curves: median efficiency in bins of half a decade of log10(size)
-ELEM_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
+ELEM_BYTES = DTYPE_BYTES
 # share of max_minutes by which each phase must have finished (unused time passes to the next phase)
 PHASE_DEADLINES = {"gemm": 0.45, "attention": 0.68, "memory": 0.80, "collectives": 0.95}
 

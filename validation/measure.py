@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import gpu
+from ..units import TORCH_DTYPE_NAMES
 from .suite import Case, MeasureSettings
 
-TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 MS_PER_S = 1e3
 AFTER_WORK_NEGLIGIBLE = 0.02   # untimed work below this fraction of the window is not subtracted from energy
 
@@ -99,7 +99,7 @@ def build_model(model: str, dtype: str, device, *, seed: int = 0, rank: int = 0,
 
     start = time.perf_counter()
     config = hf_config(model)
-    torch_dtype = getattr(torch, TORCH_DTYPES[dtype])
+    torch_dtype = getattr(torch, TORCH_DTYPE_NAMES[dtype])
     torch.manual_seed(seed)
     built = None
     cls = AutoModelForCausalLM

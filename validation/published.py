@@ -239,7 +239,7 @@ WHISPER_POWER_MODES = {"performance": "performance", "balanced": "balanced", "po
 
 
 def _whisper_counts(row: dict, n_text_ctx: int):
-    from aisim.speech import TranscriptCounts
+    from aisim.studies.transcribe import TranscriptCounts
 
     ph = row["phases"]
     return TranscriptCounts.from_runs(ph["encode"]["runs"], ph["decode"]["runs"], ph["batchd"]["runs"],
@@ -349,7 +349,7 @@ def compare_reference(name: str, fmt: str = "rst", estimator: Callable | None = 
         payload = {"rows": [{"label": r.label, **r.values, "errors": r.errors} for r in rows], "summary": summary}
         return _render(fmt, "CS336 benchmark: measured vs aisim", note, columns, cells, sc, summary, payload)
     if name == "tgi-bloomz":
-        from aisim.serving import serve_bench
+        from aisim.api import serve_bench
 
         rows = tgi_rows(serve_bench)
         note = ("text-generation-benchmark report of bigscience/bloomz-7b1-mt (TGI v0.7-v0.8, mid 2023), "
@@ -378,7 +378,7 @@ def compare_reference(name: str, fmt: str = "rst", estimator: Callable | None = 
         return _render(fmt, "TGI benchmark (bloomz-7b1-mt): measured vs aisim", note, columns, cells, sc, summary,
                        payload, best)
     if name == "whisper-cpp":
-        from aisim.speech import estimate_transcript
+        from aisim.api import estimate_transcript
 
         rows = whisper_rows(estimate_transcript)
         note = ("whisper.cpp 1.7.5 timing printouts (seed 000): ggml medium.en F16 on a GeForce GTX 1650 laptop GPU, "

@@ -9,7 +9,7 @@ used for any GPU count on that fabric (a rule: NCCL's ring bus bandwidth is near
 """
 from __future__ import annotations
 
-from ..catalog import Device
+from ..specs import Device
 from ..formulas import Cost
 from ..graph.ops import Op
 from ..specs import CalibrationSpec

@@ -6,7 +6,7 @@ rounding and fragmentation are not modelled.
 """
 from __future__ import annotations
 
-from ..catalog import Device
+from ..specs import Device
 from ..formulas import QUANT_BYTES_PER_WEIGHT
 from ..graph.ops import Graph
 from ..results import MemoryBreakdown

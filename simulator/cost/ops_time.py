@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..catalog import Device
+from ..specs import Device
 from ..formulas import Cost, gemm_dims
 from ..graph.ops import Op
 from ..specs import CalibrationSpec

@@ -4,11 +4,11 @@ from __future__ import annotations
 import copy
 
 from ..errors import AisimError
+from ..units import TORCH_DTYPE_NAMES
 
 # Config keys that hold a layer count, per model_type (others use num_hidden_layers through HF's attribute_map).
 LAYER_KEYS = {"whisper": ("encoder_layers", "decoder_layers")}
 NON_CONFIG_KEYS = ("_aisim_notes",)
-TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def layer_keys(config: dict) -> tuple[str, ...]:
@@ -42,15 +42,26 @@ def make_config(config: dict, layers: int | None = None):
 
 
 def model_class(config: dict):
+    """The transformers class for a config: its ``architectures`` entry when transformers has it, else the class
+    transformers' Auto classes map its ``model_type`` to (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, or the speech/text
+    seq2seq mappings for encoder-decoder models), so a config with or without ``architectures`` builds the same
+    model. Never remote code."""
     import transformers
+    from transformers.models.auto import modeling_auto as auto
 
     for arch in config.get("architectures") or []:
         cls = getattr(transformers, arch, None)
         if cls is not None:
             return cls
-    if config.get("is_encoder_decoder"):
-        return transformers.AutoModelForSeq2SeqLM
-    return transformers.AutoModelForCausalLM
+    model_type = config.get("model_type")
+    mappings = ((auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES, auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
+                if config.get("is_encoder_decoder") else (auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,))
+    for mapping in mappings:
+        cls = getattr(transformers, mapping.get(model_type, ""), None)
+        if cls is not None:
+            return cls
+    raise AisimError(f"transformers has no {'sequence-to-sequence' if config.get('is_encoder_decoder') else 'causal'}"
+                     f" LM class for model_type {model_type!r}; give a config of a text-generation model")
 
 
 def build_meta_model(config: dict, dtype: str, layers: int | None = None, attn_impl: str = "auto"):
@@ -62,7 +73,7 @@ def build_meta_model(config: dict, dtype: str, layers: int | None = None, attn_i
     cls = model_class(config)
     attn = "sdpa" if getattr(cls, "_supports_sdpa", False) and attn_impl != "eager" else "eager"
     hf._attn_implementation = attn
-    torch_dtype = getattr(torch, TORCH_DTYPES[dtype])
+    torch_dtype = getattr(torch, TORCH_DTYPE_NAMES[dtype])
     with torch.device("meta"):
         if hasattr(cls, "from_config"):
             model = cls.from_config(hf, dtype=torch_dtype)

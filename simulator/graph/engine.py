@@ -51,7 +51,7 @@ def _is_linear(op: Op) -> bool:
 
 def bnb_int8_ops(op: Op) -> list[Op]:
     """The ops of one LLM.int8 linear call replacing the fp16 GEMM ``op`` (M rows x K in -> N out)."""
-    from ..formulas import gemm_dims
+    from .ops import gemm_dims
 
     _, m, n, k = gemm_dims(op)
     s, o = op.scope, min(BNB_OUTLIER_COLUMNS, k)

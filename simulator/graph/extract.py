@@ -137,7 +137,7 @@ def _trace_once(config: dict, workload: Workload, plan: ParallelPlan, layers: in
     import torch
 
     from .build import build_meta_model
-    from .sharding import shard_model
+    from .sharding import is_linear, shard_model
     from .tracer import Tracer, tracing
 
     model, attn = build_meta_model(config, workload.dtype, layers, workload.attn_impl)
@@ -152,7 +152,7 @@ def _trace_once(config: dict, workload: Workload, plan: ParallelPlan, layers: in
         kept = driver(model, config, workload, batch, tracer, tracing)
     persistent = tracer.live_bytes
     linear = sum(m.weight.numel() for n, m in model.named_modules()
-                 if isinstance(m, torch.nn.Linear) and not n.endswith("lm_head"))
+                 if is_linear(m) and not n.endswith("lm_head"))
     result = {"ops": tracer.ops, "peak_bytes": tracer.peak_bytes, "persistent_bytes": persistent,
               "linear_weights": linear,
               "param_count": sum(p.numel() for p in params),
@@ -207,10 +207,9 @@ def _decode(model, config, w: Workload, batch, tracer, tracing):
     kwargs = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
     from .tracer import Tracer
 
-    tracer.suppress += 1  # the cache is built untraced (item() needs the modes; TP hooks must not record)
-    with torch.no_grad(), tracing(None, Tracer()):
+    # the cache is built untraced (item() needs the modes; TP hooks must not record)
+    with tracer.suppressed(), torch.no_grad(), tracing(None, Tracer()):
         past = model(input_ids=_ids(batch, max(w.seq - 1, 1)), use_cache=True, **kwargs).past_key_values
-    tracer.suppress -= 1
     for t in _tensors_in(past):
         tracer.track(t)
     with tracing(model, tracer):
@@ -265,13 +264,11 @@ def _decoder_step(model, config, batch: int, new_tokens: int, past: int, tracer,
     from .tracer import Tracer
 
     states = _encoder_states(model, config, batch)
-    tracer.suppress += 1
-    with torch.no_grad(), tracing(None, Tracer()):
+    with tracer.suppressed(), torch.no_grad(), tracing(None, Tracer()):
         cache = model(encoder_outputs=(states,), decoder_input_ids=_ids(batch, max(past, 1)),
                       use_cache=True).past_key_values
         if past == 0:  # transformers 5.17: crop(-n) removes n tokens (crop(0) does nothing)
             cache.self_attention_cache.crop(-1)
-    tracer.suppress -= 1
     for t in _tensors_in(cache):
         tracer.track(t)
     decoder, head = model.get_decoder(), model.get_output_embeddings()

@@ -3,14 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-DTYPE_NAMES = {
-    "torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float64": "fp64",
-    "torch.int64": "int64", "torch.int32": "int32", "torch.int8": "int8", "torch.uint8": "uint8",
-    "torch.bool": "bool", "torch.float8_e4m3fn": "fp8", "torch.float8_e5m2": "fp8", "torch.int16": "int16",
-    "torch.complex64": "c64",
-}
-ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8, "int64": 8, "int32": 4, "int8": 1, "uint8": 1,
-                 "bool": 1, "fp8": 1, "int16": 2, "c64": 8, "int4": 0.5}
+from ..units import DTYPE_BYTES as ELEMENT_BYTES
+from ..units import FROM_TORCH_DTYPE as DTYPE_NAMES
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +51,17 @@ class Op:
     def signature(self) -> tuple:
         """What makes two ops cost the same: name, argument shapes/values and outputs."""
         return (self.name, _freeze(self.args), _freeze(self.kwargs), self.outputs, self.phase)
+
+
+def gemm_dims(op: Op) -> tuple[int, int, int, int]:
+    """(batch, M, N, K) of a matmul-family op."""
+    ins = op.inputs
+    if op.name in ("aten.addmm", "aten.baddbmm"):
+        a, b = ins[1], ins[2]
+    else:
+        a, b = ins[0], ins[1]
+    batch = a.shape[0] if len(a.shape) == 3 else 1
+    return batch, a.shape[-2], b.shape[-1], a.shape[-1]
 
 
 def _collect(values, found: list) -> None:

@@ -12,55 +12,45 @@ import torch
 
 from ..errors import AisimError
 
-# Linear layer names by role (HF module attribute names across model families); data, not logic.
-COLUMN_ATTENTION = {"q_proj", "k_proj", "v_proj", "query_key_value", "qkv_proj", "Wqkv"}
-ROW_ATTENTION = {"o_proj", "out_proj", "dense", "Wo"}
-COLUMN_MLP = {"gate_proj", "up_proj", "fc1", "dense_h_to_4h", "w1", "w3", "gate_up_proj"}
-ROW_MLP = {"down_proj", "fc2", "dense_4h_to_h", "w2"}
-HEAD_ATTRS = ("num_heads", "num_key_value_heads", "num_attention_heads")
+from .tp_rules import HEAD_ATTRS, roles, row_role
 
 
-def _roles(scope: str) -> tuple[set[str], set[str]]:
-    column, row = set(COLUMN_MLP), set(ROW_MLP)
-    if scope in ("all", "full", "attention"):
-        column |= COLUMN_ATTENTION
-        row |= ROW_ATTENTION
-    if scope == "attention":
-        column -= COLUMN_MLP
-        row -= ROW_MLP
-    return column, row
+def is_linear(module) -> bool:
+    """nn.Linear, or transformers' Conv1D (GPT-2: a linear layer with its weight stored transposed)."""
+    return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
 
 
 def shard_model(model, tp: int, scope: str, tracer) -> int:
     """Shard the meta model in place for one rank; returns how many linears were sharded."""
     if tp == 1:
         return 0
-    column, row = _roles(scope)
+    column, row = roles(scope)
     sharded = 0
     blocks = set()
     for name, module in list(model.named_modules()):
-        leaf = name.rsplit(".", 1)[-1]
-        if not isinstance(module, torch.nn.Linear):
+        if not is_linear(module):
             continue
-        parent = name.rsplit(".", 1)[0]
+        parent, _, leaf = name.rpartition(".")
+        owner = parent.rpartition(".")[2]
         if leaf in column or (leaf == "lm_head" and scope == "full"):
-            _resize(module, out_features=module.out_features // tp)
+            _resize(module, out_features=_features(module, "out") // tp)
             if leaf == "lm_head":
                 module.register_forward_hook(_collective_hook(tracer, "all_gather", tp))
+                _tie_vocab_parallel(model, module, tp, tracer)
             else:
                 blocks.add(parent)
             sharded += 1
-        elif leaf in row:
-            _resize(module, in_features=module.in_features // tp)
+        elif leaf in row or row_role(leaf, owner, scope):
+            _resize(module, in_features=_features(module, "in") // tp)
             module.register_forward_hook(_collective_hook(tracer, "all_reduce", tp))
             sharded += 1
     heads_sharded = scope in ("all", "full", "attention")
     for name, module in model.named_modules():
         # head counts the code reshapes with: on attention blocks, and on model roots that build per-head
         # tensors for all blocks (BLOOM's ALiBi slopes)
-        if heads_sharded and (name in blocks or not any(isinstance(c, torch.nn.Linear) for c in module.children())):
+        if heads_sharded and (name in blocks or not any(is_linear(c) for c in module.children())):
             for attr in HEAD_ATTRS:
-                if isinstance(getattr(module, attr, None), int) and not isinstance(module, torch.nn.Linear):
+                if isinstance(getattr(module, attr, None), int) and not is_linear(module):
                     setattr(module, attr, getattr(module, attr) // tp)
         if name in blocks:
             module.register_forward_pre_hook(_backward_allreduce_hook(tracer, tp), with_kwargs=True)
@@ -70,14 +60,36 @@ def shard_model(model, tp: int, scope: str, tracer) -> int:
     return sharded
 
 
+def _features(linear, side: str) -> int:
+    if isinstance(linear, torch.nn.Linear):
+        return linear.out_features if side == "out" else linear.in_features
+    return linear.nf if side == "out" else linear.nx
+
+
 def _resize(linear, out_features: int | None = None, in_features: int | None = None) -> None:
-    out_f = out_features or linear.out_features
-    in_f = in_features or linear.in_features
+    out_f = out_features or _features(linear, "out")
+    in_f = in_features or _features(linear, "in")
     dtype = linear.weight.dtype
-    linear.weight = torch.nn.Parameter(torch.empty(out_f, in_f, device="meta", dtype=dtype))
+    shape = (out_f, in_f) if isinstance(linear, torch.nn.Linear) else (in_f, out_f)   # Conv1D: (nx, nf)
+    linear.weight = torch.nn.Parameter(torch.empty(shape, device="meta", dtype=dtype))
     if linear.bias is not None and out_features:
         linear.bias = torch.nn.Parameter(torch.empty(out_f, device="meta", dtype=dtype))
-    linear.out_features, linear.in_features = out_f, in_f
+    if isinstance(linear, torch.nn.Linear):
+        linear.out_features, linear.in_features = out_f, in_f
+    else:
+        linear.nf, linear.nx = out_f, in_f
+
+
+def _tie_vocab_parallel(model, head, tp: int, tracer) -> None:
+    """A vocab-parallel LM head tied to the input embedding keeps the tie, as Megatron's VocabParallelEmbedding
+    does: the embedding holds the same vocab / tp rows, and its output is all-reduced (each rank looks up only the
+    ids in its slice)."""
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if embed is None or not getattr(model.config, "tie_word_embeddings", False):
+        return
+    embed.weight = head.weight
+    embed.num_embeddings = head.weight.shape[0]
+    embed.register_forward_hook(_collective_hook(tracer, "all_reduce", tp))
 
 
 def _collective_hook(tracer, kind: str, group: int):
@@ -86,9 +98,8 @@ def _collective_hook(tracer, kind: str, group: int):
             return None
         if kind == "all_gather":
             shape = (*output.shape[:-1], output.shape[-1] * group)
-            tracer.suppress += 1
-            full = output.new_empty(shape)
-            tracer.suppress -= 1
+            with tracer.suppressed():
+                full = output.new_empty(shape)
             tracer.record(f"nccl.{kind}", (output,), {}, (full,), alias=False, attrs={"group": group})
             tracer.track(full)
             return full

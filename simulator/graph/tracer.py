@@ -12,6 +12,8 @@ device-to-host sync.
 """
 from __future__ import annotations
 
+import contextlib
+
 import weakref
 
 import torch
@@ -50,6 +52,15 @@ class Tracer:
         self.peak_bytes = 0.0
         self.py_calls = 0  # Python-level torch calls since the last recorded op (eager CPU cost)
         self.param_storages: set[int] = set()  # storages of the model's parameters (weight bytes per op)
+
+    @contextlib.contextmanager
+    def suppressed(self):
+        """Ops run inside are not recorded (building a cache, allocating an output); undone on exceptions too."""
+        self.suppress += 1
+        try:
+            yield
+        finally:
+            self.suppress -= 1
 
     # ---- liveness
     def track(self, t: torch.Tensor, new: bool = True) -> None:
@@ -136,9 +147,8 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tracer, attrs, q, k, v, mask):
-        tracer.suppress += 1
-        out = q.new_empty((*q.shape[:-1], v.shape[-1]))
-        tracer.suppress -= 1
+        with tracer.suppressed():
+            out = q.new_empty((*q.shape[:-1], v.shape[-1]))
         ctx.tracer, ctx.attrs = tracer, attrs
         ctx.save_for_backward(q, k, v, out)
         tracer.record(f"attention.{attrs['backend']}", (q, k, v, mask), {}, (out,), alias=False, attrs=dict(attrs))
@@ -149,9 +159,8 @@ class _Attention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, out = ctx.saved_tensors
         tracer = ctx.tracer
-        tracer.suppress += 1
-        grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
-        tracer.suppress -= 1
+        with tracer.suppressed():
+            grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
         tracer.record(f"attention.{ctx.attrs['backend']}_backward", (q, k, v, out, grad_out), {}, grads,
                       alias=False, attrs=dict(ctx.attrs))
         for g in grads:

@@ -17,10 +17,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import AisimError
-from .results import SpeechPhase
-from .workload import Workload
-from .units import MS_PER_S
+from ..errors import AisimError
+from ..results import Estimate, SpeechPhase
+from ..scenario import Scenario
+from ..step import EMPTY, StepCost, linear_total, step_cost
+from ..units import MS_PER_S
+from ..workload import StepShape, Workload
+from .common import estimate_from, merge_rows, phase_rows
+from .single import check_shape
 
 WINDOW_S = 30.0
 # Assumption (printed): English speech at ~150 words per minute (conversational and broadcast rates are
@@ -98,119 +102,71 @@ class TranscriptCounts:
                    "run counts of the measured printout (workload, not fitted)")
 
 
-def transcribe(name, config, dev, cal, rt, w, plan, assumptions, power=None, counts: TranscriptCounts | None = None):
+def transcribe(sc: Scenario, w: Workload, counts: TranscriptCounts | None = None) -> Estimate:
     """The Estimate of a transcribe workload, with whisper.cpp's phase lines in ``speech``. ``counts``: the decoder
     work when known (a printout's runs), else derived from ``w.audio_s``."""
-    from .api import _phase_rows, _result, step_cost
-    from .cost.memory import breakdown
-    from .graph.extract import trace_workload
-
+    config, rt = sc.config, sc.runtime
     if not config.get("is_encoder_decoder"):
-        raise AisimError(f"{name} is not an encoder-decoder speech model; --workload transcribe needs one "
+        raise AisimError(f"{sc.model} is not an encoder-decoder speech model; --workload transcribe needs one "
                          "(e.g. whisper-medium.en)")
-    if plan.gpus > 1:
+    if sc.plan.gpus > 1:
         raise AisimError("--workload transcribe runs on one GPU (whisper.cpp has no tensor parallelism); "
                          "give a single-GPU --device")
+    check_shape(sc, w)
     n_text_ctx = config.get("max_target_positions", 448)
     if counts is None:
         if w.audio_s is None:
             raise AisimError("--workload transcribe needs the recording's length: give --audio-s SECONDS")
         counts = TranscriptCounts.from_audio(w.audio_s, w.beam, n_text_ctx, w.transcript_tokens, w.windows)
-    # the phases' workloads keep only what shapes their trace (the graph cache is keyed by the workload)
-    base = Workload(dtype=w.dtype, quant=w.quant, attn_impl=w.attn_impl)
     context = max(1, round(counts.context))
-
-    def cost(workload):
-        graph = trace_workload(config, workload, plan)
-        return graph, step_cost(graph, dev, cal, rt, workload, plan, power)
-
-    enc_w = base.model_copy(update={"phase": "encode", "encode_cross_kv": True})
-    enc_graph, enc = cost(enc_w)
-    step_w = base.model_copy(update={"phase": "decode", "seq": context + 1})
-    _, one = cost(step_w)
+    enc = step_cost(sc, StepShape(phase="encode"), encode_cross_kv=True)  # whisper.cpp projects them there
+    step = StepShape(phase="decode", seq=context + 1)
+    one = step_cost(sc, step)
     if counts.beam == 1:
-        beam_w = step_w
+        beams = one
     elif rt.beam_batching == "unified":  # beams = tokens of one call; the cache holds every beam's cells
         # positions run to beam x context: fine on the meta device (no bounds check), and the same work
-        beam_w = base.model_copy(update={"phase": "decode", "seq": counts.beam * (context + 1),
-                                         "step_tokens": counts.beam, "logits_all": True})
+        beams = step_cost(sc, StepShape(phase="decode", seq=counts.beam * (context + 1), step_tokens=counts.beam,
+                                        logits_all=True))
     else:
-        beam_w = step_w.model_copy(update={"batch": counts.beam})
-    beam_graph, beams = cost(beam_w)
-    prompt = _prompt_cost(counts.prompt_lengths, base, cost)
+        beams = step_cost(sc, step.model_copy(update={"batch": counts.beam}))
+    prompt = _prompt_cost(sc, counts.prompt_lengths)
     beam_calls = counts.batchd_tokens / counts.beam
-    phases = {"encode": (counts.windows, "calls", enc, counts.windows),
-              "decode": (counts.decode_calls, "calls", one, counts.decode_calls),
-              "batchd": (counts.batchd_tokens, "tokens", beams, beam_calls),
-              "prompt": (round(sum(counts.prompt_lengths)), "tokens", prompt, 1.0)}
-    runtime_s = sum(c.runtime_s * n for _, _, c, n in phases.values())
-    energy_j = sum(c.energy_j * n for _, _, c, n in phases.values())
-    flops = sum(c.flops * n for _, _, c, n in phases.values())
-    nbytes = sum(c.bytes * n for _, _, c, n in phases.values())
-    unknown = sorted(set().union(*(c.unknown for _, _, c, _ in phases.values())))
+    phases = {"encode": (counts.windows, "calls", enc.times(counts.windows)),
+              "decode": (counts.decode_calls, "calls", one.times(counts.decode_calls)),
+              "batchd": (counts.batchd_tokens, "tokens", beams.times(beam_calls)),
+              "prompt": (round(sum(counts.prompt_lengths)), "tokens", prompt)}
+    costs = [c for _, _, c in phases.values()]
+    runtime_s = sum(c.runtime_s for c in costs)
+    total = StepCost(runtime_s, sum(c.energy_j for c in costs), 0.0, sum(c.flops for c in costs),
+                     sum(c.bytes for c in costs), (), tuple(sorted(set().union(*(c.unknown for c in costs)))))
     lines = [SpeechPhase(name="mel", on="cpu"), SpeechPhase(name="sample", on="cpu")]
-    lines += [SpeechPhase(name=k, runs=int(r), run_unit=u, total_ms=c.runtime_s * n * MS_PER_S,
-                          per_run_ms=c.runtime_s * n * MS_PER_S / r if r else None)
-              for k, (r, u, c, n) in phases.items()]
-    mem = max((breakdown(g, gw, dev) for g, gw in ((enc_graph, enc_w), (beam_graph, beam_w))),
-              key=lambda m: m.total_gb)
-    notes = list(assumptions) + [
+    lines += [SpeechPhase(name=k, runs=int(r), run_unit=u, total_ms=c.runtime_s * MS_PER_S,
+                          per_run_ms=c.runtime_s * MS_PER_S / r if r else None)
+              for k, (r, u, c) in phases.items()]
+    memory = max((enc.memory, beams.memory), key=lambda m: m.total_gb)
+    notes = [
         f"transcribe: {counts.source}; mean self-attention context of a decoder step {context} tokens",
         "transcribe: mel and sample run on the CPU and are not estimated (outside the GPU model); "
         "throughput is output tokens per second of GPU time",
         "transcribe: the decoder is traced from the transformers Whisper code at the workload dtype; beams "
         + ("step as tokens of one call over a unified KV cache sharing one cross-attention K/V (as whisper.cpp)"
            if rt.beam_batching == "unified" else "are batch rows, each with its own caches (as HF generate)")]
-    table = _merge_rows([row for k, (_, _, c, n) in phases.items() for row in _phase_rows(k, c.table, n, 1.0)],
-                        runtime_s)
-    extra = {"phases": {f"{k}_ms": c.runtime_s * n * MS_PER_S for k, (_, _, c, n) in phases.items()}}
-    est = _result(name, dev, cal, rt, w, plan, mem, runtime_s, energy_j, energy_j / runtime_s if runtime_s else None,
-                  flops, nbytes, table, unknown, notes, extra)
-    return est.model_copy(update={"speech": lines if est.fits else [], "tokens": counts.tokens,
-                                  "throughput_tokens_per_s": counts.tokens / runtime_s if est.fits else None,
-                                  "energy_j_per_token": energy_j / counts.tokens if est.fits else None})
+    table = merge_rows([row for k, (_, _, c) in phases.items() for row in phase_rows(k, c.table, 1.0)], runtime_s)
+    est = estimate_from(sc, w, total, memory, notes, tokens=counts.tokens, table=table,
+                        phases={f"{k}_ms": c.runtime_s * MS_PER_S for k, (_, _, c) in phases.items()})
+    return est.model_copy(update={"speech": lines if est.fits else [],
+                                  "power_w": total.energy_j / runtime_s if est.fits and runtime_s else None})
 
 
-def _prompt_cost(lengths, base, cost):
+def _prompt_cost(sc: Scenario, lengths) -> StepCost:
     """All prompt calls together. A call's cost is linear in its length (one token's work per token, attention
     aside), so the shortest and longest are traced and the others interpolated."""
-    from .api import StepCost
-
     if not lengths:
-        return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, [], [])
+        return EMPTY
     lo, hi = min(lengths), max(lengths)
-    at = {n: cost(base.model_copy(update={"phase": "decode", "seq": round(n), "step_tokens": round(n)}))[1]
-          for n in {lo, hi}}
 
-    def mix(attr: str) -> float:
-        a, b = getattr(at[lo], attr), getattr(at[hi], attr)
-        return sum(a + (b - a) * ((n - lo) / (hi - lo) if hi > lo else 0.0) for n in lengths)
+    def at(n: float) -> StepCost:
+        return step_cost(sc, StepShape(phase="decode", seq=round(n), step_tokens=round(n)))
 
-    scale = sum(lengths) / round(hi)   # the longest call's op rows, stretched to every prompt token
-    rows = [r.model_copy(update={"count": round(r.count * len(lengths)), "flops": r.flops * scale,
-                                 "bytes": r.bytes * scale, "time_ms": r.time_ms * scale}) for r in at[hi].table]
-    return StepCost(mix("runtime_s"), mix("energy_j"), at[hi].power_w, mix("flops"), mix("bytes"), rows,
-                    sorted(set(at[lo].unknown) | set(at[hi].unknown)))
-
-
-def _merge_rows(rows, runtime_s: float):
-    """One row per op name (prompt calls of two lengths give two rows of a name), shares of the whole run."""
-    merged = {}
-    for r in rows:
-        m = merged.get(r.name)
-        merged[r.name] = r if m is None else m.model_copy(update={
-            "count": m.count + r.count, "flops": m.flops + r.flops, "bytes": m.bytes + r.bytes,
-            "time_ms": m.time_ms + r.time_ms})
-    return sorted((r.model_copy(update={"share": r.time_ms / (runtime_s * MS_PER_S) if runtime_s else 0.0})
-                   for r in merged.values()), key=lambda r: -r.time_ms)
-
-
-def estimate_transcript(model: str, device: str, counts: TranscriptCounts, runtime: str | None = None,
-                        dtype: str = "fp16", power_mode: str | None = None, power_limit_w: float | None = None,
-                        gpu_clock_mhz: float | None = None):
-    """Estimate a transcription whose decoder work is given as counts (e.g. a whisper.cpp printout's runs)."""
-    from .api import estimate
-
-    return estimate(model=model, device=device, workload="transcribe", dtype=dtype, runtime=runtime,
-                    beam=counts.beam, transcript_counts=counts, power_mode=power_mode, power_limit_w=power_limit_w,
-                    gpu_clock_mhz=gpu_clock_mhz)
+    return linear_total(at, lo, hi, len(lengths), sum(lengths), row_scale=sum(lengths) / round(hi))

@@ -1,0 +1,291 @@
+"""Resolve once: names, paths or objects -> one validated Scenario that every study costs steps against.
+
+A Scenario is what runs (model config, device or system, calibration, runtime, power mode, parallel plan,
+precision) plus the assumptions that resolving it made. It is built once per request; studies never re-resolve
+names and never call the public API. ``Scenario.key`` identifies it for the step-cost caches.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from . import catalog
+from .cost.power import PowerMode
+from .errors import AisimError
+from .plan import choose_plan
+from .specs import (CalibrationSpec, Device, RuntimeSpec, all_runtimes, default_calibration, load_calibration,
+                    load_spec_file)
+from .workload import DType, ParallelPlan, Quant, StepShape, TpScope, Workload
+
+TRANSCRIBE_RUNTIME = "ggml-cuda"
+CalibrationChoice = Union[Literal["auto", "none"], Path, CalibrationSpec]
+
+
+class ScenarioRequest(BaseModel):
+    """What a user gives to resolve a scenario (strict: a wrong type is an error, never a silent coercion)."""
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, arbitrary_types_allowed=True,
+                              allow_inf_nan=False)
+    model: Union[str, Path] = Field(description="shipped name (opt-6.7b, llama-3-70b), HF repo id, or config.json "
+                                    "path")
+    device: Union[str, Path, Device] = Field(description="GPU name, NAMExN, system name, or a GPU/system YAML path")
+    dtype: DType = "fp16"
+    quant: Quant = "none"
+    tp: int | None = Field(None, ge=1, le=100_000)
+    pp: int = Field(1, ge=1, le=100_000)
+    dp: int | None = Field(None, ge=1, le=100_000)
+    tp_scope: TpScope = "all"
+    runtime: Union[str, RuntimeSpec, None] = None
+    calibration: Union[str, Path, CalibrationSpec] = "auto"
+    power_mode: str | None = None
+    power_limit_w: float | None = Field(None, gt=0)
+    gpu_clock_mhz: float | None = Field(None, gt=0)
+    with_loss: bool = False
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+
+
+class Scenario(BaseModel):
+    """A resolved, validated scenario. Build it with ``resolve_scenario``."""
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    model: str
+    config: dict
+    device: Device
+    calibration: CalibrationSpec
+    runtime: RuntimeSpec
+    power: PowerMode | None = None
+    plan: ParallelPlan
+    dtype: DType
+    quant: Quant
+    with_loss: bool = False
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    assumptions: tuple[str, ...] = ()
+    key: str = Field(description="hash of everything that changes a step's cost (cache key)")
+
+    def workload(self, shape: StepShape, **overrides) -> Workload:
+        """The traced workload of one step of this scenario (precision and runtime-set tracing options added;
+        ``overrides`` replace fields, e.g. a study's own tracing option)."""
+        logits_all = shape.logits_all
+        if logits_all is None:
+            logits_all = self.runtime.prefill_logits == "all" and shape.phase == "prefill"
+        return Workload(phase=shape.phase, batch=shape.batch, seq=shape.seq, step_tokens=shape.step_tokens,
+                        logits_all=logits_all, dtype=self.dtype, quant=self.quant, with_loss=self.with_loss,
+                        optimizer=self.optimizer, attn_impl=self.runtime.attn_impl,
+                        encode_cross_kv=self.runtime.encode_cross_kv and shape.phase == "encode"
+                        ).model_copy(update=overrides)
+
+    def with_plan(self, plan: ParallelPlan) -> "Scenario":
+        return self.model_copy(update={"plan": plan, "key": _key(self.config, self.device, self.calibration,
+                                                                 self.runtime, self.power, plan, self.dtype,
+                                                                 self.quant, self.with_loss, self.optimizer)})
+
+
+def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: int | None = None) -> Scenario:
+    """Resolve every name once and check that the pieces go together. ``phase`` picks the default runtime
+    (whisper.cpp's for transcribe) and ``batch`` checks the default plan's data parallel degree."""
+    name, config = catalog.resolve_model(request.model)
+    dev = catalog.resolve_device(request.device)
+    rt, default_note = _runtime(request.runtime, phase)
+    cal, cal_note = _calibration(request.calibration, dev)
+    if dev.interconnect.allreduce_cpu_s is not None:  # measured on this host's GPU count: it replaces the device's
+        cal = cal.model_copy(update={"allreduce_cpu_s": dev.interconnect.allreduce_cpu_s})
+    plan, plan_note = choose_plan(config, dev.count, dev.name, batch, request.tp, request.pp, request.dp,
+                                  request.tp_scope)
+    if rt.vendors and dev.gpu.vendor not in rt.vendors:
+        raise AisimError(f"runtime {rt.name} runs on {', '.join(rt.vendors)} GPUs; {dev.gpu.name} is "
+                         f"{dev.gpu.vendor}: choose another --runtime (aisim list runtimes)")
+    power, power_note = resolve_power_mode(dev.gpu, cal, request.power_mode, request.power_limit_w,
+                                           request.gpu_clock_mhz)
+    notes = list(dev.assumptions) + [n for n in (plan_note, default_note, cal_note, power_note) if n]
+    notes += _precision_notes(dev, request.dtype, request.quant, plan, config)
+    notes += _runtime_notes(rt, dev, request.dtype)
+    return Scenario(model=name, config=config, device=dev, calibration=cal, runtime=rt, power=power, plan=plan,
+                    dtype=request.dtype, quant=request.quant, with_loss=request.with_loss,
+                    optimizer=request.optimizer, assumptions=tuple(notes),
+                    key=_key(config, dev, cal, rt, power, plan, request.dtype, request.quant, request.with_loss,
+                             request.optimizer))
+
+
+def scenario(model, device, **options) -> Scenario:
+    """``resolve_scenario`` from keyword arguments, with pydantic's errors as one AisimError line."""
+    phase = options.pop("phase", "forward")
+    batch = options.pop("batch", None)
+    return resolve_scenario(build_request(ScenarioRequest, model=model, device=device, **options), phase, batch)
+
+
+def build_request(cls: type[BaseModel], **fields):
+    """``cls(**fields)`` with validation errors as one line naming the CLI flags."""
+    try:
+        return cls(**fields)
+    except ValidationError as exc:
+        raise AisimError(validation_message(exc)) from None
+
+
+# CLI flags by field name, for error messages
+FLAGS = {"phase": "--workload", "audio_s": "--audio-s", "transcript_tokens": "--tokens", "windows": "--windows",
+         "gen_tokens": "--gen", "gen": "--gen", "step_tokens": "--step-tokens", "power_limit_w": "--power-limit",
+         "gpu_clock_mhz": "--gpu-clock", "tp_scope": "--tp-scope", "top_ops": "top_ops"}
+
+
+def validation_message(exc: ValidationError) -> str:
+    parts = []
+    for e in exc.errors():
+        field = ".".join(str(p) for p in e["loc"] if not isinstance(p, int)) or "input"
+        field = field.split(".")[0]
+        flag = FLAGS.get(field, "--" + field.replace("_", "-"))
+        parts.append(f"{flag}: {e['msg']} (got {e.get('input')!r})"[:300])
+    return "; ".join(parts)
+
+
+def _runtime(runtime, phase: str) -> tuple[RuntimeSpec, str | None]:
+    if isinstance(runtime, RuntimeSpec):
+        return runtime, None
+    note = None
+    if runtime is None:  # a transcription is estimated as whisper.cpp runs it; everything else as eager PyTorch
+        runtime = TRANSCRIBE_RUNTIME if phase == "transcribe" else "eager"
+        if phase == "transcribe":
+            note = (f"--runtime not given: {TRANSCRIBE_RUNTIME} (whisper.cpp's CUDA backend); ggml-vulkan and eager "
+                    "(HF transformers) are the others")
+    runtimes = all_runtimes()
+    if runtime not in runtimes:
+        raise catalog.UnknownNameError("runtime", runtime, sorted(runtimes),
+                                       f"Choose one of: {', '.join(sorted(runtimes))}.")
+    return runtimes[runtime], note
+
+
+def _calibration(choice, dev: Device) -> tuple[CalibrationSpec, str | None]:
+    """auto: the GPU's calibration file (user directory first), else the default rules; none: the datasheet rules
+    only (hardware_specs/calibration/default.yaml); a path or object: that calibration, whatever GPU it was
+    measured on (the leave-one-GPU-out transfer)."""
+    if isinstance(choice, CalibrationSpec):
+        cal, where = choice, "given object"
+    elif choice == "auto":
+        return load_calibration(dev.gpu.name), None
+    elif choice == "none":
+        return default_calibration(), ("--calibration none: the documented default rules "
+                                       "(hardware_specs/calibration/default.yaml), no measured calibration")
+    else:
+        path = Path(choice).expanduser()
+        if not path.is_file():
+            raise AisimError(f"--calibration {str(choice)!r}: give auto, none, or the path of a calibration YAML")
+        cal, where = load_spec_file(CalibrationSpec, path), str(path)
+    measured_on = "" if cal.device == dev.gpu.name else f", measured on {cal.device}, applied to {dev.gpu.name}"
+    return cal, f"--calibration {where}{measured_on}"
+
+
+def resolve_power_mode(gpu, cal, mode: str | None, limit_w: float | None,
+                       clock_mhz: float | None) -> tuple[PowerMode | None, str | None]:
+    """The power mode to apply: a named mode of the GPU's spec file, overridden by an explicit limit or clock."""
+    from .cost.energy import waiting_power_w
+
+    named = None
+    if mode is not None:
+        modes = gpu.power_modes
+        if mode not in modes:
+            raise catalog.UnknownNameError("power mode", mode, sorted(modes),
+                                           f"{gpu.name} defines: {', '.join(sorted(modes)) or 'none'}; or give "
+                                           "--power-limit W / --gpu-clock MHz")
+        named = modes[mode]
+    limit = limit_w if limit_w is not None else (named.power_limit_w if named else None)
+    clock = clock_mhz if clock_mhz is not None else (named.gpu_clock_mhz if named else None)
+    if limit is None and clock is None:
+        return None, (f"power mode {mode}: full clocks and board power ({named.source})" if named else None)
+    _check_power(gpu, waiting_power_w(gpu, cal), limit, clock)
+    text = (f"power mode{' ' + mode if mode else ''}: " +
+            (f"power limit {limit:g} W (board {gpu.board_power_w:g} W)" if limit is not None else "") +
+            (", " if limit is not None and clock is not None else "") +
+            (f"GPU clock capped at {clock:g} MHz (boost {gpu.boost_clock_mhz:g} MHz)" if clock is not None else "") +
+            "; compute-bound kernels slow with the clock, memory-bound ones keep their time until their compute "
+            "floor overtakes (aisim.cost.power)" + (f"; {named.source}" if named else ""))
+    return PowerMode(limit, clock), text
+
+
+MIN_CLOCK_FRACTION = 0.1  # below a tenth of the boost clock no GPU runs (DVFS tables start around 200-300 MHz)
+
+
+def _check_power(gpu, idle_w: float, limit: float | None, clock: float | None) -> None:
+    for value, flag in ((limit, "--power-limit"), (clock, "--gpu-clock")):
+        if value is not None and not math.isfinite(value):
+            raise AisimError(f"{flag} must be a finite number (got {value})")
+    if limit is not None and limit <= idle_w:
+        raise AisimError(f"power limit {limit:g} W is at or below {gpu.name}'s waiting power ({idle_w:g} W); give a "
+                         f"higher --power-limit (board power {gpu.board_power_w:g} W)")
+    if limit is not None and limit > gpu.board_power_w:
+        raise AisimError(f"power limit {limit:g} W is above {gpu.name}'s board power ({gpu.board_power_w:g} W); "
+                         f"give at most {gpu.board_power_w:g}")
+    low = MIN_CLOCK_FRACTION * gpu.boost_clock_mhz
+    if clock is not None and not low <= clock <= gpu.boost_clock_mhz:
+        raise AisimError(f"--gpu-clock {clock:g} MHz: give a clock between {low:g} and {gpu.name}'s boost clock "
+                         f"({gpu.boost_clock_mhz:g} MHz)")
+
+
+def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, config: dict) -> list[str]:
+    out = []
+    if dtype in ("bf16", "tf32") and not getattr(dev.gpu.peak_flops_per_s, dtype):
+        out.append(f"{dev.gpu.name} has no {dtype} units: its matmuls are costed at the "
+                   f"{'fp16' if dtype == 'bf16' else 'fp32'} rate (PyTorch emulates or falls back; real runs may "
+                   "be slower)")
+    if quant == "bitsandbytes-int8":
+        out.append("--quant bitsandbytes-int8: every linear layer runs LLM.int8's MatMul8bitLt (input quantization "
+                   "with outlier split, 2 host syncs, col32 transform, int8 GEMM, dequantization, fp16 outlier "
+                   "matmul; aisim.graph.engine); the LM head stays 16-bit")
+    elif quant != "none":
+        out.append(f"--quant {quant}: linear weights read at {quant} width (weight-only); the dequantization "
+                   "inside the GEMM kernel is taken as free")
+    if plan.tp > 1 and (config.get("num_local_experts") or config.get("num_experts")):
+        out.append("MoE experts are replicated on every tensor-parallel rank (no expert parallelism yet)")
+    return out
+
+
+def _runtime_notes(rt: RuntimeSpec, dev: Device, dtype: str) -> list[str]:
+    out = []
+    backend = rt.backend_efficiency(dev.gpu, dtype)
+    cores = "yes" if dev.gpu.has_tensor_cores else "no"
+    if backend is not None:
+        out.append(f"runtime {rt.name} on {dev.gpu.architecture} (tensor cores: {cores}): large GEMMs at "
+                   f"{backend.gemm_fraction_of_peak:.0%} of the {dtype} peak, memory-bound kernels at "
+                   f"{backend.memory_fraction_of_bw:.0%} of bandwidth ({backend.source})")
+    elif rt.efficiency and rt.name.startswith("ggml"):
+        out.append(f"runtime {rt.name} has no documented efficiency for {dev.gpu.name} ({dev.gpu.architecture}, "
+                   f"tensor cores: {cores}): its kernels are costed at the device calibration's efficiencies "
+                   "(PyTorch's kernels); only its dispatch, attention, KV cache and beam settings apply")
+    return out
+
+
+def calibration_note(sc: Scenario) -> str | None:
+    """Said with every estimate whose calibration is not a measurement."""
+    cal = sc.calibration
+    if cal.measured:
+        return None
+    source = ("the documented default rules (hardware_specs/calibration/default.yaml)" if cal.device == "default"
+              else f"documented rules for this GPU (hardware_specs/calibration/{cal.device}.yaml)")
+    return (f"{sc.device.gpu.name} has no measured calibration: efficiencies and overheads are {source}, not "
+            "measurements; run `aisim calibrate` on that GPU to measure them")
+
+
+_SPEC_HASHES: dict[int, tuple[object, str]] = {}
+
+
+def _hash(obj) -> str:
+    """Content hash of a spec object or config, memoised per object (specs are frozen; a calibration with its GEMM
+    table is large, and a warm estimate must not re-serialise it)."""
+    found = _SPEC_HASHES.get(id(obj))
+    if found is not None and found[0] is obj:
+        return found[1]
+    data = obj.model_dump(mode="json") if isinstance(obj, BaseModel) else obj
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+    if len(_SPEC_HASHES) > 4096:
+        _SPEC_HASHES.clear()
+    _SPEC_HASHES[id(obj)] = (obj, digest)   # the object is kept alive, so its id is not reused
+    return digest
+
+
+def _key(config, dev: Device, cal: CalibrationSpec, rt: RuntimeSpec, power, plan: ParallelPlan, dtype, quant,
+         with_loss, optimizer) -> str:
+    blob = json.dumps([_hash(config), _hash(dev.gpu), dev.count, _hash(dev.interconnect), _hash(cal), _hash(rt),
+                       None if power is None else [power.power_limit_w, power.gpu_clock_mhz], plan.model_dump(),
+                       dtype, quant, with_loss, optimizer], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]

@@ -1,0 +1,199 @@
+"""Cost a step once: (Scenario, StepShape) -> StepCost.
+
+Two halves. The device-free half traces the per-GPU graph (cached in memory and on disk), expands the engine's
+ops and prices every op with the formula registry (FLOPs, bytes, launches), as arrays; it depends on the model,
+plan, precision and runtime only. The device half turns those into per-op time on the device (calibrated
+roofline), the CPU/GPU timeline, energy, the pipeline composition and the memory breakdown. Both halves are
+memoised, so a study that asks for the same step twice (the planner, the serving simulator's step-time surface)
+costs it once.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .results import MemoryBreakdown, OpCost
+from .scenario import Scenario
+from .units import MS_PER_S
+from .workload import StepShape, Workload
+
+STEP_CACHE_SIZE = 8192
+DEVICE_FREE_CACHE_SIZE = 1024
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One step on the scenario's GPUs. ``runtime_s``: wall time (pipeline stages one after another);
+    ``energy_j``: every GPU of the plan, waiting included; ``flops``/``bytes``: per GPU; ``table``: op rows of
+    one stage, by GPU time; ``memory``: the peak per GPU."""
+    runtime_s: float
+    energy_j: float
+    power_w: float
+    flops: float
+    bytes: float
+    table: tuple[OpCost, ...]
+    unknown: tuple[str, ...]
+    memory: MemoryBreakdown | None = None
+    workload: Workload | None = field(default=None, compare=False)
+
+    def times(self, n: float) -> "StepCost":
+        """n of these steps (time, energy, work and op rows scaled; memory and power unchanged)."""
+        rows = tuple(r.model_copy(update={"count": round(r.count * n), "flops": r.flops * n, "bytes": r.bytes * n,
+                                          "time_ms": r.time_ms * n}) for r in self.table)
+        return replace(self, runtime_s=self.runtime_s * n, energy_j=self.energy_j * n, flops=self.flops * n,
+                       bytes=self.bytes * n, table=rows)
+
+
+EMPTY = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, (), ())
+
+
+@dataclass(frozen=True)
+class OpArrays:
+    """The device-free half: expanded ops of one traced step with their formula costs, as arrays."""
+    ops: tuple
+    costs: tuple
+    repeats: np.ndarray
+    kinds: tuple[str, ...]
+    launches: np.ndarray
+    flops: float
+    bytes: float
+    unknown: tuple[str, ...]
+    graph: object
+
+
+_DEVICE_FREE: OrderedDict = OrderedDict()
+_STEPS: OrderedDict = OrderedDict()
+
+
+def _remember(cache: OrderedDict, key, value, size: int):
+    cache[key] = value
+    if len(cache) > size:
+        cache.popitem(last=False)
+    return value
+
+
+def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
+    """Trace (cached) and price every op of one step with the formula registry: no device involved."""
+    key = (sc.model, id(sc.config), sc.key, w)
+    found = _DEVICE_FREE.get(key)
+    if found is not None:
+        return found
+    from .formulas import is_known, kv_append_in_place, op_cost, quantized
+    from .graph.engine import expand
+    from .graph.extract import trace_workload
+
+    graph = trace_workload(sc.config, w, sc.plan)
+    rt = sc.runtime
+    ops, repeats = expand(graph.ops, graph.repeats, w, rt, graph.meta.get("vocab_size") or 0, w.batch // sc.plan.dp)
+    costs = [quantized(op_cost(op), op, w.quant) for op in ops]
+    if rt.kv_cache == "preallocated":
+        costs = [kv_append_in_place(c, op) for c, op in zip(costs, ops)]
+    reps = np.array(repeats, dtype=float)
+    arrays = OpArrays(ops=tuple(ops), costs=tuple(costs), repeats=reps, kinds=tuple(c.kind for c in costs),
+                      launches=np.array([c.launches for c in costs], dtype=float),
+                      flops=float(np.dot([c.flops for c in costs], reps)),
+                      bytes=float(np.dot([c.bytes for c in costs], reps)),
+                      unknown=tuple(sorted({op.name for op in ops if not is_known(op)})), graph=graph)
+    return _remember(_DEVICE_FREE, key, arrays, DEVICE_FREE_CACHE_SIZE)
+
+
+def step_cost(sc: Scenario, shape: StepShape, **overrides) -> StepCost:
+    """The cost of one step of ``shape`` in scenario ``sc`` (memoised on both); ``overrides``: workload fields a
+    study sets itself (Scenario.workload)."""
+    w = sc.workload(shape, **overrides)
+    return workload_cost(sc, w)
+
+
+def workload_cost(sc: Scenario, w: Workload) -> StepCost:
+    key = (sc.key, w)
+    found = _STEPS.get(key)
+    if found is not None:
+        return found
+    return _remember(_STEPS, key, _device_half(sc, w, op_arrays(sc, w)), STEP_CACHE_SIZE)
+
+
+def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
+    from .cost.efficiency import runtime_scales
+    from .cost.energy import step_energy_j, waiting_power_w
+    from .cost.memory import breakdown
+    from .cost.ops_time import op_time
+    from .cost.timeline import cpu_costs, simulate
+
+    dev, cal, rt, plan = sc.device, sc.calibration, sc.runtime, sc.plan
+    compute_scale, memory_scale = runtime_scales(rt, dev.gpu, cal, w.dtype)
+    times = [op_time(op, c, dev, cal, w.dtype, compute_scale, memory_scale, rt.matvec_max_tokens)
+             for op, c in zip(a.ops, a.costs)]
+    gpu_s = np.array([t.gpu_s for t in times])
+    # an engine's slower kernels keep the SMs as busy as the calibrated ones they replace (emulated tensor ops,
+    # less tuned shaders): power follows the activity before the engine's scale
+    busy_c = np.array([t.compute_s for t in times]) / min(compute_scale, 1.0)
+    busy_m = np.array([t.memory_s for t in times]) / min(memory_scale, 1.0)
+    power_w = None
+    if sc.power is not None:
+        from .cost.power import apply_power_mode
+
+        gpu_s, power_w = apply_power_mode(dev.gpu, cal, sc.power, gpu_s, busy_c, busy_m)
+        times = [replace(t, gpu_s=g) for t, g in zip(times, gpu_s.tolist())]
+    cpu_s = cpu_costs(a.ops, list(a.kinds), a.launches, cal, rt)
+    syncs = np.array([k == "sync" for k in a.kinds])
+    stage_s = simulate(gpu_s, cpu_s, a.repeats, syncs).runtime_s + rt.per_step_overhead_s
+    # the GPUs of one pipeline stage (tensor x data parallel) work together; the stages run one after another
+    # (no micro-batching): each stage's GPUs wait, at the waiting power, while the other pp - 1 stages run
+    stage_j, _ = step_energy_j(dev.gpu, cal, gpu_s, busy_c, busy_m, a.repeats, stage_s, plan.tp * plan.dp,
+                               power_w)
+    runtime_s = stage_s * plan.pp
+    energy_j = stage_j * plan.pp + waiting_power_w(dev.gpu, cal) * (plan.pp - 1) * stage_s * plan.gpus
+    table = tuple(op_rows(a.ops, a.costs, times, a.repeats, stage_s))
+    return StepCost(runtime_s, energy_j, energy_j / (runtime_s * plan.gpus) if runtime_s else 0.0, a.flops, a.bytes,
+                    table, a.unknown, breakdown(a.graph, w, dev), w)
+
+
+def op_rows(ops, costs, times, repeats, runtime_s: float) -> list[OpCost]:
+    """One row per op name: count, FLOPs, bytes and GPU time summed, the dominant bound, share of the step."""
+    groups: dict[str, list] = {}
+    for op, c, t, r in zip(ops, costs, times, repeats):
+        if c.kind in ("none", "module") and t.gpu_s == 0:
+            continue
+        g = groups.setdefault(op.name, [0.0, 0.0, 0.0, 0.0, {}])
+        g[0] += r
+        g[1] += c.flops * r
+        g[2] += c.bytes * r
+        g[3] += t.gpu_s * r
+        g[4][t.bound] = g[4].get(t.bound, 0.0) + t.gpu_s * r
+    rows = [OpCost(name=n, count=int(round(g[0])), flops=g[1], bytes=g[2], time_ms=g[3] * MS_PER_S,
+                   bound=max(g[4], key=g[4].get) if g[4] else "none",
+                   share=g[3] / runtime_s if runtime_s else 0.0) for n, g in groups.items()]
+    return sorted(rows, key=lambda r: -r.time_ms)
+
+
+def linear_total(cost_at, lo: float, hi: float, count: float, total: float,
+                 row_scale: float | None = None) -> StepCost:
+    """The sum of ``count`` steps whose sizes x (a context length, a prompt length) lie in [lo, hi] and sum to
+    ``total``, for a cost linear in x: only the two ends are costed, and
+    sum_i c(x_i) = count * c(lo) + (c(hi) - c(lo)) * (total - count * lo) / (hi - lo).
+    Decode steps are linear in their context (attention reads it; everything else does not depend on it), and a
+    prompt call in its length. Op rows are those of the ``hi`` step times ``row_scale`` (default ``count``)."""
+    if count <= 0:
+        return EMPTY
+    a = cost_at(lo)
+    if hi <= lo:
+        return a.times(count)
+    b = cost_at(hi)
+    frac = (total - count * lo) / (hi - lo)
+
+    def mix(attr: str) -> float:
+        return count * getattr(a, attr) + (getattr(b, attr) - getattr(a, attr)) * frac
+
+    scale = count if row_scale is None else row_scale
+    rows = tuple(r.model_copy(update={"count": round(r.count * count), "flops": r.flops * scale,
+                                      "bytes": r.bytes * scale, "time_ms": r.time_ms * scale}) for r in b.table)
+    runtime_s = mix("runtime_s")
+    return StepCost(runtime_s, mix("energy_j"), b.power_w, mix("flops"), mix("bytes"), rows,
+                    tuple(sorted(set(a.unknown) | set(b.unknown))), b.memory, b.workload)
+
+
+def clear_caches() -> None:
+    _DEVICE_FREE.clear()
+    _STEPS.clear()

@@ -1,0 +1,70 @@
+"""Assembling an Estimate from step costs: tokens, the fit check, the notes every estimate carries."""
+from __future__ import annotations
+
+from ..results import Estimate, MemoryBreakdown, OpCost
+from ..scenario import Scenario, calibration_note
+from ..step import StepCost
+from ..units import MS_PER_S
+from ..workload import Workload
+
+TOP_OPS = 12
+
+
+def not_fit_reason(mem: MemoryBreakdown, gpu_name: str) -> str | None:
+    if mem.total_gb <= mem.capacity_gb:
+        return None
+    return (f"does not fit: {mem.total_gb:.2f} GB needed per GPU (weights {mem.weights_gb:.2f}, activations "
+            f"{mem.activations_gb:.2f}, KV cache {mem.kv_cache_gb:.2f}, gradients {mem.gradients_gb:.2f}, "
+            f"optimizer {mem.optimizer_gb:.2f}, workspace {mem.workspace_gb:.2f}) > {mem.capacity_gb:.2f} GB "
+            f"capacity of {gpu_name}")
+
+
+def step_tokens(w: Workload) -> int:
+    """Tokens a workload produces or processes: new tokens for decode and generate, sequences for encode."""
+    if w.phase == "decode":
+        return w.batch * w.step_tokens
+    if w.phase == "generate":
+        return w.batch * w.gen_tokens
+    if w.phase == "encode":
+        return w.batch
+    return w.batch * w.seq
+
+
+def estimate_from(sc: Scenario, w: Workload, cost: StepCost, memory: MemoryBreakdown, notes: list[str] = (),
+                  tokens: int | None = None, table: list[OpCost] | None = None, **extra) -> Estimate:
+    """The Estimate of a workload whose total cost is ``cost`` (times, energy, work) and peak memory ``memory``.
+    A configuration that does not fit gets no times (it would not run) and says why with the numbers."""
+    reason = not_fit_reason(memory, sc.device.gpu.name)
+    ok = reason is None
+    tokens = step_tokens(w) if tokens is None else tokens
+    runtime_s = cost.runtime_s
+    cal = calibration_note(sc)
+    assumptions = list(sc.assumptions) + list(notes) + ([cal] if cal else [])
+    rows = list(cost.table if table is None else table)
+    return Estimate(
+        model=sc.model, device=sc.device.name, workload=w, plan=sc.plan, runtime=sc.runtime.name,
+        runtime_ms=runtime_s * MS_PER_S if ok else None, memory_gb=memory.total_gb, memory=memory,
+        energy_j=cost.energy_j if ok else None, energy_j_per_token=cost.energy_j / tokens if ok and tokens else None,
+        power_w=cost.energy_j / (runtime_s * sc.plan.gpus) if ok and runtime_s else None,
+        throughput_tokens_per_s=tokens / runtime_s if ok and runtime_s else None, tokens=tokens, fits=ok,
+        flops=cost.flops, bytes=cost.bytes, top_ops=rows, unknown_ops=list(cost.unknown),
+        calibrated=sc.calibration.measured, assumptions=assumptions, not_fit_reason=reason,
+        **({k: v for k, v in extra.items()} if ok else {}))
+
+
+def phase_rows(phase: str, rows, runtime_s: float) -> list[OpCost]:
+    """Op rows of one phase of a multi-phase workload, named by phase, with shares of the whole run."""
+    return [r.model_copy(update={"name": f"{phase} {r.name}",
+                                 "share": r.time_ms / (runtime_s * MS_PER_S) if runtime_s else 0.0}) for r in rows]
+
+
+def merge_rows(rows: list[OpCost], runtime_s: float) -> list[OpCost]:
+    """One row per op name (summing rows of the same name), shares of the whole run, slowest first."""
+    merged: dict[str, OpCost] = {}
+    for r in rows:
+        m = merged.get(r.name)
+        merged[r.name] = r if m is None else m.model_copy(update={
+            "count": m.count + r.count, "flops": m.flops + r.flops, "bytes": m.bytes + r.bytes,
+            "time_ms": m.time_ms + r.time_ms})
+    return sorted((r.model_copy(update={"share": r.time_ms / (runtime_s * MS_PER_S) if runtime_s else 0.0})
+                   for r in merged.values()), key=lambda r: -r.time_ms)

@@ -1,0 +1,52 @@
+"""One step: forward, prefill, decode, encode, forward-backward or train -> Estimate."""
+from __future__ import annotations
+
+from ..errors import AisimError
+from ..results import Estimate
+from ..scenario import Scenario
+from ..step import step_cost
+from ..workload import StepShape, Workload
+from .common import estimate_from
+
+
+def check_shape(sc: Scenario, w: Workload) -> None:
+    """Refuse workloads the model or engine cannot run, with what to give instead."""
+    config, rt = sc.config, sc.runtime
+    enc_dec = bool(config.get("is_encoder_decoder"))
+    if w.phase == "encode" and not enc_dec:
+        raise AisimError("--workload encode needs an encoder-decoder model (e.g. whisper-medium.en); this one is "
+                         "decoder-only: use forward or prefill")
+    if w.phase == "transcribe":
+        if w.batch != 1:
+            raise AisimError("--workload transcribe estimates one recording: leave --batch at 1")
+        if rt.request_loop is not None:
+            raise AisimError(f"runtime {rt.name} is a text-serving engine; transcribe with ggml-cuda, ggml-vulkan "
+                             "or eager")
+    if w.phase == "decode" and w.seq < 2 and not enc_dec:
+        raise AisimError("--workload decode --seq is the context after the step (cached tokens + the new one): "
+                         "give at least 2")
+    if sc.plan.dp > 1 and w.batch % sc.plan.dp:
+        raise AisimError(f"data parallel degree {sc.plan.dp} does not divide batch {w.batch}; choose --dp among "
+                         f"the divisors of {w.batch}")
+    _check_positions(config, w)
+
+
+def _check_positions(config: dict, w: Workload) -> None:
+    """Refuse a sequence longer than the model's position table (learned positions would index past it)."""
+    if config.get("is_encoder_decoder"):  # the decoder's table; encode takes a fixed 30 s window
+        limit = config.get("max_target_positions")
+        if limit and w.phase in ("decode", "prefill", "generate") and w.seq > limit:
+            raise AisimError(f"seq {w.seq} exceeds the decoder's {limit} positions; give a shorter --seq")
+        return
+    limit = config.get("max_position_embeddings") or config.get("n_positions")
+    length = w.seq + (w.gen_tokens if w.phase == "generate" else 0)
+    if limit and w.phase != "encode" and length > limit:
+        given = f"seq {w.seq}" + (f" + gen {w.gen_tokens}" if w.phase == "generate" else "")
+        raise AisimError(f"{given} exceeds the model's {limit} positions; give a shorter --seq")
+
+
+def single_step(sc: Scenario, shape: StepShape) -> Estimate:
+    w = sc.workload(shape)
+    check_shape(sc, w)
+    cost = step_cost(sc, shape)
+    return estimate_from(sc, w, cost, cost.memory)
