@@ -197,14 +197,16 @@ def validate(
 @app.command()
 def calibrate(
     device: str = typer.Option(..., "--device", help="aisim device name of the local GPU (h100-sxm, h200, ...)"),
-    out: Optional[Path] = typer.Option(None, help="calibration YAML (default hardware_specs/calibration/DEVICE.yaml)"),
+    out: Optional[Path] = typer.Option(None, help="calibration YAML (default: DEVICE.yaml in the user spec directory's "
+                                       "calibration/, $AISIM_SPECS_DIR or ~/.config/aisim/specs, where estimates "
+                                       "read it first)"),
     quick: bool = typer.Option(False, help="small grids (about a minute)"),
     max_minutes: float = typer.Option(4.0, help="time budget"),
 ):
     """Run microbenchmarks on the local GPU and write its calibration file."""
     try:
-        from .validation.calibrate import run_calibration
-        target = out or Path("hardware_specs/calibration") / f"{device}.yaml"
+        from .validation.calibrate import default_output, run_calibration
+        target = out or default_output(device)
         path = run_calibration(device, target, quick=quick, max_minutes=max_minutes)
         typer.echo(f"wrote {path}")
     except (AisimError, RuntimeError, ValueError) as exc:

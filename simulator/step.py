@@ -20,7 +20,7 @@ from .units import MS_PER_S
 from .workload import StepShape, Workload
 
 STEP_CACHE_SIZE = 8192
-DEVICE_FREE_CACHE_SIZE = 1024
+DEVICE_FREE_CACHE_SIZE = 256
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def _remember(cache: OrderedDict, key, value, size: int):
 
 def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
     """Trace (cached) and price every op of one step with the formula registry: no device involved."""
-    key = (sc.model, id(sc.config), sc.key, w)
+    key = (sc.key, w)
     found = _DEVICE_FREE.get(key)
     if found is not None:
         return found

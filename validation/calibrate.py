@@ -23,11 +23,15 @@ ops); the rotation does not flush L2 of the output; power is one steady-state av
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .cli import new_app, run
 
 from ..errors import AisimError, UnknownNameError
 from ..specs import CalibrationSpec
@@ -234,39 +238,49 @@ def _provenance(torch, props, meter: PowerMeter | None, quick: bool, budget: Bud
 
 # ---------------------------------------------------------------- CLI
 
-def main(argv: list[str] | None = None) -> int:
-    """python -m aisim.validation.calibrate --device h100-sxm --out hardware_specs/calibration/h100-sxm.yaml"""
-    p = argparse.ArgumentParser(prog="python -m aisim.validation.calibrate", description=__doc__.splitlines()[0])
-    p.add_argument("--device", help="aisim GPU name of the local GPU (a file stem in hardware_specs/gpus/)")
-    p.add_argument("--out", type=Path, help="YAML to write (default hardware_specs/calibration/<device>.yaml)")
-    p.add_argument("--quick", action="store_true", help="small grids (about 20 s on an H100)")
-    p.add_argument("--max-minutes", type=float, default=4.0, help="wall-clock budget; grids shrink to fit")
-    p.add_argument("--refit", type=Path, help="refit an existing .raw.json (no GPU needed) instead of measuring")
-    p.add_argument("--add-transposed", type=Path, metavar="RAW_JSON",
-                   help="measure only the transposed-operand memory ops on the local GPU, append them to this "
-                        "existing .raw.json's records and refit (written to --out and its .raw.json)")
-    args = p.parse_args(argv)
-    try:
-        if args.add_transposed:
-            if not (args.device and args.out):
-                raise AisimError("--add-transposed needs --device and --out")
-            path = add_transposed(args.device, args.add_transposed, args.out, quick=args.quick)
-        elif args.refit:
-            raw = json.loads(args.refit.read_text())
-            out = args.out or args.refit.with_name(args.refit.name.removesuffix(".raw.json") + ".yaml")
-            if out.with_name(out.stem + ".raw.json").resolve() != args.refit.resolve():
-                raise AisimError(f"--out {out} would not sit next to {args.refit} (same stem, .raw.json)")
-            path = write_outputs(raw, out)
-        else:
-            if not args.device:
-                raise AisimError("--device is required (the aisim GPU name of the local GPU, e.g. h100-sxm)")
-            path = run_calibration(args.device, args.out or Path("hardware_specs/calibration") / f"{args.device}.yaml",
-                                   quick=args.quick, max_minutes=args.max_minutes)
-    except AisimError as err:
-        print(f"aisim calibrate: error: {err}", file=sys.stderr)
-        return 2
+app = new_app(__doc__.splitlines()[0])
+
+
+@app.command()
+def _calibrate(
+        device: Optional[str] = typer.Option(None, help="aisim GPU name of the local GPU (hardware_specs/gpus/)"),
+        out: Optional[Path] = typer.Option(None, help="YAML to write (default: the user spec directory's "
+                                           "calibration/<device>.yaml, where estimates read it)"),
+        quick: bool = typer.Option(False, help="small grids (about 20 s on an H100)"),
+        max_minutes: float = typer.Option(4.0, help="wall-clock budget; grids shrink to fit"),
+        refit: Optional[Path] = typer.Option(None, help="refit an existing .raw.json (no GPU needed)"),
+        add_transposed_raw: Optional[Path] = typer.Option(
+            None, "--add-transposed", metavar="RAW_JSON", help="measure only the transposed-operand memory ops on "
+            "the local GPU, append them to this .raw.json's records and refit (written to --out)")) -> int:
+    """python -m aisim.validation.calibrate --device h100-sxm [--out FILE.yaml]"""
+    if add_transposed_raw:
+        if not (device and out):
+            raise AisimError("--add-transposed needs --device and --out")
+        path = add_transposed(device, add_transposed_raw, out, quick=quick)
+    elif refit:
+        raw = json.loads(refit.read_text())
+        target = out or refit.with_name(refit.name.removesuffix(".raw.json") + ".yaml")
+        if target.with_name(target.stem + ".raw.json").resolve() != refit.resolve():
+            raise AisimError(f"--out {target} would not sit next to {refit} (same stem, .raw.json)")
+        path = write_outputs(raw, target)
+    else:
+        if not device:
+            raise AisimError("--device is required (the aisim GPU name of the local GPU, e.g. h100-sxm)")
+        path = run_calibration(device, out or default_output(device), quick=quick, max_minutes=max_minutes)
     print(f"calibration written to {path}")
     return 0
+
+
+def default_output(device: str) -> Path:
+    """Where ``aisim calibrate`` writes by default: the user spec directory, which estimates read first."""
+    from ..specs import user_spec_dir
+
+    key, _ = resolve_device(device)
+    return user_spec_dir() / "calibration" / f"{key}.yaml"
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(app, argv, "python -m aisim.validation.calibrate")
 
 
 if __name__ == "__main__":

@@ -10,12 +10,17 @@ Energy per token is the energy of all GPUs of the case; memory is the peak of on
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
+from typing import Optional
+
+import typer
+
+from ..errors import AisimError
+from .cli import new_app, run
 
 from .runner import read_jsonl
 from .suite import TRAINING_WORKLOADS
@@ -334,20 +339,27 @@ def build_report(jsonl_paths: Sequence[str | Path] | str | Path, fmt: str = "rst
                          sources=sources_of(measured))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m aisim.validation.report", description=__doc__.split("\n")[0])
-    parser.add_argument("jsonl", nargs="+", help="measured datasets (validation/data/*.jsonl)")
-    parser.add_argument("--fmt", choices=FORMATS, default="rst")
-    parser.add_argument("--order", choices=list(ORDERS), default="measured-first")
-    parser.add_argument("--layout", choices=["sections", "flat"], default="sections")
-    parser.add_argument("--out", help="write here instead of stdout")
-    args = parser.parse_args(argv)
-    text = build_report(args.jsonl, args.fmt, order=args.order, layout=args.layout)
-    if args.out:
-        Path(args.out).write_text(text)
+app = new_app(__doc__.split("\n")[0])
+
+
+@app.command()
+def _report(jsonl: list[Path] = typer.Argument(..., help="measured datasets (validation/data/*.jsonl)"),
+            fmt: str = typer.Option("rst", help="|".join(FORMATS)),
+            order: str = typer.Option("measured-first", help="|".join(ORDERS)),
+            layout: str = typer.Option("sections", help="sections|flat"),
+            out: Optional[Path] = typer.Option(None, help="write here instead of stdout")) -> int:
+    if fmt not in FORMATS or order not in ORDERS or layout not in ("sections", "flat"):
+        raise AisimError(f"--fmt is one of {FORMATS}, --order one of {list(ORDERS)}, --layout sections or flat")
+    text = build_report([str(p) for p in jsonl], fmt, order=order, layout=layout)
+    if out:
+        out.write_text(text)
     else:
         print(text, end="")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(app, argv, "python -m aisim.validation.report")
 
 
 if __name__ == "__main__":

@@ -9,11 +9,15 @@ recorded and the run goes on; ``max_minutes`` stops cleanly between cases.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .cli import new_app, run
 
 from ..errors import AisimError
 from .suite import Case, MeasureSettings, Suite, group_cases, load_suite
@@ -229,27 +233,27 @@ def _parse_gpus(text: str | None) -> list[int] | None:
     return [int(g) for g in text.split(",")] if text else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m aisim.validation.runner", description=__doc__.split("\n")[0])
-    parser.add_argument("suite", help="suite YAML, e.g. validation/suites/h100.yaml")
-    parser.add_argument("--out", help="JSONL to append to (default validation/data/<suite name>.jsonl)")
-    parser.add_argument("--gpus", help="comma-separated CUDA device indices, e.g. 0,1 (default: all)")
-    parser.add_argument("--device-name", help="GPU name to record instead of torch's")
-    parser.add_argument("--max-minutes", type=float, help="stop cleanly between cases after this long")
-    parser.add_argument("--new-section", action="store_true", help="append even if the file is from another GPU")
-    parser.add_argument("--only", help="run only cases whose key contains this text")
-    parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
-    out = args.out or str(Path("validation/data") / f"{load_suite(args.suite).name}.jsonl")
-    try:
-        counts = run_suite(args.suite, out, gpus=_parse_gpus(args.gpus), device_name=args.device_name,
-                           max_minutes=args.max_minutes, new_section=args.new_section, only=args.only,
-                           progress=not args.no_progress)
-    except RunError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+app = new_app(__doc__.split("\n")[0])
+
+
+@app.command()
+def _runner(suite: Path = typer.Argument(..., help="suite YAML, e.g. validation/suites/h100.yaml"),
+            out: Optional[Path] = typer.Option(None, help="JSONL to append to (default validation/data/<suite>.jsonl)"),
+            gpus: Optional[str] = typer.Option(None, help="comma-separated CUDA device indices, e.g. 0,1"),
+            device_name: Optional[str] = typer.Option(None, help="GPU name to record instead of torch's"),
+            max_minutes: Optional[float] = typer.Option(None, help="stop cleanly between cases after this long"),
+            new_section: bool = typer.Option(False, help="append even if the file is from another GPU"),
+            only: Optional[str] = typer.Option(None, help="run only cases whose key contains this text"),
+            no_progress: bool = typer.Option(False, "--no-progress")) -> int:
+    target = out or Path("validation/data") / f"{load_suite(suite).name}.jsonl"
+    counts = run_suite(suite, target, gpus=_parse_gpus(gpus), device_name=device_name, max_minutes=max_minutes,
+                       new_section=new_section, only=only, progress=not no_progress)
     print(json.dumps(counts))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(app, argv, "python -m aisim.validation.runner")
 
 
 if __name__ == "__main__":

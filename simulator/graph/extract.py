@@ -6,46 +6,49 @@ extrapolate the same way (exact when the layers are identical, as in every model
 one and two: the first layer is special for liveness (the embedding output stays referenced by the model's
 forward while layer 0 runs, so with one layer it is also the residual), which would make a 1-to-2 difference
 count a tensor per layer that is really live once. A 70B model traces in about a second this way. Graphs are
-cached in memory and on disk (``AISIM_CACHE_DIR``, default ``~/.cache/aisim``), keyed by the config, workload,
-plan and the torch/transformers/aisim versions.
+cached in memory and on disk as JSON (aisim.graph.cache: keyed on the config, workload, plan, the torch and
+transformers versions and the graph-building source code).
 """
 from __future__ import annotations
 
-import functools
-import hashlib
-import json
-import os
-import pickle
 from collections import Counter
-from importlib import metadata
-from pathlib import Path
 
 from ..errors import AisimError
 from ..workload import ParallelPlan, Workload
 from .ops import Graph, Op, TensorMeta
 
 TRACED_LAYERS = (2, 3)
-FORMAT_VERSION = "9"
 TRANSCRIPT_FIELDS = {"audio_s", "beam", "transcript_tokens", "windows"}
 WHISPER_WINDOW_FRAMES = 3000  # 30 s of audio at 100 mel frames per second (whisper's fixed input window)
 
 
 def trace_workload(config: dict, workload: Workload, plan: ParallelPlan, *, use_cache: bool = True) -> Graph:
     """The per-GPU operator graph of one workload step (for PP: the heaviest stage)."""
-    key = _cache_key(config, workload, plan)
+    from . import cache
+
+    traced = workload.model_dump(exclude=TRANSCRIPT_FIELDS)  # the recording's fields do not shape a step's graph
+    inputs = cache.key_inputs(config, traced, plan.model_dump())
+    key = cache.cache_key(inputs)
     if use_cache and key in _MEMORY:
         return _MEMORY[key]
-    path = _cache_dir() / f"{key}.pkl"
-    if use_cache and path.exists():
-        try:
-            with open(path, "rb") as f:
-                graph = pickle.load(f)
-            _MEMORY[key] = graph
-            return graph
-        except Exception:  # a stale or broken cache entry is re-traced
-            pass
+    graph = cache.load(key, inputs) if use_cache else None
+    if graph is None:
+        graph = _trace_checked(config, workload, plan)
+        if use_cache:
+            cache.store(key, inputs, graph)
+    _MEMORY[key] = graph
+    if len(_MEMORY) > MEMORY_ENTRIES:
+        _MEMORY.pop(next(iter(_MEMORY)))
+    return graph
+
+
+_MEMORY: dict[str, Graph] = {}
+MEMORY_ENTRIES = 2048
+
+
+def _trace_checked(config: dict, workload: Workload, plan: ParallelPlan) -> Graph:
     try:
-        graph = _trace_scaled(config, workload, plan)
+        return _trace_scaled(config, workload, plan)
     except AisimError:
         raise
     except Exception as exc:  # the model's own code refused the workload: say so, without a traceback
@@ -54,37 +57,6 @@ def trace_workload(config: dict, workload: Workload, plan: ParallelPlan, *, use_
                          f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); this "
                          f"model/workload/dtype combination is not supported (try another --workload or "
                          f"--dtype)") from None
-    _MEMORY[key] = graph
-    if use_cache:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "wb") as f:
-                pickle.dump(graph, f)
-        except OSError:
-            pass
-    return graph
-
-
-_MEMORY: dict[str, Graph] = {}
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("AISIM_CACHE_DIR", Path.home() / ".cache" / "aisim")) / "graphs"
-
-
-@functools.cache
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "none"
-
-
-def _cache_key(config: dict, workload: Workload, plan: ParallelPlan) -> str:
-    traced = workload.model_dump(exclude=TRANSCRIPT_FIELDS)  # the recording's fields do not shape a step's graph
-    blob = json.dumps([config, traced, plan.model_dump(), _version("torch"),
-                       _version("transformers"), _version("aisim"), FORMAT_VERSION], sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
 def _trace_scaled(config: dict, workload: Workload, plan: ParallelPlan) -> Graph:

@@ -7,8 +7,13 @@ the top CUDA kernels by total time, the kernel count per step, and the CPU and C
 """
 from __future__ import annotations
 
-import argparse
 import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..cli import new_app, run
 
 from ..measure import build_model, free_memory, prepare
 from ..suite import Case, MeasureSettings
@@ -42,19 +47,24 @@ def profile(spec: str, out) -> None:
     free_memory()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("cases", nargs="+", help="MODEL:WORKLOAD:BATCH:SEQ:DTYPE")
-    parser.add_argument("--out")
-    args = parser.parse_args(argv)
-    out = open(args.out, "w") if args.out else sys.stdout
-    for spec in args.cases:
+app = new_app(__doc__.split("\n")[0])
+
+
+@app.command()
+def _profile(cases: list[str] = typer.Argument(..., help="MODEL:WORKLOAD:BATCH:SEQ:DTYPE"),
+             out: Optional[Path] = typer.Option(None, help="text file (default stdout)")) -> int:
+    stream = open(out, "w") if out else sys.stdout
+    for spec in cases:
         try:
-            profile(spec, out)
+            profile(spec, stream)
         except Exception as exc:  # a failing case is reported and the next one runs
-            print(f"\n=== {spec}: failed: {exc!r}", file=out)
-        out.flush()
+            print(f"\n=== {spec}: failed: {exc!r}", file=stream)
+        stream.flush()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(app, argv, "python -m aisim.validation.scripts.profile_cases")
 
 
 if __name__ == "__main__":

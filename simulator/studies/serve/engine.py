@@ -1,0 +1,357 @@
+"""One replica's scheduler and KV-block pool, with vLLM v1 semantics.
+
+Each step (vllm/v1/core/sched/scheduler.py `Scheduler.schedule`):
+1. Running requests first, in admission order: a decoding request gets one token, a request still in its
+   prompt gets the next chunk, min(remaining, long_prefill_token_threshold if > 0, token budget).
+   KV slots are allocated for computed + new tokens in blocks of block_size (vllm/v1/core/kv_cache_manager.py
+   `KVCacheManager.allocate_slots`: cdiv(tokens, block_size) - held blocks, None when the pool is short).
+   When a running request cannot get its blocks, the most recently admitted running request is preempted
+   (`self.running.pop()` under the FCFS policy), repeatedly, until the allocation succeeds or the request
+   preempted itself, which ends the running pass.
+2. If nothing was preempted this step, waiting requests are admitted FCFS while the token budget, max_num_seqs
+   and free blocks allow (a request needing more blocks than are free stops admission: `break`, not `continue`).
+   Without chunked prefill, a prompt larger than the budget left stops admission too.
+Preemption by recompute (vLLM v1's only mode, `_preempt_request`): the request loses its KV, goes to the front
+of the waiting queue, and recomputes prompt + generated tokens as one prefill whose last step emits the next
+token. Preemption by swap (vLLM v0 vllm/core/scheduler.py `_preempt_by_swap` / `_schedule_swapped`): the
+blocks are copied to host memory (cost: blocks * block_size * kv_bytes_per_token / swap bandwidth, added to
+the step), the request joins the swapped queue, and swapped requests are resumed before waiting ones when no
+preemption happened in the step.
+
+Speed: decoding requests are not visited per step. Each decoding request's context is (step - base), so the sum
+of contexts is n_decoding * step - sum(base); its next block need and its last token are heap events.
+
+Known differences from vLLM: decode tokens are scheduled before prefill chunks in a step, the order of
+transformers' continuous batching (transformers/generation/continuous_batching/scheduler.py
+`FIFOScheduler.schedule_batch`: DECODING, then PREFILLING, then waiting requests); vLLM walks the running list in
+admission order, which differs only when long_prefill_token_threshold lets a later request finish its prompt
+before an earlier one (without it, the one request left mid-prompt is always the latest admitted; a brute-force
+vLLM schedule in tests/test_serve_sim.py matches step for step). Not modelled from transformers: its
+safety_margin (no new prefills when free blocks fall under a fraction) and CPU offloading. In swap mode a request preempted during its prompt is recomputed (it has no
+output yet), and host swap space is unlimited; a recomputed request longer than max_num_batched_tokens is chunked
+even without chunked prefill (vLLM would never schedule it); no prefix caching, no speculative decoding.
+"""
+from __future__ import annotations
+
+from collections import deque
+from heapq import heappop, heappush
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from aisim.errors import AisimError
+
+from .requests import MAX_TOKENS
+from .steptime import BatchShape
+
+WAITING, PREFILL, DECODE, SWAPPED, DONE, REJECTED = range(6)
+
+
+class EngineConfig(BaseModel):
+    """One replica's serving-engine settings (vLLM names). num_kv_blocks comes from the caller's memory model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_kv_blocks: int = Field(ge=1, le=1_000_000_000, description="KV-cache blocks on the replica")
+    block_size: int = Field(16, ge=1, le=65_536, description="tokens per KV block (vLLM --block-size)")
+    max_num_seqs: int = Field(256, ge=1, le=1_000_000, description="running requests at most (--max-num-seqs)")
+    max_num_batched_tokens: int = Field(8192, ge=1, le=MAX_TOKENS,
+                                        description="tokens per step at most (--max-num-batched-tokens)")
+    enable_chunked_prefill: bool = Field(True, description="split prompts across steps (--enable-chunked-prefill)")
+    long_prefill_token_threshold: int = Field(0, ge=0, le=MAX_TOKENS,
+                                              description="cap on one request's prompt tokens per step; 0 = none")
+    max_model_len: int | None = Field(None, ge=2, le=2 * MAX_TOKENS,
+                                      description="requests with input + output over this are rejected")
+    preemption_mode: Literal["recompute", "swap"] = "recompute"
+    swap_bandwidth_bytes_per_s: float = Field(25e9, gt=0, le=1e13, description="host<->device copy bandwidth")
+    kv_bytes_per_token: float = Field(0.0, ge=0, le=1e10, description="KV bytes of one token, all layers")
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    scheduler_overhead_s: float = Field(0.0, ge=0, le=10.0, description="CPU time per step, added to each step")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EngineConfig:
+        if self.scheduling_policy == "priority":
+            raise AisimError("scheduling_policy 'priority' is not modelled yet; use 'fcfs'")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise AisimError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                             f"({self.max_num_seqs}), as vLLM requires; raise it or lower max_num_seqs")
+        if self.preemption_mode == "swap" and self.kv_bytes_per_token <= 0:
+            raise AisimError("preemption_mode 'swap' needs kv_bytes_per_token > 0 to cost the copies")
+        return self
+
+
+class RequestState:
+    """One request's progress. computed = tokens whose KV is in the cache; generated = output tokens emitted;
+    segments = flat [first, last, first, last, ...] step indices of the runs of steps that emitted its tokens."""
+
+    __slots__ = ("rid", "arrival_s", "input_tokens", "output_tokens", "state", "generated", "computed", "blocks",
+                 "swapped_blocks", "adm", "base", "k_fin", "preemptions", "first_token_s", "finish_s", "segments",
+                 "reject_reason")
+
+    def __init__(self, rid: int, arrival_s: float, input_tokens: int, output_tokens: int):
+        self.rid, self.arrival_s = rid, arrival_s
+        self.input_tokens, self.output_tokens = input_tokens, output_tokens
+        self.state, self.generated, self.computed, self.blocks, self.swapped_blocks = WAITING, 0, 0, 0, 0
+        self.adm = self.base = self.k_fin = -1
+        self.preemptions = 0
+        self.first_token_s = self.finish_s = None
+        self.segments: list[int] = []
+        self.reject_reason: str | None = None
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class ReplicaScheduler:
+    """State machine of one replica: waiting / running / swapped queues and the KV-block pool.
+
+    It holds state and mutates it on purpose (a simulator is a state machine); time lives in simulate.py.
+    schedule(k) plans step k and returns its BatchShape; complete(k, t_end_s) applies the step's results.
+    """
+
+    def __init__(self, cfg: EngineConfig):
+        self.cfg, self.bs = cfg, cfg.block_size
+        self.free_blocks = cfg.num_kv_blocks
+        self.waiting: deque[RequestState] = deque()
+        self.swapped: deque[RequestState] = deque()
+        self.running: dict[int, RequestState] = {}  # admission order: popitem() is the latest admitted
+        self.prefilling: list[RequestState] = []
+        self.n_dec = self.sum_base = 0
+        self._block_heap: list = []  # (step needing a new block, adm, request)
+        self._finish_heap: list = []  # (step emitting the last token, adm, request)
+        self._adm = 0
+        self.chunks: list[tuple[RequestState, int]] = []
+        self.swap_bytes = 0.0
+        self.preempted = False
+        self.num_preemptions = self.peak_used_blocks = 0
+
+    # ---- admission control -------------------------------------------------------------------------------
+    def reject_reason(self, r: RequestState) -> str | None:
+        """Why a request can never run on this replica, or None. Its KV peaks at input + output - 1 tokens."""
+        cfg = self.cfg
+        blocks = _cdiv(r.input_tokens + r.output_tokens - 1, self.bs)
+        if blocks > cfg.num_kv_blocks:
+            return "kv_capacity"
+        if cfg.max_model_len is not None and r.input_tokens + r.output_tokens > cfg.max_model_len:
+            return "max_model_len"
+        if not cfg.enable_chunked_prefill and r.input_tokens > cfg.max_num_batched_tokens:
+            return "max_num_batched_tokens"
+        return None
+
+    def enqueue(self, r: RequestState) -> bool:
+        """Add an arrived request to the waiting queue; False (and state REJECTED) if it can never fit."""
+        reason = self.reject_reason(r)
+        if reason is not None:
+            r.state, r.reject_reason = REJECTED, reason
+            return False
+        self.waiting.append(r)
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self.swapped)
+
+    def in_system(self) -> int:
+        return len(self.running) + len(self.waiting) + len(self.swapped)
+
+    # ---- one step ----------------------------------------------------------------------------------------
+    def schedule(self, k: int) -> BatchShape:
+        """Plan step k: running requests, then (if nothing was preempted) swapped and waiting ones."""
+        self.chunks, self.swap_bytes, self.preempted = [], 0.0, False
+        if self._block_heap:
+            self._schedule_decodes(k)
+        budget = self.cfg.max_num_batched_tokens - self.n_dec
+        if self.prefilling:
+            budget = self._schedule_prefills(k, budget)
+        if not self.preempted:
+            if self.swapped:
+                budget = self._resume_swapped(k, budget)
+            if self.waiting:
+                self._admit_waiting(budget)
+        used = self.cfg.num_kv_blocks - self.free_blocks
+        if used > self.peak_used_blocks:
+            self.peak_used_blocks = used
+        tokens = pairs = 0
+        for r, c in self.chunks:
+            tokens += c
+            pairs += c * (r.computed + c)
+        if not self.chunks and not self.n_dec:
+            raise RuntimeError(f"internal: step {k} scheduled nothing with {self.in_system()} requests pending")
+        return BatchShape(tokens, float(pairs), len(self.chunks), self.n_dec, float(self.n_dec * k - self.sum_base))
+
+    def complete(self, k: int, t_end_s: float) -> int:
+        """Apply step k, which ended at t_end_s: finished prompts emit a token, decoders due finish.
+        Returns the number of requests that finished."""
+        finished = 0
+        for r, c in self.chunks:
+            r.computed += c
+            if r.computed < r.input_tokens + r.generated:
+                continue
+            r.generated += 1  # the step that completes a prompt emits a token (vLLM update_from_output)
+            if r.first_token_s is None:
+                r.first_token_s = t_end_s
+            r.segments.append(k)
+            self.prefilling.remove(r)
+            if r.generated >= r.output_tokens:
+                r.segments.append(k)
+                self._finish(r, t_end_s)
+                finished += 1
+            else:
+                self._enter_decode(r, k + 1)
+        heap = self._finish_heap
+        while heap and heap[0][0] <= k:
+            _, adm, r = heappop(heap)
+            if r.adm == adm and r.state == DECODE:
+                self._leave_decode(r, k)
+                self._finish(r, t_end_s)
+                finished += 1
+        return finished
+
+    # ---- running requests --------------------------------------------------------------------------------
+    def _schedule_decodes(self, k: int) -> None:
+        """Allocate the blocks decoding requests need at step k (block-boundary events), preempting if short."""
+        heap, needers = self._block_heap, []
+        while heap and heap[0][0] <= k:
+            _, adm, r = heappop(heap)
+            if r.adm == adm and r.state == DECODE:
+                needers.append(r)  # popped in (step, admission) order: admission order
+        if len(needers) <= self.free_blocks:
+            self.free_blocks -= len(needers)
+            for r in needers:
+                self._grant_decode_block(r)
+            return
+        for r in needers:
+            if r.state != DECODE:
+                continue  # preempted as a victim of an earlier request
+            while self.free_blocks == 0:
+                if self._preempt_tail(k) is r:
+                    return  # it preempted itself: vLLM ends the running pass
+            self.free_blocks -= 1
+            self._grant_decode_block(r)
+
+    def _grant_decode_block(self, r: RequestState) -> None:
+        r.blocks += 1
+        k_next = r.base + r.blocks * self.bs + 1  # first step whose context exceeds the held slots
+        if k_next <= r.k_fin:
+            heappush(self._block_heap, (k_next, r.adm, r))
+
+    def _schedule_prefills(self, k: int, budget: int) -> int:
+        """The next prompt chunk of each running request still in its prompt, in admission order."""
+        for r in list(self.prefilling):
+            if budget <= 0:
+                break
+            if r.state != PREFILL:
+                continue
+            chunk = self._chunk(r, budget)
+            need = _cdiv(r.computed + chunk, self.bs) - r.blocks
+            preempted_self = False
+            while need > self.free_blocks:
+                if self._preempt_tail(k) is r:
+                    preempted_self = True
+                    break
+            if preempted_self:
+                break
+            r.blocks += need
+            self.free_blocks -= need
+            self.chunks.append((r, chunk))
+            budget -= chunk
+        return budget
+
+    def _chunk(self, r: RequestState, budget: int) -> int:
+        remaining = r.input_tokens + r.generated - r.computed
+        threshold = self.cfg.long_prefill_token_threshold
+        if 0 < threshold < remaining:
+            remaining = threshold
+        return min(remaining, budget)
+
+    # ---- swapped and waiting requests --------------------------------------------------------------------
+    def _resume_swapped(self, k: int, budget: int) -> int:
+        """Swap requests back in, oldest first, while budget, max_num_seqs and free blocks allow."""
+        while self.swapped and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            r = self.swapped[0]
+            need = _cdiv(r.input_tokens + r.generated, self.bs)  # its KV plus the slot of this step's token
+            if need > self.free_blocks:
+                break
+            self.swapped.popleft()
+            self.swap_bytes += r.swapped_blocks * self.bs * self.cfg.kv_bytes_per_token
+            r.blocks, r.swapped_blocks = need, 0
+            self.free_blocks -= need
+            self._admit(r)
+            r.segments.append(k)
+            self._enter_decode(r, k)
+            budget -= 1
+        return budget
+
+    def _admit_waiting(self, budget: int) -> None:
+        """Admit waiting requests FCFS (vLLM `schedule`, "Next, schedule the WAITING requests")."""
+        cfg = self.cfg
+        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            r = self.waiting[0]
+            wanted = self._chunk(r, MAX_TOKENS)
+            if not cfg.enable_chunked_prefill and budget < wanted <= cfg.max_num_batched_tokens:
+                break
+            chunk = min(wanted, budget)
+            need = _cdiv(chunk, self.bs)
+            if need > self.free_blocks:
+                break
+            self.waiting.popleft()
+            r.blocks = need
+            self.free_blocks -= need
+            r.state = PREFILL
+            self._admit(r)
+            self.prefilling.append(r)
+            self.chunks.append((r, chunk))
+            budget -= chunk
+
+    def _admit(self, r: RequestState) -> None:
+        self._adm += 1
+        r.adm = self._adm
+        self.running[r.rid] = r
+
+    # ---- state changes -----------------------------------------------------------------------------------
+    def _enter_decode(self, r: RequestState, k: int) -> None:
+        """r decodes from step k on, with r.generated tokens emitted: context at step j is j - base."""
+        r.state = DECODE
+        r.base = k - r.input_tokens - r.generated
+        r.k_fin = k + r.output_tokens - r.generated - 1
+        self.n_dec += 1
+        self.sum_base += r.base
+        heappush(self._finish_heap, (r.k_fin, r.adm, r))
+        k_need = r.base + r.blocks * self.bs + 1
+        if k_need <= r.k_fin:
+            heappush(self._block_heap, (k_need, r.adm, r))
+
+    def _leave_decode(self, r: RequestState, k_last: int) -> None:
+        """r stops decoding after emitting its token of step k_last."""
+        self.n_dec -= 1
+        self.sum_base -= r.base
+        r.generated = k_last - r.base - r.input_tokens + 1
+        r.computed = r.input_tokens + r.generated - 1
+        r.segments.append(k_last)
+
+    def _finish(self, r: RequestState, t_end_s: float) -> None:
+        r.state, r.finish_s = DONE, t_end_s
+        del self.running[r.rid]
+        self.free_blocks += r.blocks
+        r.blocks = 0
+
+    def _preempt_tail(self, k: int) -> RequestState:
+        """Preempt the most recently admitted running request at step k (vLLM FCFS: `self.running.pop()`)."""
+        _, victim = self.running.popitem()
+        was_decoding = victim.state == DECODE
+        if was_decoding:
+            self._leave_decode(victim, k - 1)
+        else:
+            self.prefilling.remove(victim)
+        self.free_blocks += victim.blocks
+        victim.preemptions += 1
+        self.num_preemptions += 1
+        self.preempted = True
+        if was_decoding and self.cfg.preemption_mode == "swap":
+            self.swap_bytes += victim.blocks * self.bs * self.cfg.kv_bytes_per_token
+            victim.swapped_blocks, victim.blocks, victim.state = victim.blocks, 0, SWAPPED
+            self.swapped.append(victim)
+        else:
+            victim.blocks, victim.computed, victim.state = 0, 0, WAITING
+            self.waiting.appendleft(victim)
+        return victim

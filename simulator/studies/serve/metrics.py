@@ -1,0 +1,218 @@
+"""Serving metrics with the names and definitions of ``vllm bench serve`` (vllm/benchmarks/serve.py
+`calculate_metrics`), plus what only a simulator can see (energy, KV-cache use, preemptions, batch size).
+
+Per completed request: TTFT = first token time - arrival; E2EL = finish - arrival;
+TPOT = (E2EL - TTFT) / (output_len - 1) for output_len > 1 (requests with one output token have no TPOT);
+ITL = every gap between consecutive tokens of a request (stalls from preemption included), pooled over requests.
+Throughputs divide by duration_s, the time from t = 0 (the start of the arrival process, as vLLM's benchmark
+clock starts before the first request is sent) to the last finish. Means, medians, population standard
+deviations and linear-interpolation percentiles, as numpy computes them in vLLM; an empty list gives 0.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from aisim.errors import AisimError
+
+from .engine import DONE
+from .simulate import SimRun
+
+MS_PER_S = 1e3
+METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+class ServeResult(BaseModel):
+    """One simulated `vllm bench serve` run. Throughputs are per second of duration_s; *_ms are milliseconds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    completed: int
+    failed: int = Field(description="requests rejected because they can never fit a replica")
+    failed_reasons: dict[str, int] = Field(description="rejections by reason: kv_capacity, max_model_len, "
+                                                       "max_num_batched_tokens")
+    duration_s: float
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float = Field(description="completed requests per second")
+    output_throughput: float = Field(description="output tokens per second")
+    total_token_throughput: float = Field(description="input + output tokens per second")
+    mean_ttft_ms: float
+    median_ttft_ms: float
+    std_ttft_ms: float
+    mean_tpot_ms: float
+    median_tpot_ms: float
+    std_tpot_ms: float
+    mean_itl_ms: float
+    median_itl_ms: float
+    std_itl_ms: float
+    mean_e2el_ms: float
+    median_e2el_ms: float
+    std_e2el_ms: float
+    percentiles: dict[str, float] = Field(description="vLLM keys: p99_ttft_ms, p90_itl_ms, ... (milliseconds)")
+    energy_j: float = Field(description="sum of step energies; idle gaps, CPU overhead and swaps cost none")
+    energy_j_per_output_token: float
+    kv_cache_peak_utilization: float = Field(description="peak used / total KV blocks, worst replica")
+    num_preemptions: int
+    mean_running_batch_size: float = Field(description="sequences per step, mean over steps")
+    mean_requests_in_system: float = Field(description="time-average of waiting + running + swapped requests, "
+                                                       "summed over replicas (Little's L)")
+    num_steps: int
+    replicas: int
+    router: str
+
+    def flat(self) -> dict[str, float | int | str]:
+        """The result as one flat dict with vLLM's key names (percentiles as p99_ttft_ms, ...)."""
+        out = self.model_dump(exclude={"percentiles", "failed_reasons"})
+        out.update(self.percentiles)
+        return out
+
+
+@dataclass(frozen=True)
+class RequestTable:
+    """Per-request records (NaN where a request has no value: rejected, or TPOT with one output token)."""
+
+    request_id: np.ndarray
+    replica: np.ndarray
+    arrival_s: np.ndarray
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    completed: np.ndarray
+    ttft_ms: np.ndarray
+    tpot_ms: np.ndarray
+    e2el_ms: np.ndarray
+    finish_s: np.ndarray
+    preemptions: np.ndarray
+    tokens_emitted: np.ndarray
+
+
+def percentile_key(p: float, metric: str) -> str:
+    """vLLM's name for a percentile: p99_ttft_ms, p99.9_itl_ms."""
+    word = str(int(p)) if float(p) == int(p) else f"{p:g}"
+    return f"p{word}_{metric}_ms"
+
+
+def _stats(metric: str, values_s: np.ndarray, percentiles: list[float]) -> tuple[dict, dict]:
+    ms = values_s * MS_PER_S if len(values_s) else np.zeros(1)
+    main = {f"mean_{metric}_ms": float(np.mean(ms)), f"median_{metric}_ms": float(np.median(ms)),
+            f"std_{metric}_ms": float(np.std(ms))}
+    pcts = {percentile_key(p, metric): float(np.percentile(ms, p)) for p in percentiles}
+    return main, pcts
+
+
+def token_times(run: SimRun) -> tuple[np.ndarray, np.ndarray]:
+    """Emission time of every output token of the completed requests, and the request id owning each, grouped by
+    request in request order, each request's tokens in time order.
+
+    A request's tokens come from runs of consecutive steps (segments) of its replica; the token times are those
+    steps' end times. Vectorised: index = segment first step + position within the segment.
+    """
+    done = [r for r in run.requests if r.state == DONE]
+    offsets = np.cumsum([0] + [len(st.step_end_s) for st in run.replicas])
+    all_steps = np.concatenate([np.asarray(st.step_end_s, dtype=np.float64) for st in run.replicas] or [[]])
+    firsts = [s for r in done for s in r.segments[0::2]]
+    lasts = [s for r in done for s in r.segments[1::2]]
+    owners = [r.rid for r in done for _ in range(len(r.segments) // 2)]
+    if not owners:
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
+    owners_a = np.asarray(owners, dtype=np.int64)
+    first = np.asarray(firsts, dtype=np.int64) + offsets[run.replica_of[owners_a]]
+    lengths = np.asarray(lasts, dtype=np.int64) - np.asarray(firsts, dtype=np.int64) + 1
+    within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return all_steps[np.repeat(first, lengths) + within], np.repeat(owners_a, lengths)
+
+
+def request_table(run: SimRun, token_owner: np.ndarray | None = None) -> RequestTable:
+    """Per-request records; token_owner (request id of every emitted token) is computed when not given."""
+    reqs = run.requests
+    n = len(reqs)
+    nan = float("nan")
+    arrival = np.array([r.arrival_s for r in reqs])
+    first = np.array([r.first_token_s if r.state == DONE else nan for r in reqs], dtype=np.float64)
+    finish = np.array([r.finish_s if r.state == DONE else nan for r in reqs], dtype=np.float64)
+    out = np.array([r.output_tokens for r in reqs], dtype=np.int64)
+    ttft, e2el = first - arrival, finish - arrival
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out > 1, (e2el - ttft) / (out - 1), nan)
+    if token_owner is None:
+        _, token_owner = token_times(run)
+    return RequestTable(
+        request_id=np.arange(n), replica=run.replica_of.copy(), arrival_s=arrival,
+        input_tokens=np.array([r.input_tokens for r in reqs], dtype=np.int64), output_tokens=out,
+        completed=np.array([r.state == DONE for r in reqs]), ttft_ms=ttft * MS_PER_S, tpot_ms=tpot * MS_PER_S,
+        e2el_ms=e2el * MS_PER_S, finish_s=finish, preemptions=np.array([r.preemptions for r in reqs]),
+        tokens_emitted=np.bincount(token_owner, minlength=n))
+
+
+def _throughputs(table: RequestTable, duration_s: float) -> dict:
+    ok = table.completed
+    total_in, total_out = int(table.input_tokens[ok].sum()), int(table.output_tokens[ok].sum())
+    per_s = (1.0 / duration_s) if duration_s > 0 else 0.0
+    return {"completed": int(ok.sum()), "duration_s": duration_s, "total_input_tokens": total_in,
+            "total_output_tokens": total_out, "request_throughput": int(ok.sum()) * per_s,
+            "output_throughput": total_out * per_s, "total_token_throughput": (total_in + total_out) * per_s}
+
+
+def _engine_stats(run: SimRun, duration_s: float, total_out: int) -> dict:
+    reps = run.replicas
+    steps = sum(len(st.step_end_s) for st in reps)
+    energy = sum(st.energy_j for st in reps)
+    return {"energy_j": energy, "energy_j_per_output_token": energy / total_out if total_out else 0.0,
+            "kv_cache_peak_utilization": max(st.peak_used_blocks / st.num_kv_blocks for st in reps),
+            "num_preemptions": sum(st.num_preemptions for st in reps),
+            "mean_running_batch_size": sum(st.batch_seqs_sum for st in reps) / steps if steps else 0.0,
+            "mean_requests_in_system": sum(st.in_system_area for st in reps) / duration_s if duration_s else 0.0,
+            "num_steps": steps, "replicas": len(reps), "router": run.router}
+
+
+def summarize(run: SimRun, percentiles: list[float],
+              tokens: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[ServeResult, RequestTable]:
+    """The vLLM-named summary of a run, and its per-request table; tokens = token_times(run) if already known."""
+    times, owner = tokens if tokens is not None else token_times(run)
+    table = request_table(run, owner)
+    ok = table.completed
+    duration_s = float(np.max(table.finish_s[ok])) if ok.any() else 0.0
+    same = owner[1:] == owner[:-1]
+    itl_s = np.diff(times)[same]
+    values = {"ttft": table.ttft_ms[ok] / MS_PER_S, "tpot": table.tpot_ms[ok & (table.output_tokens > 1)] / MS_PER_S,
+              "itl": itl_s, "e2el": table.e2el_ms[ok] / MS_PER_S}
+    fields: dict = _throughputs(table, duration_s)
+    pcts: dict[str, float] = {}
+    for metric in METRICS:
+        main, extra = _stats(metric, values[metric], percentiles)
+        fields.update(main)
+        pcts.update(extra)
+    reasons: dict[str, int] = {}
+    for r in run.requests:
+        if r.reject_reason is not None:
+            reasons[r.reject_reason] = reasons.get(r.reject_reason, 0) + 1
+    fields.update(_engine_stats(run, duration_s, fields["total_output_tokens"]))
+    result = ServeResult(failed=sum(reasons.values()), failed_reasons=reasons, percentiles=pcts, **fields)
+    return result, table
+
+
+CSV_COLUMNS = ("request_id", "replica", "arrival_s", "input_tokens", "output_tokens", "ttft_ms", "tpot_ms",
+               "e2el_ms", "finish_s", "preemptions")
+
+
+def write_requests_csv(table: RequestTable, path: str | Path) -> None:
+    """One row per request; empty cells where a request has no value (rejected; TPOT with one output token)."""
+    def cell(v) -> str:
+        if isinstance(v, float | np.floating):
+            return "" if math.isnan(v) else f"{float(v):.6f}"
+        return str(v)
+
+    try:
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(CSV_COLUMNS)
+            cols = [getattr(table, c) for c in CSV_COLUMNS]
+            for row in zip(*(c.tolist() for c in cols)):
+                w.writerow([cell(v) for v in row])
+    except OSError as e:
+        raise AisimError(f"cannot write per-request CSV {path}: {e.strerror}") from None

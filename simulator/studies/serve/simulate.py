@@ -1,0 +1,174 @@
+"""The event loop: replicas advance step by step, a router hands each arrival to one replica.
+
+Time on a replica: a step planned at clock t (with every request that arrived by t) lasts
+    dt = timer.step_time_s(shape) + scheduler_overhead_s + swap_bytes / swap_bandwidth_bytes_per_s
+and its tokens are emitted at t + dt. vLLM v1 can overlap the CPU scheduling of step k+1 with the GPU work of
+step k (--async-scheduling); pass the non-overlapped part as scheduler_overhead_s. An idle replica jumps to its
+next arrival. The first output token comes from the step that finishes the prompt (vllm/v1/core/sched/
+scheduler.py `update_from_output`), each later token from one decode step.
+
+Routers (requests are routed on arrival, never moved):
+  round-robin   request i (in arrival order) to replica i mod N;
+  least-loaded  to the replica with the fewest outstanding requests (routed, not finished; waiting, running or
+                swapped) at the arrival time; ties go to the lowest replica index. Requests, not tokens: what a
+                front end can count without knowing output lengths.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from aisim.errors import AisimError
+
+from .engine import EngineConfig, ReplicaScheduler, RequestState
+from .requests import Workload
+from .steptime import StepTimer
+
+ProgressFn = Callable[[int, int], None]  # (requests finished or rejected, total requests)
+ROUTERS = ("round-robin", "least-loaded")
+
+
+@dataclass
+class _Progress:
+    total: int
+    fn: ProgressFn | None
+    done: int = 0
+    _next: int = 0
+    _reported: int = -1
+
+    def add(self, n: int) -> None:
+        self.done += n
+        if self.fn is not None and self.done >= self._next:
+            self._report()
+
+    def _report(self) -> None:
+        self.fn(self.done, self.total)
+        self._reported = self.done
+        self._next = self.done + max(1, self.total // 500)
+
+    def finish(self) -> None:
+        if self.fn is not None and self._reported != self.done:
+            self._report()
+
+
+@dataclass
+class ReplicaStats:
+    """What one replica's run leaves besides the requests' own records."""
+
+    index: int
+    num_kv_blocks: int
+    step_end_s: list[float] = field(default_factory=list)
+    energy_j: float = 0.0
+    in_system_area: float = 0.0  # integral of (requests in the replica) dt over its steps, request-seconds
+    batch_seqs_sum: int = 0
+    num_preemptions: int = 0
+    peak_used_blocks: int = 0
+
+
+class _Runner:
+    """One replica driven in time: its scheduler, its clock, the requests routed to it but not yet seen."""
+
+    def __init__(self, index: int, cfg: EngineConfig, timer: StepTimer, progress: _Progress):
+        self.sched = ReplicaScheduler(cfg)
+        self.timer, self.progress = timer, progress
+        self.overhead_s = cfg.scheduler_overhead_s
+        self.s_per_swap_byte = 1.0 / cfg.swap_bandwidth_bytes_per_s
+        self.stats = ReplicaStats(index, cfg.num_kv_blocks)
+        self.pending: deque[RequestState] = deque()
+        self.clock_s = 0.0
+        self.outstanding = 0
+        self.last_finished = 0
+
+    def push(self, r: RequestState) -> None:
+        self.pending.append(r)
+        self.outstanding += 1
+
+    def load_at(self, t_s: float) -> int:
+        """Outstanding requests at t_s: those finishing in a step that ends after t_s still count."""
+        return self.outstanding + (self.last_finished if self.clock_s > t_s else 0)
+
+    def _ingest(self) -> None:
+        pending, sched, clock = self.pending, self.sched, self.clock_s
+        while pending and pending[0].arrival_s <= clock:
+            if not sched.enqueue(pending.popleft()):
+                self.outstanding -= 1
+                self.progress.add(1)
+
+    def advance(self, until_s: float) -> None:
+        """Run the steps that start before until_s."""
+        sched, timer, stats = self.sched, self.timer, self.stats
+        step_end = stats.step_end_s
+        while True:
+            self._ingest()
+            if not sched.has_work():
+                if not self.pending or self.pending[0].arrival_s >= until_s:
+                    return
+                self.clock_s = max(self.clock_s, self.pending[0].arrival_s)
+                continue
+            if self.clock_s >= until_s:
+                return
+            k = len(step_end)
+            shape = sched.schedule(k)
+            dt = timer.step_time_s(shape) + self.overhead_s + sched.swap_bytes * self.s_per_swap_byte
+            stats.energy_j += timer.step_energy_j(shape)
+            stats.in_system_area += sched.in_system() * dt
+            stats.batch_seqs_sum += shape.prefill_seqs + shape.decode_seqs
+            self.clock_s += dt
+            step_end.append(self.clock_s)
+            finished = sched.complete(k, self.clock_s)
+            self.last_finished = finished
+            if finished:
+                self.outstanding -= finished
+                self.progress.add(finished)
+
+    def close(self) -> ReplicaStats:
+        self.stats.num_preemptions = self.sched.num_preemptions
+        self.stats.peak_used_blocks = self.sched.peak_used_blocks
+        return self.stats
+
+
+@dataclass
+class SimRun:
+    """Raw outcome: every request's record, the replica of each, and each replica's step timeline."""
+
+    requests: list[RequestState]
+    replica_of: np.ndarray
+    replicas: list[ReplicaStats]
+    router: str
+
+
+def make_requests(workload: Workload) -> list[RequestState]:
+    arrival, inp, out = workload.arrival_s.tolist(), workload.input_tokens.tolist(), workload.output_tokens.tolist()
+    return [RequestState(i, a, n_in, n_out) for i, (a, n_in, n_out) in enumerate(zip(arrival, inp, out))]
+
+
+def simulate(workload: Workload, timer: StepTimer, engine: EngineConfig, replicas: int = 1,
+             router: str = "round-robin", progress: ProgressFn | None = None) -> SimRun:
+    """Simulate serving the workload on `replicas` identical replicas behind `router`."""
+    if router not in ROUTERS:
+        raise AisimError(f"unknown router {router!r}; use one of {', '.join(ROUTERS)}")
+    if not 1 <= replicas <= 4096:
+        raise AisimError(f"replicas must be in 1..4096, got {replicas}")
+    requests = make_requests(workload)
+    tracker = _Progress(len(requests), progress)
+    runners = [_Runner(i, engine, timer, tracker) for i in range(replicas)]
+    replica_of = np.zeros(len(requests), dtype=np.int64)
+    if router == "round-robin" or replicas == 1:
+        for r in requests:
+            replica_of[r.rid] = r.rid % replicas
+            runners[r.rid % replicas].push(r)
+    else:
+        for r in requests:
+            for runner in runners:
+                runner.advance(r.arrival_s)
+            best = min(range(replicas), key=lambda i: runners[i].load_at(r.arrival_s))
+            replica_of[r.rid] = best
+            runners[best].push(r)
+    for runner in runners:
+        runner.advance(math.inf)
+    tracker.finish()
+    return SimRun(requests, replica_of, [runner.close() for runner in runners], router)

@@ -1,0 +1,304 @@
+"""The GPU harness (validation/harness) on the CPU: every script's --smoke mode runs and writes well-formed JSONL.
+
+The smoke modes use tiny models (2 layers, hidden 64) in fp32 on the CPU, so this checks the code paths (the
+continuous-batching engine and its step-mix path, MoE routing hooks and the profiler, static cache + dynamo's
+fullgraph trace, fp8 _scaled_mm, training plain / DDP / FSDP2 on gloo, OOM and crash handling), not GPU numbers.
+torch.compile(mode="reduce-overhead") needs CUDA: on the CPU graphs_decode compiles with backend="eager" and
+fullgraph=True (the trace, no inductor, no CUDA graphs). train_step's two-process group runs in a subprocess started
+first, so it overlaps the in-process smoke runs.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _ensure_aisim() -> bool:
+    """Import aisim; from a source tree that is not installed, map aisim -> simulator/, aisim.X -> X/.
+    Returns True if aisim is really installed (a subprocess can then import it too)."""
+    try:
+        import aisim.validation.harness  # noqa: F401 - only whether it imports
+        return True
+    except ImportError:
+        pass
+    for name in [m for m in sys.modules if m == "aisim" or m.startswith("aisim.")]:
+        del sys.modules[name]
+
+    def package(name: str, path: Path):
+        init = path / "__init__.py"
+        spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(path)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    root = package("aisim", ROOT / "simulator")
+    for sub in ("validation", "model_specs"):
+        setattr(root, sub, package(f"aisim.{sub}", ROOT / sub))
+    return False
+
+
+AISIM_INSTALLED = _ensure_aisim()
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from aisim.validation.harness import (common, fp8_gemm, graphs_decode, moe_bench, serve_cb,  # noqa: E402
+                                      train_step)
+
+HARNESS = ROOT / "validation" / "harness"
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    lines = path.read_text().splitlines()
+    assert lines, f"{path} is empty"
+    return [json.loads(line) for line in lines]
+
+
+def check_header(record: dict, script: str) -> None:
+    assert record["type"] == "header" and record["script"] == script
+    for key in ("gpu_name", "driver", "cuda", "torch", "transformers", "date", "power_limit_w", "args"):
+        assert key in record
+
+
+@pytest.fixture(scope="module")
+def train_run(tmp_path_factory):
+    """train_step --smoke (1 rank in its process, then DDP and FSDP2 on 2 gloo ranks) started in the background."""
+    if not AISIM_INSTALLED:
+        yield None
+        return
+    out = tmp_path_factory.mktemp("train") / "train.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "aisim.validation.harness.train_step", "--smoke", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(ROOT))
+    yield proc, out
+    if proc.poll() is None:
+        proc.kill()
+
+
+@pytest.fixture
+def isolated_env():
+    """The scripts set NCCL / HF-offline variables, thread counts and dynamo settings: restore them after an
+    in-process run."""
+    import torch._dynamo
+
+    saved, threads = dict(os.environ), torch.get_num_threads()
+    dynamo = {k: getattr(torch._dynamo.config, k) for k in ("automatic_dynamic_shapes", "recompile_limit",
+                                                            "cache_size_limit") if hasattr(torch._dynamo.config, k)}
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+    torch.set_num_threads(threads)
+    for key, value in dynamo.items():
+        setattr(torch._dynamo.config, key, value)
+
+
+def test_start_train_subprocess(train_run):
+    """Starts the background train_step run first (module fixture), so it overlaps the tests below."""
+    if train_run is None:
+        pytest.skip("aisim is not installed: the spawned training ranks could not import it")
+    assert train_run[0].poll() in (None, 0)
+
+
+# ------------------------------------------------------------------------------------------------------ configs
+
+
+EXPECTED_PARAMS_B = {"llama-1b": 1.24, "llama-3b": 3.21, "qwen2.5-1.5b": 1.54, "olmoe-1b-7b": 6.92,
+                     "qwen1.5-moe-a2.7b": 14.3, "qwen3-30b-a3b": 30.5}
+
+
+def test_configs_cite_sources_and_have_published_sizes():
+    from transformers import AutoModelForCausalLM
+
+    names = sorted(p.stem for p in (HARNESS / "configs").glob("*.json"))
+    assert set(names) == set(EXPECTED_PARAMS_B)
+    for name in names:
+        raw = json.loads((HARNESS / "configs" / f"{name}.json").read_text())
+        assert "huggingface.co" in raw["_source"] or "hf" in raw["_source"].lower()
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(common.hf_config(name))
+        billions = common.param_count(model) / 1e9
+        assert billions == pytest.approx(EXPECTED_PARAMS_B[name], rel=0.01), name
+    assert common.config_path("Meta-Llama-3-8B").name == "Meta-Llama-3-8B.json"   # shipped model_specs
+    assert common.config_dict("tiny-llama")["num_hidden_layers"] == 2
+
+
+def test_common_helpers(tmp_path):
+    out = common.JsonlOut(tmp_path / "a" / "x.jsonl")
+    out.write({"a": 1.5, "t": torch.tensor(2.0)})
+    out.write({"b": [1, 2]})
+    assert read_jsonl(tmp_path / "a" / "x.jsonl") == [{"a": 1.5, "t": 2.0}, {"b": [1, 2]}]
+    assert common.Budget(None).allows(1e9) and common.Budget(-1).expired()
+    assert common.classify_error(torch.OutOfMemoryError("CUDA out of memory"))[0] == "oom"
+    assert common.classify_error(ValueError("bad"))[0] == "error"
+    times = common.time_steps(lambda: None, torch.device("cpu"), warmup=1, min_trials=3, max_trials=3)
+    assert len(times) == 3 and common.summary(times)["trials"] == 3
+
+
+# ------------------------------------------------------------------------------------------------------- fp8
+
+
+def test_fp8_peaks_and_shapes():
+    assert fp8_gemm.datasheet_peak("NVIDIA H100 80GB HBM3") == ("H100 SXM", {"bf16": 989.4e12, "fp8": 1978.9e12})
+    assert fp8_gemm.datasheet_peak("NVIDIA H200")[1]["fp8"] == 1978.9e12
+    assert fp8_gemm.datasheet_peak("NVIDIA A100-SXM4-80GB") == (None, None)
+    assert fp8_gemm.parse_shapes("4096x14336,14336x4096") == [(4096, 14336), (14336, 4096)]
+
+
+def test_fp8_gemm_smoke(tmp_path, isolated_env):
+    path = tmp_path / "fp8.jsonl"
+    assert fp8_gemm.main(["--smoke", "--out", str(path)]) == 0
+    records = read_jsonl(path)
+    check_header(records[0], "fp8_gemm")
+    cases = [r for r in records if r["type"] == "case"]
+    assert {r["kernel"] for r in cases} == {"bf16", "fp8-tensor", "fp8-row", "fp8-tensor-fast"}
+    assert len(cases) == 4 * 2 * 2
+    for r in cases:
+        assert r["status"] == "ok", r
+        assert r["median_ms"] > 0 and r["tflops"] >= 0 and r["flop"] == 2 * r["m"] * r["n"] * r["k"]
+        assert r["rel_err_vs_bf16"] < (0.01 if r["kernel"] == "bf16" else 0.1)
+
+
+# -------------------------------------------------------------------------------------------------- serve_cb
+
+
+def test_serve_cb_workload_and_mixes():
+    args = types.SimpleNamespace(in_min=64, in_max=1024, out_min=64, out_max=256, out_len=None)
+    a = serve_cb.make_requests(50, args, seed=3, vocab=151936, rate=4.0)
+    assert a == serve_cb.make_requests(50, args, seed=3, vocab=151936, rate=4.0)
+    assert all(64 <= len(r["ids"]) <= 1024 and 64 <= r["out"] <= 256 for r in a)
+    arrivals = [r["arrival"] for r in a]
+    assert arrivals == sorted(arrivals) and 5 < arrivals[-1] < 25          # 50 requests at 4/s: ~12.5 s
+    assert all(r["arrival"] == 0 for r in serve_cb.make_requests(5, args, 0, 1000, None))
+    mix = serve_cb.parse_mix("p2048+d64x1024")
+    assert mix["prefill"] == [2048] and mix["decode_ctx"] == [1024] * 64
+    assert serve_cb.parse_mix("p4x1024")["prefill"] == [1024] * 4
+    for name in serve_cb.DEFAULT_MIXES.split(","):
+        serve_cb.parse_mix(name)
+
+
+def test_serve_cb_smoke(tmp_path, isolated_env):
+    path = tmp_path / "serve.jsonl"
+    assert serve_cb.main(["--smoke", "--step-mix", "--out", str(path)]) == 0
+    records = read_jsonl(path)
+    check_header(records[0], "serve_cb")
+    runs = [r for r in records if r["type"] == "run"]
+    assert [(r["mode"], r["rate_req_s"]) for r in runs] == [("offline", None), ("poisson", 50.0)]
+    for run in runs:
+        assert run["status"] == "ok", run.get("error")
+        engine = run["engine"]
+        for key in ("num_blocks", "block_size", "max_batch_tokens", "max_requests_per_batch", "use_cuda_graph",
+                    "use_async_batching", "scheduler", "kv_cache_gb"):
+            assert key in engine
+        assert engine["attn_implementation"].startswith("paged|")
+        assert engine["scheduler"] == "FIFOScheduler" and engine["safety_margin"] == 0.15
+        assert run["summary"]["finished"] == run["n"] == len(run["requests"])
+        for req in run["requests"]:
+            assert req["out"] == req["out_req"] == len(req["tok"])       # EOS disabled: exactly max_new_tokens
+            assert req["tok"] == sorted(req["tok"])
+            assert req["sub"] <= req["start"] <= req["tok"][0] <= req["end"] + 1e-6
+            assert req["sub"] >= req["arr"] - 1.0                        # submitted at (not before) its arrival
+        assert run["steps"] and len(run["steps"][0]) == len(run["steps_columns"])
+        assert sum(s[3] for s in run["steps"]) == sum(r["in"] + r["out"] - 1 for r in run["requests"])
+    mixes = [r for r in records if r["type"] == "step_mix"]
+    assert [m["mix"] for m in mixes] == ["d1x32", "d4x64", "p64", "p32+d2x32"]
+    for m in mixes:
+        assert m["status"] == "ok", m.get("error")
+        assert m["step_ms_median"] > 0 and m["reps"] == 2
+    assert mixes[1]["q_tokens"] == 4 and mixes[1]["kv_tokens_read"] == 4 * 64
+    assert mixes[3]["q_tokens"] == 32 + 2 and mixes[3]["kv_tokens_read"] == 2 * 32
+
+
+# ------------------------------------------------------------------------------------------------------- moe
+
+
+def test_moe_bench_smoke(tmp_path, isolated_env):
+    path, profile = tmp_path / "moe.jsonl", tmp_path / "moe_profile.txt"
+    assert moe_bench.main(["--smoke", "--profile", "--profile-out", str(profile), "--out", str(path)]) == 0
+    records = read_jsonl(path)
+    check_header(records[0], "moe_bench")
+    models = [r for r in records if r["type"] == "model"]
+    assert [m["model"] for m in models] == ["tiny-olmoe", "tiny-qwen2_moe", "tiny-qwen3_moe"]
+    assert all(m["status"] == "ok" for m in models)
+    cases = [r for r in records if r["type"] == "case"]
+    assert cases and all(c["status"] == "ok" for c in cases), [c.get("error") for c in cases]
+    default = [c for c in cases if "routing" in c]
+    assert len(default) == 3 * 2                                      # 3 models x {decode, prefill}
+    for c in default:
+        routing = c["routing"]
+        assert routing["layers"] == 2 and routing["tokens"] == c["tokens"]
+        assert all(1 <= d <= routing["experts"] for d in routing["distinct_per_layer"])
+        assert all(m >= math.ceil(routing["balanced_load"]) for m in routing["max_tokens_per_expert_per_layer"])
+    assert {c["impl"] for c in cases} == {models[0]["default_experts_implementation"], "eager"}
+    profiles = [r for r in records if r["type"] == "profile"]
+    assert [p["workload"] for p in profiles] == ["decode", "prefill"] and all(p["status"] == "ok" for p in profiles)
+    assert profile.read_text().count("====") >= 2
+
+
+# ---------------------------------------------------------------------------------------------------- graphs
+
+
+def test_graphs_decode_smoke(tmp_path, isolated_env):
+    path = tmp_path / "graphs.jsonl"
+    assert graphs_decode.main(["--smoke", "--out", str(path)]) == 0
+    records = read_jsonl(path)
+    check_header(records[0], "graphs_decode")
+    cases = [r for r in records if r["type"] == "case"]
+    assert [c["mode"] for c in cases] == ["eager", "compile"]
+    for c in cases:
+        assert c["status"] == "ok", c.get("error")
+        assert c["median_ms"] > 0 and c["max_cache_len"] == 32 - 1 + graphs_decode.POSITION_SPAN
+    compiled = cases[1]
+    assert compiled["compile"]["fullgraph"] is True and compiled["compile_s"] > 0
+    assert compiled["dynamo_counters"]["graph_breaks"] == 0
+
+
+# ----------------------------------------------------------------------------------------------------- train
+
+
+def test_train_oom_is_recorded(tmp_path, isolated_env, monkeypatch):
+    """An out-of-memory error (injected) becomes a status: oom line; the 1-rank group runs in this process."""
+    monkeypatch.setenv("HARNESS_FAULT", "oom:plainx1/bf16-true")
+    path = tmp_path / "train_oom.jsonl"
+    assert train_step.main(["--smoke", "--only", "plainx1/bf16-true", "--out", str(path)]) == 0
+    records = read_jsonl(path)
+    check_header(records[0], "train_step")
+    (case,) = [r for r in records if r["type"] == "case"]
+    assert case["status"] == "oom" and "out of memory" in case["error"]
+
+
+def test_train_suite_definition():
+    keys = [train_step.make_case(*c)["key"] for c in train_step.SUITE]
+    assert len(keys) == len(set(keys))
+    strategies = {(c[5], c[6]) for c in train_step.SUITE}
+    assert strategies == {("plain", 1), ("ddp", 2), ("fsdp2", 2)}
+    assert {c[1] for c in train_step.SUITE} == {"bf16-mixed", "bf16-true"} and {c[2] for c in train_step.SUITE} == {
+        True, False}
+
+
+def test_train_step_smoke(train_run):
+    """Waits for the background run: plain (in its process), DDP and FSDP2 on 2 gloo ranks."""
+    if train_run is None:
+        pytest.skip("aisim is not installed: the spawned training ranks could not import it")
+    proc, path = train_run
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, output[-3000:]
+    records = read_jsonl(path)
+    check_header(records[0], "train_step")
+    cases = {r["key"]: r for r in records if r["type"] == "case"}
+    assert len(cases) == len(train_step.SMOKE)
+    for key, case in cases.items():
+        assert case["status"] == "ok", (key, case.get("error"))
+        assert len(case["per_rank"]) == case["world"] and case["step_ms_median"] > 0
+        assert math.isfinite(case["loss_last"]) and case["optimizer_impl"].startswith("torch.optim.AdamW")
+        assert case["tokens_per_step"] == case["batch"] * case["seq"] * case["world"]
+    assert cases["tiny-llama/fsdp2x2/bf16-mixed/ckpt/2x32"]["mixed_precision_impl"].startswith("FSDP2")
+    assert "autocast" in cases["tiny-llama/ddpx2/bf16-mixed/nockpt/2x32"]["mixed_precision_impl"]

@@ -1,0 +1,29 @@
+"""One CLI framework for the validation commands (typer, as the ``aisim`` command): each module's ``main(argv)``
+runs its typer app and returns the exit code; a bad input is one line on stderr and exit code 2."""
+from __future__ import annotations
+
+import sys
+
+import click
+import typer
+
+from ..errors import AisimError
+
+
+def new_app(help_text: str) -> typer.Typer:
+    return typer.Typer(add_completion=False, help=help_text, pretty_exceptions_enable=False)
+
+
+def run(app: typer.Typer, argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Run ``app`` on ``argv`` (default sys.argv[1:]); return its exit code."""
+    try:
+        result = app(args=argv, prog_name=prog, standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return 2
+    except (AisimError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return result if isinstance(result, int) else 0
