@@ -241,6 +241,30 @@ class RequestLoopSpec(Spec):
     source: str
 
 
+class ServingSpec(Spec):
+    """A continuous-batching engine's scheduler defaults and memory policy, each cited from its source
+    (aisim serve and aisim plan read them; the CLI overrides them)."""
+    max_num_seqs: int = Field(ge=1, le=65536, description="most sequences running in one step")
+    max_num_batched_tokens: int = Field(ge=1, le=1_048_576, description="token budget of one step")
+    enable_chunked_prefill: bool = True
+    block_size: int = Field(ge=1, le=4096, description="KV cache block (page) size in tokens")
+    gpu_memory_utilization: Fraction = Field(description="fraction of GPU memory the engine may use (weights, "
+                                             "activations, KV cache)")
+    memory_of: Literal["total", "free"] = Field("total", description="what the fraction applies to: total GPU "
+                                                "memory (vLLM) or the memory free after loading (transformers CB)")
+    activation_reserve_bytes_per_token: NonNegative = Field(0.0, description="transient memory per batched token "
+                                                            "reserved beside the KV cache")
+    cuda_graph_reserve_bytes: NonNegative = Field(0.0, description="memory the engine keeps for CUDA graphs")
+    preemption_mode: Literal["recompute", "swap"] = "recompute"
+    scheduler_overhead_s: NonNegative = Field(0.0, description="CPU time per engine step outside the model's "
+                                              "forward (scheduling, batch preparation, sampling, detokenizing)")
+    scheduler_overhead_per_seq_s: NonNegative = Field(0.0, description="the part of it that grows with each "
+                                                      "running sequence")
+    decode_prefill_split: bool = Field(False, description="true: decode and prefill tokens of a step run as separate "
+                                       "kernels over the same weights (one forward); false: one packed forward")
+    source: str
+
+
 class RuntimeSpec(Spec):
     """A serving/execution engine profile: per-step overheads and efficiency factors, documented."""
     name: str
@@ -269,6 +293,7 @@ class RuntimeSpec(Spec):
     prefill_logits: Literal["last", "all"] = Field("last", description="logits at prefill: last position only "
                                                    "(HF generate, logits_to_keep=1) or every position")
     request_loop: RequestLoopSpec | None = None
+    serving: ServingSpec | None = Field(None, description="continuous-batching engine defaults (aisim serve)")
     source: str
 
     def backend_efficiency(self, gpu: "HardwareSpec", dtype: str | None = None) -> BackendEfficiency | None:
