@@ -121,11 +121,52 @@ def kv_append_in_place(cost: Cost, op: Op) -> Cost:
 
 # ------------------------------------------------------------------ matrix products
 
-@formula("aten.mm", "aten.bmm", "aten._grouped_mm", "bnb.igemmlt")
+@formula("aten.mm", "aten.bmm", "bnb.igemmlt")
 def _mm(op: Op) -> Cost:
     batch, m, n, k = gemm_dims(op)
     # (B, M, K) @ (B, K, N): 2 * B * M * N * K
     return Cost(2.0 * batch * m * n * k, _bytes(op.inputs), _bytes(op.outputs), 1, "gemm")
+
+
+def expected_distinct_experts(tokens: float, top_k: int, experts: int) -> float:
+    """Experts that T tokens touch when each picks top_k distinct of E uniformly and independently:
+    E * (1 - (1 - k/E)^T). Near-uniform routing is what load-balanced training aims for (Switch Transformer's
+    auxiliary loss, Fedus et al. 2021) and what random router weights give; a skewed real router touches fewer."""
+    if tokens <= 0 or experts <= 0:
+        return 0.0
+    return experts * (1.0 - (1.0 - min(top_k, experts) / experts) ** tokens)
+
+
+def routed_rows(op: Op) -> tuple[float, float]:
+    """(token rows this GPU's experts compute, distinct local experts touched) of a routed grouped GEMM: the op's
+    ``moe`` attrs (graph.engine) give top_k, the model's expert count E and this GPU's E_local (expert
+    parallelism); S = tokens x top_k rows are sorted by expert; this GPU computes S * E_local / E of them."""
+    moe = op.attrs["moe"]
+    rows = op.inputs[0].shape[0]
+    local = op.inputs[1].shape[0]
+    tokens = rows / moe["top_k"]
+    share = local / moe["experts"]
+    return rows * share, local * (1.0 - (1.0 - moe["top_k"] / moe["experts"]) ** tokens)
+
+
+@formula("aten._grouped_mm")
+def _grouped_mm(op: Op) -> Cost:
+    """Grouped GEMM over experts: input (S, K) sorted by expert, weight (E_local, K, N), offsets (E_local,).
+    FLOPs 2 * S_local * N * K; bytes: the rows in and out plus the weights of the experts that the step's
+    tokens touch (expected_distinct_experts), not the whole (E, K, N) tensor. Without routing attrs (a traced
+    graph not expanded by graph.engine) every expert is read."""
+    a, w = op.inputs[0], op.inputs[1]
+    n, k = w.shape[-1], w.shape[-2]
+    if "moe" in op.attrs:
+        rows, touched = routed_rows(op)
+    else:
+        rows, touched = float(a.shape[0]), float(w.shape[0])
+    elem_a = a.nbytes / max(a.numel, 1)
+    expert_bytes = w.nbytes / max(w.shape[0], 1)
+    offs = sum(t.nbytes for t in op.inputs[2:])
+    # (S_local, K) @ (K, N) per expert: 2 * S_local * N * K
+    return Cost(2.0 * rows * n * k, rows * k * elem_a + touched * expert_bytes + offs,
+                rows * n * elem_a, 1, "gemm")
 
 
 @formula("aten.addmm", "aten.baddbmm")

@@ -37,6 +37,8 @@ class StepCost:
     unknown: tuple[str, ...]
     memory: MemoryBreakdown | None = None
     workload: Workload | None = field(default=None, compare=False)
+    gpu_busy_s: float = 0.0   # one stage: kernel time, launch gaps included
+    cpu_busy_s: float = 0.0   # one stage: the host's dispatch time
 
     def times(self, n: float) -> "StepCost":
         """n of these steps (time, energy, work and op rows scaled; memory and power unchanged)."""
@@ -81,12 +83,13 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
     if found is not None:
         return found
     from .formulas import is_known, kv_append_in_place, op_cost, quantized
-    from .graph.engine import expand
+    from .graph.engine import expand, moe_routing
     from .graph.extract import trace_workload
 
     graph = trace_workload(sc.config, w, sc.plan)
     rt = sc.runtime
-    ops, repeats = expand(graph.ops, graph.repeats, w, rt, graph.meta.get("vocab_size") or 0, w.batch // sc.plan.dp)
+    ops, repeats = expand(graph.ops, graph.repeats, w, rt, graph.meta.get("vocab_size") or 0, w.batch // sc.plan.dp,
+                          moe_routing(sc.config))
     costs = [quantized(op_cost(op), op, w.quant) for op in ops]
     if rt.kv_cache == "preallocated":
         costs = [kv_append_in_place(c, op) for c, op in zip(costs, ops)]
@@ -138,7 +141,8 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
         times = [replace(t, gpu_s=g) for t, g in zip(times, gpu_s.tolist())]
     cpu_s = cpu_costs(a.ops, list(a.kinds), a.launches, cal, rt)
     syncs = np.array([k == "sync" for k in a.kinds])
-    stage_s = simulate(gpu_s, cpu_s, a.repeats, syncs).runtime_s + rt.per_step_overhead_s
+    timeline = simulate(gpu_s, cpu_s, a.repeats, syncs)
+    stage_s = timeline.runtime_s + rt.per_step_overhead_s
     # the GPUs of one pipeline stage (tensor x data parallel) work together; the stages run one after another
     # (no micro-batching): each stage's GPUs wait, at the waiting power, while the other pp - 1 stages run
     stage_j, _ = step_energy_j(dev.gpu, cal, gpu_s, busy_c, busy_m, a.repeats, stage_s, plan.tp * plan.dp,
@@ -147,7 +151,7 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     energy_j = stage_j * plan.pp + waiting_power_w(dev.gpu, cal) * (plan.pp - 1) * stage_s * plan.gpus
     table = tuple(op_rows(a.ops, a.costs, times, a.repeats, stage_s))
     return StepCost(runtime_s, energy_j, energy_j / (runtime_s * plan.gpus) if runtime_s else 0.0, a.flops, a.bytes,
-                    table, a.unknown, breakdown(a.graph, w, dev), w)
+                    table, a.unknown, breakdown(a.graph, w, dev), w, timeline.gpu_busy_s, timeline.cpu_busy_s)
 
 
 def op_rows(ops, costs, times, repeats, runtime_s: float) -> list[OpCost]:

@@ -7,11 +7,10 @@ Collectives are costed in ``comm``; syncs and metadata ops take no GPU time.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ..specs import Device
-from ..formulas import Cost, gemm_dims
+from ..formulas import Cost, gemm_dims, routed_rows
 from ..graph.ops import Op
 from ..specs import CalibrationSpec
 from . import comm, efficiency
@@ -53,18 +52,26 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
     roofline_s = max(compute_s, memory_s)
     if cost.kind == "gemm":
         batch, m, n, k = gemm_dims(op) if "conv" not in op.name else (1, 0, 0, 0)
-        if 0 < m <= matvec_max_m:
+        moe_streaming = False
+        if "moe" in op.attrs:
+            # a grouped expert GEMM is one kernel over every touched expert: streaming their weights it reaches the
+            # memory curve of its total bytes; compute-bound, the efficiency of one expert's GEMM (rows per expert)
+            rows, touched = routed_rows(op)
+            m = max(1, round(rows / max(touched, 1.0)))
+            moe_streaming = memory_s > compute_s
+        if moe_streaming:
             eff = efficiency.memory_efficiency(cal, cost.bytes) * memory_scale
+        elif 0 < m <= matvec_max_m:
+            eff = efficiency.memory_efficiency(cal, cost.bytes, gpu) * memory_scale
         else:
-            eff = efficiency.gemm_efficiency(cal, dtype, batch * m, n, k, cost.flops)
+            eff = efficiency.gemm_efficiency(cal, dtype, batch * m, n, k, cost.flops, cost.bytes,
+                                             memory_s > compute_s, gpu)
             eff *= compute_scale if compute_s >= memory_s else memory_scale
     elif cost.kind == "attention":
         variant = "backward" if op.name.endswith("_backward") else ("decode" if op.inputs[0].shape[-2] == 1 else "")
-        eff = efficiency.attention_efficiency(cal, dtype, variant, cost.flops, cost.bytes) * compute_scale
-    elif op.attrs.get("transposed") and cal.transposed_memory_efficiency is not None:
-        eff = efficiency.curve_value(cal.transposed_memory_efficiency, math.log10(max(cost.bytes, 1.0))) * memory_scale
+        eff = efficiency.attention_efficiency(cal, dtype, variant, cost.flops, cost.bytes, gpu) * compute_scale
     else:
-        eff = efficiency.memory_efficiency(cal, cost.bytes) * memory_scale
+        eff = efficiency.memory_efficiency(cal, cost.bytes, gpu, bool(op.attrs.get("transposed"))) * memory_scale
     kernel_s = roofline_s / eff
     launch_s = max(cost.launches - 1, 0) * cal.launch_overhead_s
     bound = "compute" if compute_s >= memory_s else "memory"

@@ -16,6 +16,11 @@ from the bitsandbytes source (TimDettmers/bitsandbytes, autograd/_functions.py a
 sequence as read in a later copy). The outlier count is BNB_OUTLIER_COLUMNS, from the LLM.int8 paper. The host
 syncs make the CPU wait for the GPU twice per layer, so the Python of every call is exposed.
 
+MoE routing (``moe_routing``): HF's grouped-GEMM experts path (transformers 5.x
+integrations/moe.py grouped_mm_experts_forward) passes the whole (E, K, N) expert tensor to ``torch._grouped_mm``
+and lets the offsets pick the active experts; the traced op is tagged with top_k and the model's expert count so
+the formula reads only the experts the step's tokens are expected to touch (formulas.expected_distinct_experts).
+
 Serving loop (``RuntimeSpec.request_loop``): per request and step, the engine's own kernels, host syncs and
 Python torch calls, and full-vocabulary passes over the logits rows it post-processes (all prompt positions at
 prefill where the engine computes prompt logprobs there, as TGI 0.x did).
@@ -76,6 +81,26 @@ def bnb_int8_ops(op: Op) -> list[Op]:
     ]
 
 
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_top_k")
+
+
+def moe_routing(config: dict) -> dict | None:
+    """{'experts': E, 'top_k': k} of a mixture-of-experts config (Mixtral, Qwen-MoE, OLMoE, DeepSeek, gpt-oss
+    key names), else None."""
+    experts = next((config[k] for k in EXPERT_COUNT_KEYS if config.get(k)), None)
+    top_k = next((config[k] for k in TOP_K_KEYS if config.get(k)), None)
+    if not experts or not top_k:
+        return None
+    return {"experts": int(experts), "top_k": int(top_k)}
+
+
+def routed(op: Op, moe: dict) -> Op:
+    """A grouped expert GEMM tagged with the routing it runs under (a copy: traced ops are shared by caches)."""
+    return Op(name=op.name, args=op.args, kwargs=op.kwargs, outputs=op.outputs, alias=op.alias, phase=op.phase,
+              scope=op.scope, attrs={**op.attrs, "moe": moe})
+
+
 def request_loop_ops(rt: RuntimeSpec, w: Workload, vocab: int) -> list[Op]:
     """One request's share of the serving loop after the forward of a prefill or decode step."""
     loop = rt.request_loop
@@ -88,14 +113,17 @@ def request_loop_ops(rt: RuntimeSpec, w: Workload, vocab: int) -> list[Op]:
 
 
 def expand(ops: list[Op], repeats: list[float], w: Workload, rt: RuntimeSpec, vocab: int,
-           batch: int) -> tuple[list[Op], list[float]]:
-    """The graph's ops with the engine's own work expanded in (unchanged when there is none)."""
+           batch: int, moe: dict | None = None) -> tuple[list[Op], list[float]]:
+    """The graph's ops with the engine's own work expanded in (unchanged when there is none). ``moe``: the
+    model's routing (moe_routing), tagged onto its grouped expert GEMMs."""
     bnb = w.quant == "bitsandbytes-int8"
     loop = rt.request_loop is not None and w.phase in ("prefill", "decode")
-    if not bnb and not loop:
+    if not bnb and not loop and moe is None:
         return ops, repeats
     out_ops, out_rep = [], []
     for op, r in zip(ops, repeats):
+        if moe is not None and op.name == "aten._grouped_mm":
+            op = routed(op, moe)
         extra = bnb_int8_ops(op) if bnb and _is_linear(op) else [op]
         out_ops += extra
         out_rep += [r] * len(extra)

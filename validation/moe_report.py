@@ -1,0 +1,131 @@
+"""Mixture-of-experts accuracy: the committed MoE measurements (validation/data/moe/moe-h100.jsonl) against aisim.
+
+``moe_section()`` returns the markdown lines of docs/accuracy.md's MoE section (validation/accuracy.py calls it);
+``compare_moe()`` the per-case rows; ``moe_mape()`` MAPE per category, which tests/test_moe.py holds under ceilings.
+
+Cases: HF transformers 5.17 eager with its default experts path (``experts_implementation="grouped_mm"``), bf16,
+one H100 SXM, random weights (near-uniform routing). The per-expert Python loop (``impl=eager``) rows are listed
+but not scored: its data-dependent loop over the hit experts cannot be traced on the meta device (aisim traces the
+default grouped-GEMM path). Nothing here is fitted to these rows.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+DATA = Path(__file__).parent / "data" / "moe" / "moe-h100.jsonl"
+CONFIGS = Path(__file__).parent / "harness" / "configs"
+DEVICE = "h100"
+RUNTIME = "eager"
+SCORED_IMPL = "grouped_mm"
+CATEGORIES = ("prefill runtime", "decode runtime", "prefill memory", "decode memory")
+# Regression ceilings (MAPE %, the value of the commit that set it plus half a point); tests/test_moe.py.
+CEILINGS = {"prefill runtime": 15.0, "decode runtime": 15.0, "prefill memory": 3.0, "decode memory": 3.0}
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class MoeRow:
+    model: str
+    impl: str
+    workload: str
+    batch: int
+    context: int
+    measured_ms: float
+    estimated_ms: float
+    measured_gb: float
+    estimated_gb: float
+    measured_distinct: float
+    estimated_distinct: float
+
+    @property
+    def time_err_pct(self) -> float:
+        return 100.0 * (self.estimated_ms - self.measured_ms) / self.measured_ms
+
+    @property
+    def mem_err_pct(self) -> float:
+        return 100.0 * (self.estimated_gb - self.measured_gb) / self.measured_gb
+
+
+def load_cases(path: Path = DATA) -> list[dict]:
+    with open(path) as f:
+        return [r for r in map(json.loads, f) if r.get("type") == "case" and r.get("status") == "ok"]
+
+
+def estimate_case(case: dict) -> tuple[float, float, float]:
+    """(runtime ms, peak memory GB, expected distinct experts per layer) of one measured case."""
+    from aisim.formulas import expected_distinct_experts
+    from aisim.graph.engine import moe_routing
+    from aisim.scenario import scenario
+    from aisim.step import step_cost
+    from aisim.workload import StepShape
+
+    sc = scenario(str(CONFIGS / f"{case['model']}.json"), DEVICE, dtype="bf16", runtime=RUNTIME)
+    cost = step_cost(sc, StepShape(phase=case["workload"], batch=case["batch"], seq=case["context"]))
+    moe = moe_routing(sc.config)
+    tokens = case["batch"] * (case["context"] if case["workload"] == "prefill" else 1)
+    distinct = expected_distinct_experts(tokens, moe["top_k"], moe["experts"])
+    return cost.runtime_s * 1e3, cost.memory.total_gb, distinct
+
+
+def compare_moe(path: Path = DATA) -> list[MoeRow]:
+    rows = []
+    for case in load_cases(path):
+        if case["impl"] != SCORED_IMPL:
+            continue
+        ms, gb, distinct = estimate_case(case)
+        rows.append(MoeRow(case["model"], case["impl"], case["workload"], case["batch"], case["context"],
+                           case["median_ms"], ms, case["peak_allocated_gb"], gb,
+                           case["routing"]["mean_distinct"], distinct))
+    return rows
+
+
+def moe_mape(rows: list[MoeRow]) -> dict[str, float]:
+    out = {}
+    for phase in ("prefill", "decode"):
+        sel = [r for r in rows if r.workload == phase]
+        if sel:
+            out[f"{phase} runtime"] = sum(abs(r.time_err_pct) for r in sel) / len(sel)
+            out[f"{phase} memory"] = sum(abs(r.mem_err_pct) for r in sel) / len(sel)
+    return out
+
+
+def moe_section(path: Path = DATA) -> list[str]:
+    """Markdown lines: the MoE dataset against estimates, per case and MAPE per category."""
+    rows = compare_moe(path)
+    mape = moe_mape(rows)
+    skipped = [c for c in load_cases(path) if c["impl"] != SCORED_IMPL]
+    lines = [
+        "## Mixture-of-experts models (one H100 SXM, HF eager, grouped-GEMM experts)",
+        "",
+        "Measured by validation/harness/moe_bench.py (H100 80GB HBM3, driver 580.159.04, torch 2.11.0+cu130, "
+        "transformers 5.17.0, 2026-11-26; configs in validation/harness/configs/; random bf16 weights, so routing is "
+        "near uniform). aisim reads, per grouped expert GEMM, the weights of the E * (1 - (1 - k/E)^T) experts that T "
+        "tokens with top-k of E are expected to touch. Median step time; peak = torch.cuda.max_memory_allocated. "
+        "Nothing is fitted to these rows.",
+        "",
+        "| category | cases | MAPE (%) | ceiling (%) |",
+        "|---|---:|---:|---:|",
+    ]
+    for cat in CATEGORIES:
+        n = sum(1 for r in rows if r.workload == cat.split()[0])
+        if cat in mape:
+            lines.append(f"| {cat} | {n} | {mape[cat]:.1f} | {CEILINGS[cat]:.1f} |")
+    lines += ["", "| model | phase | batch | context | measured ms | estimated ms | error % | measured GB | "
+              "estimated GB | error % | experts touched (measured / expected) |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r.model} | {r.workload} | {r.batch} | {r.context} | {r.measured_ms:.2f} | "
+                     f"{r.estimated_ms:.2f} | {r.time_err_pct:+.1f} | {r.measured_gb:.2f} | {r.estimated_gb:.2f} | "
+                     f"{r.mem_err_pct:+.1f} | {r.measured_distinct:.1f} / {r.estimated_distinct:.1f} |")
+    lines += ["", f"Not scored: {len(skipped)} rows of the per-expert Python loop (`experts_implementation="
+              "\"eager\"`), whose loop over the hit experts is data-dependent and is not traced on the meta device. "
+              "Prefill of one sequence with random weights touches fewer experts than uniform routing predicts "
+              "(26-40 of 60-128 measured at batch 1): the tokens' hidden states are alike; at prefill the experts' "
+              "weights are a small part of the bytes moved, so the runtime is barely affected.", ""]
+    return lines
+
+
+if __name__ == "__main__":
+    print("\n".join(moe_section()))
