@@ -49,8 +49,10 @@ def estimate(
     pp: int = typer.Option(1, help="pipeline parallel degree"),
     dp: Optional[int] = typer.Option(None, help="data parallel degree (default: GPUs / (tp x pp))"),
     tp_scope: str = typer.Option("all", help="all (attention+MLP) | full (+ vocab-parallel LM head) | mlp | attention"),
-    runtime: Optional[str] = typer.Option(None, help="eager (default; ggml-cuda for transcribe), graphs, kernel-sum, "
-                                          "ggml-cuda, ggml-vulkan, tgi-2023 (aisim list runtimes)"),
+    ep: int = typer.Option(1, "--ep", help="MoE expert parallel degree: experts spread over N of the tp x dp GPUs"),
+    kv_dtype: str = typer.Option("auto", "--kv-dtype", help="KV cache dtype: auto (model dtype) | fp16 | bf16 | fp8"),
+    runtime: Optional[str] = typer.Option(None, help="eager (default; ggml-cuda for transcribe), graphs, vllm, "
+                                          "kernel-sum, ggml-cuda, ggml-vulkan, tgi-2023 (aisim list runtimes)"),
     calibration: str = typer.Option("auto", help="auto (the GPU's calibration file, else default rules) | none "
                                     "(datasheet rules only) | PATH to a calibration YAML"),
     with_loss: bool = typer.Option(False, "--with-loss", help="forward includes the LM loss over all logits"),
@@ -67,21 +69,67 @@ def estimate(
                                              "(gtx-1650-mobile: performance, balanced, power-saver)"),
     power_limit: Optional[float] = typer.Option(None, "--power-limit", help="board power limit in W"),
     gpu_clock: Optional[float] = typer.Option(None, "--gpu-clock", help="GPU core clock cap in MHz"),
+    precision: Optional[str] = typer.Option(None, help="train: bf16-mixed | 16-mixed | bf16-true | 16-true | "
+                                            "32-true (Lightning's names; default: --dtype's true precision)"),
+    zero: int = typer.Option(0, help="train: ZeRO stage 0 (plain DDP) | 1 | 2 | 3 (= FSDP FULL_SHARD)"),
+    fsdp: str = typer.Option("none", help="train: none | full | grad-op | hybrid (FSDP sharding strategy)"),
+    recompute: str = typer.Option("none", help="train: activation checkpointing none | selective | full"),
+    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="train: sequences per micro-batch per "
+                                              "data-parallel replica (--batch stays the global batch)"),
+    grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="train: micro-batches per step"),
+    pp_schedule: str = typer.Option("1f1b", "--pp-schedule", help="train: 1f1b | interleaved"),
+    virtual_stages: int = typer.Option(2, "--virtual-stages", help="train: interleaved: model chunks per stage"),
+    bucket_mb: float = typer.Option(25.0, "--bucket-mb", help="train: DDP gradient bucket size in MiB"),
+    optimizer_impl: str = typer.Option("fused", "--optimizer-impl", help="train: AdamW fused | foreach"),
+    nodes: Optional[int] = typer.Option(None, help="train: nodes of a multi-node system (a100x8-hdr, h100x8-ndr)"),
+    token_budget: Optional[float] = typer.Option(None, "--token-budget", help="train: tokens, for the time to "
+                                                 "train"),
     as_json: bool = typer.Option(False, "--json", help="print the stable JSON object"),
 ):
-    """Estimate one workload step of MODEL on DEVICE."""
+    """Estimate one workload step of MODEL on DEVICE (train: one optimizer step of the training plan)."""
     from . import report
     from .api import estimate as run_estimate
+
+    train_plan = _train_plan(workload, dtype, precision, zero, fsdp, recompute, micro_batch, grad_accum,
+                             pp_schedule, virtual_stages, bucket_mb, optimizer_impl)
 
     result, notes = _run(run_estimate, model=model, device=device, workload=workload, batch=batch, seq=seq,
                          gen=gen, dtype=dtype, tp=tp, pp=pp, dp=dp, tp_scope=tp_scope, runtime=runtime,
                          calibration=calibration, with_loss=with_loss, optimizer=optimizer, quant=quant, audio_s=audio_s, beam=beam,
                          transcript_tokens=tokens, windows=windows, power_mode=power_mode,
-                         power_limit_w=power_limit, gpu_clock_mhz=gpu_clock, step_tokens=step_tokens)
+                         power_limit_w=power_limit, gpu_clock_mhz=gpu_clock, step_tokens=step_tokens, ep=ep,
+                         kv_dtype=kv_dtype, train=train_plan, nodes=nodes, token_budget=token_budget)
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
     else:
         report.print_estimate(result, notes)
+
+
+def _train_plan(workload, dtype, precision, zero, fsdp, recompute, micro_batch, grad_accum, pp_schedule,
+                virtual_stages, bucket_mb, optimizer_impl):
+    """The TrainPlan the training flags give (None for other workloads; a training flag there is an error)."""
+    from .scenario import build_request
+    from .workload import TrainPlan
+
+    given = {"precision": precision, "zero": zero or None, "fsdp": None if fsdp == "none" else fsdp,
+             "recompute": None if recompute == "none" else recompute, "micro_batch": micro_batch,
+             "grad_accum": grad_accum, "pp_schedule": None if pp_schedule == "1f1b" else pp_schedule,
+             "bucket_mb": None if bucket_mb == 25.0 else bucket_mb,
+             "optimizer_impl": None if optimizer_impl == "fused" else optimizer_impl}
+    if workload != "train":
+        extra = [k for k, v in given.items() if v is not None]
+        if extra:
+            _fail(f"--{extra[0].replace('_', '-')} applies to --workload train only")
+        return None
+    from .studies.train import DTYPE_PRECISION
+
+    try:
+        return build_request(TrainPlan, precision=precision or DTYPE_PRECISION.get(dtype, "bf16-true"), zero=zero,
+                             fsdp=fsdp, recompute=recompute, micro_batch=micro_batch, grad_accum=grad_accum,
+                             pp_schedule=pp_schedule, virtual_stages=virtual_stages, bucket_mb=bucket_mb,
+                             optimizer_impl=optimizer_impl)
+    except AisimError as exc:
+        _fail(str(exc))
 
 
 @app.command()
@@ -151,6 +199,64 @@ def serve_bench(
         report.print_serve_bench(result)
 
 
+@app.command()
+def serve(
+    model: str = typer.Option(..., "--model", "-m", help="shipped name or config.json path"),
+    device: str = typer.Option(..., "--device", "-d", help="GPU, NAMExN or system; GPUs beyond tp x pp hold replicas"),
+    dtype: str = typer.Option("bf16", help="fp16|bf16|fp32"),
+    tp: Optional[int] = typer.Option(None, help="tensor parallel degree of a replica (default 1)"),
+    pp: int = typer.Option(1, help="pipeline parallel degree of a replica"),
+    quant: str = typer.Option("none", help="weight quantization: none|int8|fp8|int4"),
+    runtime: str = typer.Option("transformers-cb", help="engine profile with a serving section: transformers-cb, "
+                                "vllm (aisim list runtimes)"),
+    calibration: str = typer.Option("auto", help="auto | none | PATH"),
+    num_requests: int = typer.Option(1000, "--num-requests", help="requests to simulate"),
+    input_len: str = typer.Option("sharegpt", "--input-len", help="N, uniform:LO:HI, normal:MEAN:SD, "
+                                  "lognormal:MEAN:SIGMA or sharegpt"),
+    output_len: str = typer.Option("sharegpt", "--output-len", help="as --input-len"),
+    rate: float = typer.Option(float("inf"), help="mean requests/s over all replicas (Poisson); inf = all at once"),
+    arrival: str = typer.Option("poisson", help="poisson or gamma:CV"),
+    seed: int = typer.Option(0),
+    trace_file: Optional[Path] = typer.Option(None, "--trace", help="CSV or JSONL: arrival_s,input_tokens,"
+                                              "output_tokens (replaces the length and arrival options)"),
+    replicas: Optional[int] = typer.Option(None, help="engine replicas (default: GPUs / (tp x pp))"),
+    router: str = typer.Option("round-robin", help="round-robin | least-loaded"),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs"),
+    max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens"),
+    block_size: Optional[int] = typer.Option(None, "--block-size"),
+    gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization"),
+    chunked_prefill: Optional[bool] = typer.Option(None, "--chunked-prefill/--no-chunked-prefill"),
+    preemption_mode: Optional[str] = typer.Option(None, "--preemption-mode", help="recompute | swap"),
+    percentiles: str = typer.Option("50,90,99", "--metric-percentiles", help="as vLLM's"),
+    per_request: Optional[Path] = typer.Option(None, "--per-request", help="write one CSV row per request"),
+    as_json: bool = typer.Option(False, "--json", help="print the vLLM bench-serve style JSON"),
+):
+    """Simulate a continuous-batching server under a request load (vLLM bench-serve metrics)."""
+    from . import report
+    from .studies.serve.cli_run import run_serve
+
+    def go():
+        return run_serve(model=model, device=device, dtype=dtype, tp=tp, pp=pp, quant=quant, runtime=runtime,
+                         calibration=calibration, num_requests=num_requests, input_len=input_len,
+                         output_len=output_len, rate=rate, arrival=arrival, seed=seed, trace=trace_file,
+                         replicas=replicas, router=router, percentiles=percentiles, progress=not as_json,
+                         knobs={"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
+                                "block_size": block_size, "gpu_memory_utilization": gpu_memory_utilization,
+                                "enable_chunked_prefill": chunked_prefill, "preemption_mode": preemption_mode})
+
+    (result, run, notes), _ = _run(go)
+    if per_request is not None:
+        from .studies.serve import write_requests_csv
+        try:
+            write_requests_csv(run.requests, per_request)
+        except OSError as exc:
+            _fail(f"--per-request {per_request}: {exc.strerror}")
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+    else:
+        report.print_serve(result, notes)
+
+
 @app.command("list")
 def list_(what: str = typer.Argument(..., help="models|devices|runtimes")):
     """List shipped models, devices (GPUs and systems) or runtimes."""
@@ -165,7 +271,8 @@ def list_(what: str = typer.Argument(..., help="models|devices|runtimes")):
 def validate(
     suite: Optional[Path] = typer.Argument(None, help="suite YAML to measure on the local GPU(s)"),
     out: Optional[Path] = typer.Option(None, help="measured JSONL (appended; finished cases are skipped)"),
-    reference: Optional[str] = typer.Option(None, help="compare with a published table: torchcap|cs336|tgi-bloomz|whisper-cpp"),
+    reference: Optional[str] = typer.Option(None, help="compare with a published or measured reference: torchcap|cs336|"
+                                            "tgi-bloomz|whisper-cpp|serve-cb"),
     report_from: Optional[list[Path]] = typer.Option(None, "--report", help="measured JSONL file(s) to report on"),
     fmt: str = typer.Option("rst", "--format", help="rst|markdown|csv|json"),
     max_minutes: Optional[float] = typer.Option(None, help="stop the suite cleanly after this many minutes"),
@@ -177,6 +284,9 @@ def validate(
             from .validation.accuracy import build
             build(accuracy_doc)
             typer.echo(f"wrote {accuracy_doc}")
+        elif reference == "serve-cb":
+            from .validation.serve_report import serve_section
+            typer.echo("\n".join(serve_section()))
         elif reference:
             from .validation.published import compare_reference
             typer.echo(compare_reference(reference, fmt=fmt))

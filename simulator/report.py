@@ -140,3 +140,30 @@ def print_serve_bench(bench) -> None:
         console.print(table)
     for a in bench.assumptions:
         console.print(f"[yellow]note:[/] {a}")
+
+
+SERVE_ROWS = (("request_throughput", "Request throughput (req/s)"), ("output_throughput", "Output token throughput (tok/s)"),
+              ("total_token_throughput", "Total token throughput (tok/s)"), ("mean_ttft_ms", "Mean TTFT (ms)"),
+              ("median_ttft_ms", "Median TTFT (ms)"), ("mean_tpot_ms", "Mean TPOT (ms)"),
+              ("median_tpot_ms", "Median TPOT (ms)"), ("mean_itl_ms", "Mean ITL (ms)"),
+              ("median_e2el_ms", "Median E2EL (ms)"), ("energy_j_per_output_token", "Energy (J/output token)"),
+              ("kv_cache_peak_utilization", "KV cache peak utilization"), ("num_preemptions", "Preemptions"))
+
+
+def print_serve(r, notes: list[str] | None = None) -> None:
+    """`aisim serve`'s summary, in the order and names of vLLM's bench-serve printout."""
+    m = r.metrics
+    table = Table(title=f"{r.model} on {r.device}: {r.runtime}, tp {r.plan.tp} pp {r.plan.pp}, {r.replicas} "
+                        f"replica(s)", header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("Successful requests", str(m.get("completed")))
+    table.add_row("Failed requests", str(m.get("failed")))
+    table.add_row("Benchmark duration (s)", _fmt(m.get("duration_s")))
+    for key, label in SERVE_ROWS:
+        table.add_row(label, _fmt(m.get(key), 3))
+    for key in sorted(k for k in m if k.startswith("p") and k.endswith("_ms")):
+        table.add_row(key, _fmt(m[key]))
+    console.print(table)
+    for note in notes or []:
+        console.print(f"[yellow]note:[/] {note}")

@@ -127,14 +127,32 @@ class InterconnectSpec(Spec):
     source: str
 
 
+class NetworkSpec(Spec):
+    """The links between the nodes of a multi-node system, as a collective sees them."""
+    kind: Literal["infiniband", "roce", "ethernet"]
+    nics_per_node: Annotated[int, Field(ge=1, le=1024)]
+    nic_bw_bytes_per_s: Annotated[float, Field(gt=0)] = Field(description="line rate of one NIC, one direction")
+    bus_bw_fraction: Annotated[float, Field(gt=0, le=1)] = Field(
+        description="achieved NCCL bus bandwidth across nodes over the line rate")
+    latency_s: NonNegative = Field(description="fixed cost of one inter-node collective phase")
+    rail_optimized: bool = Field(True, description="GPU i of every node on the same leaf switch (rail): the "
+                                 "ring between nodes stays on its rail")
+    non_rail_penalty: Annotated[float, Field(ge=1)] = Field(1.0, description="bandwidth divisor when not "
+                                                            "rail-optimised (traffic crosses the spine)")
+    source: str
+
+
 class SystemSpec(Spec):
-    """N GPUs of one kind in one host and the links between them."""
+    """N GPUs of one kind in one host and the links between them; or, with ``gpus_per_node`` and ``network``,
+    ``gpu_count`` GPUs in nodes of ``gpus_per_node`` (``interconnect``: the links inside a node)."""
     name: str
     aliases: list[str] = Field(default_factory=list)
     gpu: str
     gpu_count: Annotated[int, Field(ge=1, le=100_000)]
     interconnect: InterconnectSpec
     host_power_w: NonNegative = 0.0
+    gpus_per_node: Annotated[int, Field(ge=1, le=1024)] | None = None
+    network: NetworkSpec | None = None
 
     @model_validator(mode="after")
     def _links(self) -> "SystemSpec":
@@ -186,6 +204,15 @@ class CalibrationSpec(Spec):
     transposed_memory_efficiency: Curve | None = Field(
         None, description="the same for elementwise ops with an operand whose innermost dim is strided (a "
                           "transpose: uncoalesced reads); absent: the memory curve is used")
+    gemm_memory_efficiency: Curve | None = Field(
+        None, description="GEMMs below the ridge point (skinny M: decode, mat-vec) where the calibration has no GEMM "
+                          "table for the dtype: achieved fraction of memory bandwidth vs bytes moved; absent: the FLOPs "
+                          "curve (which charges a memory-bound GEMM a compute efficiency)")
+    reference_gpu: str | None = Field(
+        None, description="the GPU whose datasheet the curves' x axes refer to (default: `device`, if it names a GPU "
+                          "spec). On another GPU a curve over bytes (FLOPs) is read at equal roofline time: x scaled by "
+                          "the reference's bandwidth (peak) over the target's (Little's law: a kernel needs bandwidth x "
+                          "latency bytes in flight to saturate; cost/efficiency.py)")
     launch_overhead_s: NonNegative = Field(description="GPU-side gap between back-to-back kernels")
     eager_dispatch_s: NonNegative = Field(description="CPU time to dispatch one aten op in eager PyTorch")
     graphs_dispatch_s: NonNegative = Field(description="CPU time per kernel under CUDA graphs / fused engines")
@@ -260,8 +287,15 @@ class ServingSpec(Spec):
                                               "forward (scheduling, batch preparation, sampling, detokenizing)")
     scheduler_overhead_per_seq_s: NonNegative = Field(0.0, description="the part of it that grows with each "
                                                       "running sequence")
-    decode_prefill_split: bool = Field(False, description="true: decode and prefill tokens of a step run as separate "
-                                       "kernels over the same weights (one forward); false: one packed forward")
+    attention: Literal["varlen", "packed-mask"] = Field(
+        "varlen", description="varlen: each sequence attends to its own context (flash varlen / paged kernels); "
+        "packed-mask: one SDPA over all the step's queries and keys with a block-diagonal mask (transformers CB)")
+    extra_layer_ops: int = Field(0, ge=0, description="packed-mask: kernel-launching ops per layer the engine adds "
+                                 "around attention (cache writes and reads, KV head repeats)")
+    extra_layer_views: int = Field(0, ge=0, description="packed-mask: view ops per layer it adds")
+    prepare_s: NonNegative = Field(0.0, description="host time per step to build the batch's index tensors, fixed")
+    prepare_per_seq_s: NonNegative = Field(0.0, description="... per sequence in the step")
+    prepare_per_kv_token_s: NonNegative = Field(0.0, description="... per KV token the step reads")
     source: str
 
 

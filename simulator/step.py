@@ -89,7 +89,7 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
     graph = trace_workload(sc.config, w, sc.plan)
     rt = sc.runtime
     ops, repeats = expand(graph.ops, graph.repeats, w, rt, graph.meta.get("vocab_size") or 0, w.batch // sc.plan.dp,
-                          moe_routing(sc.config))
+                          moe_routing(sc.config, sc.plan))
     costs = [quantized(op_cost(op), op, w.quant) for op in ops]
     if rt.kv_cache == "preallocated":
         costs = [kv_append_in_place(c, op) for c, op in zip(costs, ops)]

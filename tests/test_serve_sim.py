@@ -50,12 +50,13 @@ def test_tiny_case_hand_worked():
     # TTFT 16, 26 -> mean 21; E2EL 43, 38 -> mean 40.5; TPOT (43-16)/2 = 13.5, (38-26)/1 = 12 -> mean 12.75
     # ITL 15, 12 (R0) and 12 (R1) -> mean 13, median 12; energy 100 W x 43 ms = 4.3 J over 5 tokens
     # KV: R0 holds 2 blocks (6 tokens, then 7, 8); R1 1 block, a 2nd at step 2 (5 tokens) -> peak 4 of 100
-    # contexts: step 1 R0 reads 7; step 2 R0 8 + R1 5 = 13. Prefill pairs: 6 x 6 = 36, 4 x 4 = 16.
+    # contexts: step 1 R0 reads 7; step 2 R0 8 + R1 5 = 13. Prefill pairs: 6 x 6 = 36, 4 x 4 = 16; prefill
+    # contexts after the chunk: 6, then 4.
     timer = RecordingTimer(LinearStepTimer(base_s=0.010, per_token_s=0.001, power_w=100.0))
     engine = EngineConfig(num_kv_blocks=100, block_size=4, max_num_seqs=4, max_num_batched_tokens=8)
     result, table = run(workload([0.0, 0.005], [6, 4], [3, 2]), timer, engine, percentiles=[50])
-    assert timer.shapes == [BatchShape(6, 36.0, 1, 0, 0.0), BatchShape(4, 16.0, 1, 1, 7.0),
-                            BatchShape(0, 0.0, 0, 2, 13.0)]
+    assert timer.shapes == [BatchShape(6, 36.0, 1, 0, 0.0, 6.0), BatchShape(4, 16.0, 1, 1, 7.0, 4.0),
+                            BatchShape(0, 0.0, 0, 2, 13.0, 0.0)]
     assert result.completed == 2 and result.failed == 0 and result.num_steps == 3
     assert result.duration_s == pytest.approx(0.043)
     assert table.ttft_ms.tolist() == pytest.approx([16.0, 26.0])
@@ -301,7 +302,7 @@ def _reference_vllm(wl: Workload, timer, cfg: EngineConfig):
         dec = [(r, n) for r, n in sched if r["dec"]]
         pre = [(r, n) for r, n in sched if (r, n) not in dec]
         shape = BatchShape(sum(n for _, n in pre), float(sum(n * (r["c"] + n) for r, n in pre)), len(pre),
-                           len(dec), float(sum(r["c"] + 1 for r, _ in dec)))
+                           len(dec), float(sum(r["c"] + 1 for r, _ in dec)), float(sum(r["c"] + n for r, n in pre)))
         shapes.append(shape)
         t += timer.step_time_s(shape)
         for r, n in sched:

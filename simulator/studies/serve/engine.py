@@ -171,13 +171,15 @@ class ReplicaScheduler:
         used = self.cfg.num_kv_blocks - self.free_blocks
         if used > self.peak_used_blocks:
             self.peak_used_blocks = used
-        tokens = pairs = 0
+        tokens = pairs = ctx = 0
         for r, c in self.chunks:
             tokens += c
             pairs += c * (r.computed + c)
+            ctx += r.computed + c
         if not self.chunks and not self.n_dec:
             raise RuntimeError(f"internal: step {k} scheduled nothing with {self.in_system()} requests pending")
-        return BatchShape(tokens, float(pairs), len(self.chunks), self.n_dec, float(self.n_dec * k - self.sum_base))
+        return BatchShape(tokens, float(pairs), len(self.chunks), self.n_dec, float(self.n_dec * k - self.sum_base),
+                          float(ctx))
 
     def complete(self, k: int, t_end_s: float) -> int:
         """Apply step k, which ended at t_end_s: finished prompts emit a token, decoders due finish.

@@ -28,6 +28,7 @@ class BatchShape:
     prefill_seqs: number of sequences with a prefill chunk this step.
     decode_seqs: sequences decoding one token this step.
     decode_ctx_tokens: sum of their contexts, the new token included (KV tokens read by decode attention).
+    prefill_ctx_tokens: sum over prefill chunks of the context after the chunk (KV tokens a chunk attends to).
     """
 
     prefill_tokens: int
@@ -35,6 +36,7 @@ class BatchShape:
     prefill_seqs: int
     decode_seqs: int
     decode_ctx_tokens: float
+    prefill_ctx_tokens: float = 0.0
 
     @property
     def tokens(self) -> int:

@@ -1,0 +1,87 @@
+"""The `aisim serve` front: options -> Scenario (resolved once) + ServeRequest -> the simulation -> a typed
+ServeReport (vLLM bench-serve names, plus the scenario and engine it ran)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from ...errors import AisimError
+from ...scenario import ScenarioRequest, build_request, resolve_scenario
+from ...workload import ParallelPlan
+from . import ServeRequest, ServeResult, validated
+from .run import serve
+
+
+class ServeReport(BaseModel):
+    """`aisim serve --json`: the run's metrics (vLLM bench-serve names) and what was simulated."""
+    model: str
+    device: str
+    runtime: str
+    plan: ParallelPlan
+    replicas: int
+    engine: dict[str, Any]
+    metrics: dict[str, float | int | str]
+    assumptions: list[str] = Field(default_factory=list)
+
+
+def _percentiles(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise AisimError(f"--metric-percentiles takes comma-separated numbers, e.g. 50,90,99 (got {text!r})") from None
+    return values
+
+
+def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_requests, input_len, output_len,
+              rate, arrival, seed, trace: Path | None, replicas, router, percentiles: str, knobs: dict,
+              progress: bool = False):
+    base = build_request(ScenarioRequest, model=model, device=device, dtype=dtype, tp=tp, pp=pp, quant=quant,
+                         runtime=runtime, calibration=calibration)
+    sc = resolve_scenario(base.model_copy(update={"tp": tp or 1}), "prefill")
+    replicas = replicas or sc.plan.dp
+    if replicas < 1 or replicas > 4096:
+        raise AisimError("--replicas must be between 1 and 4096")
+    replica = sc.with_plan(sc.plan.model_copy(update={"dp": 1}))
+    if math.isnan(rate):
+        raise AisimError("--rate must be a positive number of requests per second, or inf")
+    req = validated(ServeRequest, {"num_requests": num_requests, "input_len": input_len, "output_len": output_len,
+                                   "rate_per_s": rate, "arrival": arrival, "seed": seed, "trace_path": trace,
+                                   "replicas": replicas, "router": router,
+                                   "metric_percentiles": _percentiles(percentiles)})
+    bar = _progress_bar() if progress else None
+    try:
+        run, cfg, notes = serve(replica, req, knobs, bar.update if bar else None)
+    finally:
+        if bar:
+            bar.close()
+    report = ServeReport(model=sc.model, device=sc.device.name, runtime=sc.runtime.name, plan=replica.plan,
+                         replicas=replicas, engine=cfg.model_dump(), metrics=run.result.flat(), assumptions=notes)
+    return report, run, notes
+
+
+class _progress_bar:
+    """A rich progress bar on stderr for long simulations (requests finished / total)."""
+
+    def __init__(self):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 console=Console(stderr=True), transient=True)
+        self.task = None
+
+    def update(self, done: int, total: int) -> None:
+        if self.task is None:
+            self.progress.start()
+            self.task = self.progress.add_task("serve", total=total)
+        self.progress.update(self.task, completed=done)
+
+    def close(self) -> None:
+        if self.task is not None:
+            self.progress.stop()
+
+
+__all__ = ["ServeReport", "run_serve", "ServeResult"]

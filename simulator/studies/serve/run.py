@@ -1,0 +1,104 @@
+"""`aisim serve`: the request-level simulation of a continuous-batching engine for a resolved Scenario.
+
+The engine's scheduler defaults and memory policy come from the runtime profile (``serving:`` in
+hardware_specs/runtimes/*.yaml), overridden by the request; the KV cache capacity from aisim's memory model of the
+scenario (weights per GPU) and the engine's memory policy; each step's time from aisim's step costs (timer.py).
+A replica is the scenario's plan (tp x pp GPUs); the device's other GPUs hold more replicas behind a router.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import AisimError
+from ...scenario import Scenario
+from ...step import step_cost
+from ...workload import StepShape
+from . import EngineConfig, ServeRequest, ServeRun, run_serving, validated
+from .timer import ModelDims, StepCostTimer
+
+ENGINE_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "block_size",
+                "preemption_mode", "gpu_memory_utilization")
+
+
+@dataclass(frozen=True)
+class KvCapacity:
+    blocks: int
+    tokens: int
+    bytes_per_token: float
+    budget_bytes: float
+    weights_bytes: float
+    how: str
+
+
+def kv_capacity(sc: Scenario, block_size: int, max_batched_tokens: int, utilization: float) -> KvCapacity:
+    """KV blocks on one GPU of a replica, by the engine's memory policy (vLLM: a fraction of total memory less
+    weights, activation and CUDA-graph reserves; transformers CB: a fraction of the memory left after loading, less
+    its [1, 1, M, N + M] attention mask)."""
+    s = sc.runtime.serving
+    dims = ModelDims.of(sc)
+    weights = step_cost(sc, StepShape(phase="prefill", batch=1, seq=1)).memory.weights_gb * 1e9
+    total = sc.device.gpu.memory_bytes
+    per_token = dims.kv_bytes_per_token
+    if s.memory_of == "total":
+        budget = (total * utilization - weights - s.activation_reserve_bytes_per_token * max_batched_tokens
+                  - s.cuda_graph_reserve_bytes)
+        tokens = budget / per_token
+        how = (f"{utilization:g} x {total / 1e9:.1f} GB - weights {weights / 1e9:.2f} GB - activation and CUDA-graph "
+               "reserves")
+    else:
+        budget = (total - weights) * utilization
+        mask = dims.element_bytes * max_batched_tokens if s.attention == "packed-mask" else 0.0
+        tokens = (budget - mask * max_batched_tokens) / (per_token + mask)
+        how = (f"{utilization:g} x ({total / 1e9:.1f} GB - weights {weights / 1e9:.2f} GB)"
+               + (f", less the {max_batched_tokens} x (N + {max_batched_tokens}) attention mask" if mask else ""))
+    blocks = int(tokens // block_size)
+    if blocks < 1:
+        raise AisimError(f"does not fit: {sc.model} on {sc.device.gpu.name} leaves no room for a KV cache "
+                         f"({how} = {budget / 1e9:.2f} GB for KV at {per_token / 1e6:.3f} MB per token); use more "
+                         "GPUs (--tp) or a larger GPU")
+    return KvCapacity(blocks, blocks * block_size, per_token, budget, weights, how)
+
+
+def engine_config(sc: Scenario, knobs: dict[str, Any]) -> tuple[EngineConfig, KvCapacity]:
+    """The runtime profile's serving defaults with ``knobs`` (CLI overrides) applied, and the KV capacity."""
+    s = sc.runtime.serving
+    if s is None:
+        raise AisimError(f"runtime {sc.runtime.name} has no continuous-batching engine profile; choose "
+                         "--runtime transformers-cb or vllm (aisim list runtimes)")
+    unknown = set(knobs) - set(ENGINE_KNOBS)
+    if unknown:
+        raise AisimError(f"unknown engine setting(s) {sorted(unknown)}; known: {', '.join(ENGINE_KNOBS)}")
+    values = {**s.model_dump(), **{k: v for k, v in knobs.items() if v is not None}}
+    cap = kv_capacity(sc, values["block_size"], values["max_num_batched_tokens"], values["gpu_memory_utilization"])
+    cfg = validated(EngineConfig, {
+        "num_kv_blocks": cap.blocks, "block_size": values["block_size"], "max_num_seqs": values["max_num_seqs"],
+        "max_num_batched_tokens": values["max_num_batched_tokens"],
+        "enable_chunked_prefill": values["enable_chunked_prefill"], "preemption_mode": values["preemption_mode"],
+        "kv_bytes_per_token": cap.bytes_per_token,
+        "max_model_len": _max_model_len(sc)})
+    return cfg, cap
+
+
+def _max_model_len(sc: Scenario) -> int | None:
+    return sc.config.get("max_position_embeddings") or sc.config.get("n_positions")
+
+
+def serve(sc: Scenario, request: ServeRequest, knobs: dict[str, Any] | None = None,
+          progress=None) -> tuple[ServeRun, EngineConfig, list[str]]:
+    """Simulate ``request`` on the scenario's engine; returns the run, the engine settings and the notes."""
+    cfg, cap = engine_config(sc, knobs or {})
+    timer = StepCostTimer(sc, cfg.max_num_batched_tokens)
+    run = run_serving(request, timer, cfg, progress)
+    s = sc.runtime.serving
+    notes = list(sc.assumptions) + [
+        f"engine {sc.runtime.name}: {cfg.num_kv_blocks} KV blocks of {cfg.block_size} tokens "
+        f"({cap.tokens:,} tokens, {cap.bytes_per_token / 1e3:.1f} kB per token per GPU) from {cap.how}; "
+        f"max_num_seqs {cfg.max_num_seqs}, max_num_batched_tokens {cfg.max_num_batched_tokens}, chunked prefill "
+        f"{'on' if cfg.enable_chunked_prefill else 'off'}, preemption by {cfg.preemption_mode}; {s.source[:160]}...",
+        f"step times from aisim's step costs of {sc.model} on {sc.device.name} (aisim.studies.serve.timer: dense "
+        f"forward traced at 1..{cfg.max_num_batched_tokens} tokens, {s.attention} attention)"]
+    if request.replicas > 1:
+        notes.append(f"{request.replicas} replicas of tp {sc.plan.tp} x pp {sc.plan.pp} GPUs behind a "
+                     f"{request.router} router")
+    return run, cfg, notes

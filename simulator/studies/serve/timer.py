@@ -1,0 +1,181 @@
+"""The serving simulator's step timer, built from aisim's step-cost model of the scenario (no measured step times).
+
+One engine step is one forward over the step's packed tokens. Its cost splits into
+  - the dense part (every op but attention) of a forward of N = prefill + decode tokens: traced and costed once at
+    N = 1, 2, 4, ... up to the token budget (aisim.step.step_cost of a batch-1 prefill of N tokens, attention rows
+    taken out) and interpolated linearly in N: GPU time, host dispatch time and average power;
+  - attention, by the engine's kind (runtime ``serving.attention``):
+      varlen: each sequence attends to its own context (FlashAttention varlen / paged decode kernels, vLLM):
+        prefill FLOPs 4 * heads * head_dim * pairs, decode bytes = contexts x KV bytes per token;
+      packed-mask: transformers' ``paged|sdpa`` (integrations/sdpa_paged.py, sdpa_attention_paged_forward) runs one
+        SDPA over all the step's Q queries and K keys with a block-diagonal [1, 1, Q, K] mask, after the cache
+        update reads every request's keys (generation/continuous_batching/cache.py PagedAttentionCache.update:
+        2 index_copy_ writes of the new tokens, 2 index_select reads of the K cached keys) and repeat_kv expands
+        the K keys to the query heads (sdpa_paged.py repeat_kv, a copy): 4 Q K H d FLOPs per layer (no causal
+        skipping), and the grid of the SDPA kernel is ceil(Q / 64) x heads blocks: when that is under the SM count
+        the kernel streams the keys with only that many SMs (wave quantisation, no fit);
+  - the host: the forward's dispatch (traced) plus the engine's per-layer ops, in parallel with the GPU (the step
+    takes the longer of the two), then the engine's per-step host work (batch preparation, sampling), serially.
+Energy: the step's time at the dense forward's average power. Values are memoised on a rounded shape key.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...scenario import Scenario
+from ...step import step_cost
+from ...units import DTYPE_BYTES
+from ...workload import StepShape
+from .steptime import BatchShape
+
+SDPA_QUERY_BLOCK = 64          # rows of queries per thread block of PyTorch's memory-efficient attention kernel
+KEY_ROUND = 64                 # shapes are memoised with contexts rounded to this many tokens
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    layers: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    element_bytes: float
+
+    @classmethod
+    def of(cls, sc: Scenario) -> "ModelDims":
+        c = sc.config
+        heads = c.get("num_attention_heads") or c.get("n_head")
+        hidden = c.get("hidden_size") or c.get("n_embd")
+        kv = c.get("num_key_value_heads") or heads
+        layers = c.get("num_hidden_layers") or c.get("n_layer")
+        tp = sc.plan.tp
+        return cls(layers=layers // sc.plan.pp, q_heads=max(heads // tp, 1), kv_heads=max(kv // tp, 1),
+                   head_dim=c.get("head_dim") or hidden // heads, element_bytes=DTYPE_BYTES[sc.dtype])
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """K and V of one token, all layers of one GPU."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.element_bytes
+
+
+class StepCostTimer:
+    """StepTimer over the scenario's step costs (see the module docstring)."""
+
+    def __init__(self, sc: Scenario, max_tokens: int):
+        self.sc = sc
+        self.serving = sc.runtime.serving
+        self.dims = ModelDims.of(sc)
+        grid = sorted({2 ** i for i in range(int(math.log2(max(max_tokens, 1))) + 1)} | {max(max_tokens, 1)})
+        rows = [self._dense(n) for n in grid]
+        self.grid = np.array(grid, dtype=float)
+        self.dense_gpu_s, self.dense_cpu_s, self.power_w = (np.array(col) for col in zip(*rows))
+        self._memo: dict = {}
+
+    def _dense(self, n: int) -> tuple[float, float, float]:
+        cost = step_cost(self.sc, StepShape(phase="prefill", batch=1, seq=n))
+        attention_s = sum(r.time_ms for r in cost.table if r.name.startswith("attention")) / 1e3
+        power = cost.energy_j / cost.runtime_s if cost.runtime_s else 0.0
+        return max(cost.gpu_busy_s - attention_s, 0.0), cost.cpu_busy_s, power
+
+    # ---- the StepTimer protocol
+    def step_time_s(self, shape: BatchShape) -> float:
+        return self._cost(shape)[0]
+
+    def step_energy_j(self, shape: BatchShape) -> float:
+        return self._cost(shape)[1]
+
+    def _cost(self, shape: BatchShape) -> tuple[float, float]:
+        key = (shape.prefill_tokens, shape.decode_seqs, shape.prefill_seqs,
+               round(shape.decode_ctx_tokens / KEY_ROUND), round(shape.prefill_ctx_tokens / KEY_ROUND),
+               round(shape.prefill_attn_pairs / KEY_ROUND ** 2))
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self._compute(shape)
+        return found
+
+    def _compute(self, shape: BatchShape) -> tuple[float, float]:
+        n = max(shape.tokens, 1)
+        gpu_s = float(np.interp(n, self.grid, self.dense_gpu_s)) + self._attention_s(shape)
+        cpu_s = float(np.interp(n, self.grid, self.dense_cpu_s)) + self._engine_cpu_s()
+        power_w = float(np.interp(n, self.grid, self.power_w))
+        host_s = self._host_s(shape)
+        time_s = max(gpu_s, cpu_s) + host_s
+        return time_s, power_w * time_s
+
+    def _host_s(self, shape: BatchShape) -> float:
+        s = self.serving
+        if s is None:
+            return 0.0
+        kv = shape.decode_ctx_tokens + shape.prefill_ctx_tokens
+        return (s.scheduler_overhead_s + s.scheduler_overhead_per_seq_s * shape.seqs + s.prepare_s
+                + s.prepare_per_seq_s * shape.seqs + s.prepare_per_kv_token_s * kv)
+
+    def _engine_cpu_s(self) -> float:
+        s, cal = self.serving, self.sc.calibration
+        if s is None or not (s.extra_layer_ops or s.extra_layer_views):
+            return 0.0
+        py = cal.eager_python_call_s or 0.0
+        kernel = (cal.eager_kernel_dispatch_s or cal.eager_dispatch_s) + py
+        view = (cal.eager_view_dispatch_s or cal.eager_dispatch_s) + py
+        scale = cal.eager_framework_scale
+        return self.dims.layers * (s.extra_layer_ops * kernel + s.extra_layer_views * view) * scale
+
+    # ---- attention
+    def _attention_s(self, shape: BatchShape) -> float:
+        if self.serving is not None and self.serving.attention == "packed-mask":
+            return self._packed_s(shape)
+        return self._varlen_s(shape)
+
+    def _memory_s(self, nbytes: float) -> float:
+        from ...cost.efficiency import memory_efficiency
+
+        if nbytes <= 0:
+            return 0.0
+        gpu = self.sc.device.gpu
+        return nbytes / (gpu.memory_bw_bytes_per_s * memory_efficiency(self.sc.calibration, nbytes))
+
+    def _attention_kernel_s(self, flops: float, nbytes: float, blocks: float) -> float:
+        """One attention kernel: roofline over the calibrated attention efficiency, on the SMs its grid fills."""
+        from ...cost.efficiency import attention_efficiency
+
+        if flops <= 0:
+            return 0.0
+        gpu, cal = self.sc.device.gpu, self.sc.calibration
+        roofline = max(flops / gpu.peak_for(self.sc.dtype), nbytes / gpu.memory_bw_bytes_per_s)
+        occupancy = min(1.0, blocks / gpu.sm_count)
+        return roofline / (attention_efficiency(cal, self.sc.dtype, "", flops, nbytes) * occupancy)
+
+    def _varlen_s(self, shape: BatchShape) -> float:
+        d = self.dims
+        layer_s = 0.0
+        if shape.prefill_tokens:
+            flops = 4.0 * d.q_heads * d.head_dim * shape.prefill_attn_pairs
+            nbytes = d.element_bytes * d.head_dim * (2 * d.q_heads * shape.prefill_tokens
+                                                     + 2 * d.kv_heads * shape.prefill_ctx_tokens)
+            blocks = max(shape.prefill_tokens / SDPA_QUERY_BLOCK, 1) * d.q_heads
+            layer_s += self._attention_kernel_s(flops, nbytes, blocks)
+        if shape.decode_seqs:
+            flops = 4.0 * d.q_heads * d.head_dim * shape.decode_ctx_tokens
+            nbytes = 2 * d.kv_heads * d.head_dim * d.element_bytes * shape.decode_ctx_tokens
+            layer_s += self._attention_kernel_s(flops, nbytes, shape.decode_seqs * d.kv_heads)
+        return d.layers * layer_s
+
+    def _packed_s(self, shape: BatchShape) -> float:
+        d, e = self.dims, self.dims.element_bytes
+        q = shape.tokens
+        cached = shape.decode_ctx_tokens + shape.prefill_ctx_tokens - shape.prefill_tokens - shape.decode_seqs
+        k = float(q) if cached <= 0 else shape.decode_ctx_tokens + shape.prefill_ctx_tokens
+        kv_row = d.kv_heads * d.head_dim * e
+        moved = 2 * 2 * q * kv_row                                   # index_copy_ of the new K and V
+        if cached > 0:
+            moved += 2 * 2 * k * kv_row                              # index_select of every key the step reads
+        if d.q_heads != d.kv_heads:
+            moved += 2 * (k * kv_row + k * d.q_heads * d.head_dim * e)  # repeat_kv copies
+        moved += 2 * q * d.q_heads * d.head_dim * e                  # output transpose(1, 2).contiguous()
+        flops = 4.0 * q * k * d.q_heads * d.head_dim
+        sdpa_bytes = e * (2 * q * d.q_heads * d.head_dim + 2 * k * d.q_heads * d.head_dim + q * k)
+        blocks = math.ceil(q / SDPA_QUERY_BLOCK) * d.q_heads
+        mask_s = self._memory_s(q * k * e)                           # the step's [1, 1, Q, K] mask, built once
+        return d.layers * (self._attention_kernel_s(flops, sdpa_bytes, blocks) + self._memory_s(moved)) + mask_s

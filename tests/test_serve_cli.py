@@ -1,0 +1,64 @@
+"""`aisim serve` end to end: the scenario's step costs drive the request-level simulator."""
+import json
+
+from typer.testing import CliRunner
+
+from aisim.cli import app
+from aisim.scenario import scenario
+from aisim.studies.serve import ServeRequest
+from aisim.studies.serve.run import engine_config, serve
+from aisim.studies.serve.steptime import BatchShape
+from aisim.studies.serve.timer import StepCostTimer
+
+runner = CliRunner()
+
+
+def test_serve_json_has_vllm_metric_names():
+    r = runner.invoke(app, ["serve", "--model", "opt-125m", "--device", "h100", "--num-requests", "40", "--rate",
+                            "20", "--input-len", "uniform:32:256", "--output-len", "16", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    m = out["metrics"]
+    for key in ("request_throughput", "output_throughput", "total_token_throughput", "median_ttft_ms",
+                "p99_ttft_ms", "median_tpot_ms", "p90_itl_ms", "median_e2el_ms", "energy_j_per_output_token",
+                "kv_cache_peak_utilization", "num_preemptions"):
+        assert key in m, key
+    assert m["completed"] == 40 and m["output_throughput"] > 0
+
+
+def test_replicas_fill_the_device_and_never_lower_throughput():
+    one = runner.invoke(app, ["serve", "--model", "opt-125m", "--device", "h100", "--num-requests", "60",
+                              "--output-len", "32", "--input-len", "128", "--json"])
+    two = runner.invoke(app, ["serve", "--model", "opt-125m", "--device", "h100x2", "--num-requests", "60",
+                              "--output-len", "32", "--input-len", "128", "--json"])
+    assert one.exit_code == 0 and two.exit_code == 0, (one.output, two.output)
+    a, b = json.loads(one.output), json.loads(two.output)
+    assert b["replicas"] == 2
+    assert b["metrics"]["output_throughput"] >= a["metrics"]["output_throughput"]
+
+
+def test_step_time_grows_with_the_batch_and_at_low_rate_ttft_is_one_prefill():
+    sc = scenario("opt-125m", "h100", dtype="bf16", runtime="transformers-cb")
+    timer = StepCostTimer(sc, 8192)
+    small = timer.step_time_s(BatchShape(0, 0.0, 0, 1, 512.0))
+    big = timer.step_time_s(BatchShape(0, 0.0, 0, 64, 64 * 512.0))
+    assert big > small > 0
+    prefill = timer.step_time_s(BatchShape(256, 256.0 * 256, 1, 0, 0.0, 256.0))
+    run, _, _ = serve(sc, ServeRequest(num_requests=5, input_len="256", output_len="8", rate_per_s=0.01))
+    assert abs(run.result.median_ttft_ms / 1e3 - prefill) / prefill < 0.01
+
+
+def test_engine_config_takes_its_defaults_from_the_runtime_profile_and_kv_from_memory():
+    sc = scenario("Meta-Llama-3-8B", "h100", dtype="bf16", runtime="transformers-cb")
+    cfg, cap = engine_config(sc, {})
+    assert cfg.block_size == 256 and cfg.max_num_batched_tokens == 8192
+    # 2 x 32 layers x 8 kv heads x 128 x 2 bytes = 131,072 bytes of K and V per token
+    assert cap.bytes_per_token == 131072
+    assert 1000 < cfg.num_kv_blocks < 2000
+    big, _ = engine_config(sc, {"gpu_memory_utilization": 0.5})
+    assert big.num_kv_blocks < cfg.num_kv_blocks
+
+
+def test_serve_refuses_a_runtime_without_an_engine_profile():
+    r = runner.invoke(app, ["serve", "--model", "opt-125m", "--device", "h100", "--runtime", "eager"])
+    assert r.exit_code == 2 and "no continuous-batching engine profile" in r.output

@@ -1,0 +1,127 @@
+"""Serving runs of transformers' continuous batching engine, measured vs `aisim serve` (the serve-cb reference).
+
+    python -m aisim.validation.serve_report [--format markdown|json]     (or: aisim validate --reference serve-cb)
+
+Each measured run (validation/data/serve/cb-*.jsonl, written by validation/harness/serve_cb.py) is replayed as a
+trace: every request's submit time, prompt length and output length (EOS disabled, so every request produced
+exactly its length). aisim simulates it with --runtime transformers-cb on the measured GPU, and the vLLM-style
+metrics are compared: output throughput, TTFT and TPOT (median and p90). Nothing is fitted to these runs.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+
+from .cli import new_app, run
+
+DATA = Path(__file__).parent / "data" / "serve"
+MODELS = {"qwen2.5-1.5b": Path(__file__).parent / "harness" / "configs" / "qwen2.5-1.5b.json",
+          "Meta-Llama-3-8B": "Meta-Llama-3-8B"}
+DEVICES = {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200": "h200"}
+METRICS = (("output_throughput", "output tok/s"), ("median_ttft_ms", "median TTFT ms"),
+           ("p90_ttft_ms", "p90 TTFT ms"), ("median_tpot_ms", "median TPOT ms"), ("p90_tpot_ms", "p90 TPOT ms"))
+
+
+def measured_runs(path: Path) -> tuple[dict, list[dict]]:
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    header = next(x for x in lines if x.get("type") == "header")
+    return header, [x for x in lines if x.get("type") == "run" and x.get("status") == "ok"]
+
+
+def _measured_metrics(run_: dict) -> dict[str, float]:
+    """vLLM bench-serve definitions over the measured per-request token timestamps."""
+    ttft, tpot, t0, t1, out = [], [], [], [], 0
+    for r in run_["requests"]:
+        toks = r["tok"]
+        ttft.append(toks[0] - r["sub"])
+        if len(toks) > 1:
+            tpot.append((toks[-1] - toks[0]) / (len(toks) - 1))
+        t0.append(r["sub"])
+        t1.append(toks[-1])
+        out += len(toks)
+    duration_s = (max(t1) - min(t0)) / 1e3
+    return {"output_throughput": out / duration_s, "median_ttft_ms": float(np.median(ttft)),
+            "p90_ttft_ms": float(np.percentile(ttft, 90)), "median_tpot_ms": float(np.median(tpot)),
+            "p90_tpot_ms": float(np.percentile(tpot, 90))}
+
+
+def _trace(run_: dict, folder: Path) -> Path:
+    start = min(r["sub"] for r in run_["requests"])
+    path = folder / f"{run_['model']}-{run_['mode']}-{run_.get('rate_req_s')}.csv"
+    rows = ["arrival_s,input_tokens,output_tokens"] + [
+        f"{(r['sub'] - start) / 1e3:.6f},{r['in']},{len(r['tok'])}" for r in run_["requests"]]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def _estimated_metrics(model: str, device: str, trace: Path) -> dict[str, float]:
+    from ..scenario import scenario
+    from ..studies.serve import ServeRequest
+    from ..studies.serve.run import serve
+
+    sc = scenario(model, device, dtype="bf16", runtime="transformers-cb")
+    result = serve(sc, ServeRequest(trace_path=trace, metric_percentiles=[90.0]))[0].result
+    flat = result.flat()
+    return {k: flat[k] for k, _ in METRICS}
+
+
+def compare_runs() -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in sorted(DATA.glob("cb-*.jsonl")):
+            header, runs = measured_runs(path)
+            device = DEVICES[header["gpu_name"]]
+            for r in runs:
+                measured = _measured_metrics(r)
+                estimated = _estimated_metrics(str(MODELS[r["model"]]), device, _trace(r, Path(tmp)))
+                rows.append({"model": r["model"], "device": device, "mode": r["mode"], "rate": r.get("rate_req_s"),
+                             "requests": len(r["requests"]), "measured": measured, "estimated": estimated,
+                             "error": {k: (estimated[k] - measured[k]) / measured[k] for k, _ in METRICS},
+                             "source": f"validation/data/serve/{path.name}", "gpu": header["gpu_name"],
+                             "driver": header.get("driver"), "torch": header.get("torch"),
+                             "transformers": header.get("transformers")})
+    return rows
+
+
+def serve_section(rows: list[dict] | None = None) -> list[str]:
+    """Markdown lines for docs/accuracy.md."""
+    rows = compare_runs() if rows is None else rows
+    head = ("| Model | Run | n | " + " | ".join(f"{label} (meas / aisim / err)" for _, label in METRICS) + " |")
+    out = [head, "| :--- | :--- | ---: | " + " | ".join("---:" for _ in METRICS) + " |"]
+    for r in rows:
+        run_name = r["mode"] + (f" {r['rate']:g} req/s" if r["rate"] else "")
+        cells = [f"{r['measured'][k]:.1f} / {r['estimated'][k]:.1f} / {100 * r['error'][k]:+.1f}%" for k, _ in METRICS]
+        out.append(f"| {r['model']} | {run_name} | {r['requests']} | " + " | ".join(cells) + " |")
+    out += ["", "| Metric | MAPE over the runs |", "| :--- | ---: |"]
+    for k, label in METRICS:
+        errs = [abs(r["error"][k]) for r in rows]
+        out.append(f"| {label} | {100 * sum(errs) / len(errs):.1f}% |")
+    return out
+
+
+app = new_app(__doc__.split("\n")[0])
+
+
+@app.command()
+def _report(fmt: str = typer.Option("markdown", "--format", help="markdown|json"),
+            out: Optional[Path] = typer.Option(None, help="write here instead of stdout")) -> int:
+    rows = compare_runs()
+    text = json.dumps(rows, indent=1) if fmt == "json" else "\n".join(serve_section(rows)) + "\n"
+    if out:
+        out.write_text(text)
+    else:
+        print(text, end="")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(app, argv, "python -m aisim.validation.serve_report")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
