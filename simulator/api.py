@@ -14,7 +14,7 @@ from .results import Estimate
 from .scenario import ScenarioRequest, build_request, resolve_scenario
 from .specs import CalibrationSpec, Device, RuntimeSpec
 from .studies.common import TOP_OPS
-from .workload import MAX_TOKENS, Phase, StepShape, Workload
+from .workload import MAX_TOKENS, Phase, StepShape, TrainPlan, Workload
 
 __all__ = ["estimate", "serve_bench", "estimate_transcript", "EstimateRequest"]
 
@@ -34,6 +34,10 @@ class EstimateRequest(ScenarioRequest):
     windows: Optional[int] = Field(None, ge=1)
     transcript_counts: Optional[Any] = None
     top_ops: Optional[int] = Field(TOP_OPS, ge=0)
+    train: Optional[TrainPlan] = Field(None, description="train: the training plan (precision, ZeRO/FSDP, "
+                                       "recompute, micro-batching, pipeline schedule); None: from dtype")
+    nodes: Optional[int] = Field(None, ge=1, le=100_000, description="train: nodes of a multi-node system")
+    token_budget: Optional[float] = Field(None, gt=0, description="train: tokens to train on (time to train)")
 
 
 def estimate(model: Union[str, Path], device: Union[str, Path, Device], workload: Phase = "forward",
@@ -47,7 +51,9 @@ def estimate(model: Union[str, Path], device: Union[str, Path, Device], workload
              top_ops: Optional[int] = TOP_OPS, audio_s: Optional[float] = None, beam: int = 5,
              transcript_tokens: Optional[int] = None, windows: Optional[int] = None,
              power_limit_w: Optional[float] = None, gpu_clock_mhz: Optional[float] = None,
-             power_mode: Optional[str] = None, step_tokens: int = 1, transcript_counts: Any = None) -> Estimate:
+             power_mode: Optional[str] = None, step_tokens: int = 1, transcript_counts: Any = None,
+             train: Optional[TrainPlan] = None, nodes: Optional[int] = None,
+             token_budget: Optional[float] = None) -> Estimate:
     """Estimate runtime, peak memory per GPU, energy and throughput of one workload.
 
     Args:
@@ -82,6 +88,10 @@ def estimate(model: Union[str, Path], device: Union[str, Path, Device], workload
         power_mode: a power mode named in the GPU's spec file.
         step_tokens: decode of an encoder-decoder model: new tokens per sequence in the call.
         transcript_counts: transcribe: the decoder work as an ``aisim.studies.transcribe.TranscriptCounts``.
+        train: train: an ``aisim.workload.TrainPlan`` (precision mode, ZeRO stage / FSDP, recompute, micro-batch,
+            gradient accumulation, pipeline schedule, DDP bucket); None: ``dtype``'s true precision, plain DDP.
+        nodes: train: nodes of a multi-node system (a100x8-hdr, h100x8-ndr; or the name SYSTEMxN).
+        token_budget: train: tokens to train on, for the time to train.
 
     Returns:
         An ``aisim.results.Estimate``; a configuration that does not fit has ``fits=False``, no times and a
@@ -103,6 +113,10 @@ def run(req: EstimateRequest) -> Estimate:
     if req.workload != "transcribe" and transcript != (None,) * 4:
         raise AisimError("--audio-s, --tokens and --windows apply to --workload transcribe only")
     scenario_fields = {k: getattr(req, k) for k in ScenarioRequest.model_fields}
+    if req.workload != "train" and (req.train, req.nodes, req.token_budget) != (None, None, None):
+        raise AisimError("the training plan, --nodes and --token-budget apply to --workload train only")
+    if req.workload == "train":
+        return _train(req, scenario_fields)
     sc = resolve_scenario(ScenarioRequest.model_construct(**scenario_fields), req.workload, req.batch)
     if req.workload == "generate":
         from .studies.generate import generate
@@ -118,6 +132,20 @@ def run(req: EstimateRequest) -> Estimate:
     else:
         result = single_step(sc, StepShape(phase=req.workload, batch=req.batch, seq=req.seq,
                                            step_tokens=req.step_tokens))
+    return result if req.top_ops is None else result.model_copy(update={"top_ops": result.top_ops[:req.top_ops]})
+
+
+def _train(req: EstimateRequest, scenario_fields: dict) -> Estimate:
+    """One optimizer step of the training plan (aisim.studies.train): precision sets the traced dtype."""
+    from .studies.train import (DTYPE_PRECISION, PRECISION_DTYPE, TrainRequest, multi_node_device,
+                                train_estimate)
+
+    plan = req.train or TrainPlan(precision=DTYPE_PRECISION[req.dtype])
+    fields = dict(scenario_fields, device=multi_node_device(req.device, req.nodes),
+                  dtype=PRECISION_DTYPE[plan.precision])
+    sc = resolve_scenario(ScenarioRequest.model_construct(**fields), "train", req.batch)
+    result = train_estimate(sc, TrainRequest(batch=req.batch, seq=req.seq, plan=plan,
+                                             token_budget=req.token_budget))
     return result if req.top_ops is None else result.model_copy(update={"top_ops": result.top_ops[:req.top_ops]})
 
 

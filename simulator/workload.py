@@ -10,6 +10,13 @@ StepPhase = Literal["forward", "prefill", "decode", "encode", "forward-backward"
 TpScope = Literal["all", "full", "mlp", "attention"]
 DType = Literal["fp32", "tf32", "fp16", "bf16"]
 Quant = Literal["none", "bitsandbytes-int8", "int8", "fp8", "int4"]
+# PyTorch Lightning's precision vocabulary (lightning.fabric.connector._PRECISION_INPUT)
+Precision = Literal["bf16-mixed", "16-mixed", "bf16-true", "16-true", "32-true"]
+Recompute = Literal["none", "selective", "full"]
+MAX_TOKENS = 10_000_000      # bounds on what a step can physically hold: beyond any model's context x batch
+MAX_BATCH = 1_000_000
+MAX_AUDIO_S = 366 * 24 * 3600  # a year of audio
+
 MAX_TOKENS = 10_000_000      # bounds on what a step can physically hold: beyond any model's context x batch
 MAX_BATCH = 1_000_000
 MAX_AUDIO_S = 366 * 24 * 3600  # a year of audio
@@ -42,6 +49,39 @@ class Workload(BaseModel):
                                           "(default from the assumed speech rate)")
     windows: int | None = Field(None, ge=1, le=MAX_AUDIO_S // 30 + 1, description="transcribe: 30 s windows "
                                 "encoded (default ceil(audio/30))")
+    autocast: bool = Field(False, description="train: weights in fp32, matmuls under an autocast to ``dtype`` "
+                           "(torch.autocast's op lists, emulated on the meta device: aisim.graph.autocast)")
+    recompute: Recompute = Field("none", description="train: activation checkpointing of every decoder layer "
+                                 "(full: HF gradient_checkpointing, non-reentrant)")
+    grad_release: bool = Field(False, description="train: each parameter's full gradient is freed once produced "
+                               "(reduce-scattered by ZeRO-2/3 / FSDP); the sharded gradient is the memory model's")
+
+
+class TrainPlan(BaseModel):
+    """How a training step runs beyond the traced graph: precision mode, sharding of states, micro-batching.
+
+    ``zero``: 0 plain DDP, 1 optimizer states sharded, 2 + gradients, 3 + parameters (FSDP FULL_SHARD);
+    ``fsdp``: FSDP2 ``fully_shard`` per decoder layer (full = FULL_SHARD, grad-op = SHARD_GRAD_OP, hybrid =
+    HYBRID_SHARD: sharded inside a node, replicated across nodes), which sets ``zero`` to 3 (full, hybrid) or 2.
+    ``micro_batch``: sequences per micro-batch per data-parallel replica (default: the replica's whole batch
+    over ``grad_accum``)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    precision: Precision = "bf16-mixed"
+    zero: Literal[0, 1, 2, 3] = 0
+    fsdp: Literal["none", "full", "grad-op", "hybrid"] = "none"
+    recompute: Recompute = "none"
+    micro_batch: int | None = Field(None, ge=1, le=MAX_BATCH)
+    grad_accum: int | None = Field(None, ge=1, le=MAX_BATCH)
+    pp_schedule: Literal["1f1b", "interleaved"] = "1f1b"
+    virtual_stages: int = Field(2, ge=1, le=1024, description="interleaved 1F1B: model chunks per pipeline stage")
+    bucket_mb: float = Field(25.0, gt=0, le=1e6, description="DDP gradient bucket (bucket_cap_mb, default 25)")
+    optimizer_impl: Literal["fused", "foreach"] = "fused"
+
+    @property
+    def stage(self) -> int:
+        """The ZeRO stage in effect (FSDP's sharding strategy mapped onto it)."""
+        return {"none": self.zero, "full": 3, "hybrid": 3, "grad-op": 2}[self.fsdp]
+
 
 
 class StepShape(BaseModel):

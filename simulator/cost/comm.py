@@ -9,6 +9,8 @@ used for any GPU count on that fabric (a rule: NCCL's ring bus bandwidth is near
 """
 from __future__ import annotations
 
+import math
+
 from ..specs import Device
 from ..formulas import Cost
 from ..graph.ops import Op
@@ -32,3 +34,47 @@ def collective_time_s(op: Op, cost: Cost, device: Device, cal: CalibrationSpec) 
     if factor is None:  # point-to-point: the whole tensor over one link
         return latency + cost.bytes_written / bw
     return latency + factor * (group - 1) / group * cost.bytes_written / bw
+
+
+def collective_s(kind: str, nbytes: float, group: int, device: Device, cal: CalibrationSpec,
+                 ranks_per_node: int | None = None) -> float:
+    """One collective of ``nbytes`` (the full tensor) over ``group`` ranks, by name: all_reduce, all_gather,
+    reduce_scatter. Within one node: the ring model above. A group spanning nodes (the system has
+    ``gpus_per_node`` and a ``network``) runs hierarchically, as NCCL's tree/ring-of-rings do: a collective inside
+    each node over its ``ranks_per_node`` members (NVLink/NVSwitch), then one between the nodes on 1/g of the data
+    over each GPU's share of the node's NICs, then (all-reduce) the intra-node all-gather:
+        t = t_intra(bytes) + t_inter(bytes / g over n nodes) [+ t_intra_allgather(bytes)]
+    (all-reduce = reduce-scatter + all-reduce across nodes + all-gather; all-gather and reduce-scatter: one
+    intra and one inter phase). Known inaccuracies: NCCL's algorithm choice (tree at small sizes, NVLS) and
+    congestion between rails are not modelled."""
+    if group <= 1 or nbytes <= 0:
+        return 0.0
+    system = device.system
+    per_node = getattr(system, "gpus_per_node", None) if system is not None else None
+    net = getattr(system, "network", None) if system is not None else None
+    g = min(ranks_per_node or per_node or group, group)
+    if per_node is None or net is None or g >= group:
+        return _ring_s(kind, nbytes, group, *_intra_link(device, cal))
+    nodes = math.ceil(group / g)
+    inter_bw = net.nic_bw_bytes_per_s * net.nics_per_node / per_node * net.bus_bw_fraction
+    if not net.rail_optimized:
+        inter_bw /= net.non_rail_penalty
+    intra = _intra_link(device, cal)
+    if kind == "all_reduce":
+        return (_ring_s("reduce_scatter", nbytes, g, *intra) + _ring_s("all_reduce", nbytes / g, nodes, inter_bw,
+                net.latency_s) + _ring_s("all_gather", nbytes, g, *intra))
+    return _ring_s(kind, nbytes, g, *intra) + _ring_s(kind, nbytes / g, nodes, inter_bw, net.latency_s)
+
+
+def _intra_link(device: Device, cal: CalibrationSpec) -> tuple[float, float]:
+    ic = device.interconnect
+    bw, latency = ic.link_bw_bytes_per_s, ic.latency_s
+    if device.system is None and cal.allreduce_bus_bw_bytes_per_s and ic.kind in ("nvswitch", "nvlink-bridge"):
+        bw, latency = cal.allreduce_bus_bw_bytes_per_s, cal.allreduce_latency_s or latency
+    return bw, latency
+
+
+def _ring_s(kind: str, nbytes: float, n: int, bw: float, latency: float) -> float:
+    if n <= 1 or bw <= 0:
+        return 0.0
+    return latency + RING_FACTORS[f"nccl.{kind}"] * (n - 1) / n * nbytes / bw

@@ -43,3 +43,66 @@ def breakdown(graph: Graph, workload: Workload, device: Device) -> MemoryBreakdo
     return MemoryBreakdown(weights_gb=weights / GB, activations_gb=activations / GB, kv_cache_gb=kv / GB,
                            gradients_gb=grads / GB, optimizer_gb=optimizer / GB, workspace_gb=workspace / GB,
                            total_gb=total / GB, capacity_gb=device.gpu.memory_bytes / GB)
+
+
+# ---------------------------------------------------------------- training (aisim.studies.train)
+# Bytes per parameter of each training state, by precision mode. Mixed precision keeps fp32 master weights and
+# fp32 AdamW states (Rajbhandari et al. 2020, "ZeRO", sec. 3.1: 2 + 2 + K = 12 bytes per parameter with fp16
+# compute weights and gradients); a plain/DDP run under torch.autocast holds only the fp32 weights (the bf16 copies
+# are autocast's per-forward casts, in the traced graph) and fp32 gradients; FSDP2 with MixedPrecisionPolicy keeps
+# the sharded parameters and gradients in fp32 (torch/distributed/fsdp/_fully_shard/_fsdp_param.py: the sharded
+# param keeps its original dtype, the unsharded one is cast to param_dtype; reduce_dtype fp32 gradients are
+# reduce-scattered into the fp32 sharded grad).
+TRAIN_STATE_BYTES = {  # precision -> (weights, gradients, compute copy) bytes per parameter
+    "bf16-mixed": (4, 4, 2), "16-mixed": (4, 4, 2), "bf16-true": (2, 2, 2), "16-true": (2, 2, 2),
+    "32-true": (4, 4, 4)}
+ADAM_STATES = 2               # exp_avg, exp_avg_sq, in the weights' dtype
+FSDP_PREFETCHED_UNITS = 2     # the unit computing and the one being all-gathered (FSDP2 implicit prefetch)
+
+
+def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device, in_flight: float = 1.0
+                    ) -> MemoryBreakdown:
+    """Peak memory per GPU of a training step (``tp_plan``: aisim.workload.TrainPlan).
+
+    persistent = weights + optimizer states (+ sharded gradients for ZeRO-2/3), each divided by ``dp`` from its
+    ZeRO stage on (stage 1: optimizer, 2: + gradients, 3: + weights); the traced peak of one micro-batch (live
+    activations, and the full gradients unless released) times the micro-batches a 1F1B stage holds
+    (``in_flight``); DDP's gradient buckets (a second copy of the gradients, gradient_as_bucket_view=False);
+    for stage 3 the unsharded compute copy of the prefetched units and the root unit (embeddings and head stay
+    unsharded between forward and backward in FSDP2); the step's temporaries (foreach AdamW's sqrt).
+    Known inaccuracies: the allocator's rounding and fragmentation; the activations of micro-batches in flight
+    are taken as the traced peak less the gradients."""
+    p = graph.param_count
+    weight_b, grad_b, compute_b = TRAIN_STATE_BYTES[tp_plan.precision]
+    stage = tp_plan.stage
+    shard = lambda s: dp if stage >= s else 1  # noqa: E731
+    weights = p * weight_b / shard(3)
+    if stage >= 1 and weight_b != compute_b and tp_plan.fsdp == "none":
+        # DeepSpeed-style ZeRO: compute-dtype model weights (sharded at stage 3) + fp32 master copy (sharded)
+        weights = p * compute_b / shard(3) + p * weight_b / dp
+    optimizer = ADAM_STATES * weight_b * p / shard(1) if w.optimizer == "adamw" else 0.0
+    traced_grads = 0.0 if w.grad_release else graph.param_bytes   # in the traced weights' dtype
+    if stage >= 1 and tp_plan.fsdp == "none":
+        grad_b = compute_b   # DeepSpeed ZeRO reduces and keeps 16-bit gradients (ZeRO paper: 2 bytes)
+    sharded_grads = p * grad_b / dp if stage >= 2 else 0.0
+    activations = max(graph.peak_activation_bytes - traced_grads, 0.0)
+    live = traced_grads + activations * in_flight
+    buckets = traced_grads if stage == 0 and dp > 1 else 0.0
+    layer = graph.meta.get("layer_params", 0)
+    # at the loss (the activation peak) no gradient exists yet (zero_grad(set_to_none) freed the last step's);
+    # stage 3 then holds the root unit (embeddings, final norm, head: FSDP2 never reshards the root after
+    # forward) and the last layer's parameters, prefetched for backward, unsharded in the compute dtype.
+    # Later in backward the sharded gradients grow while one unit's full gradient and its reduce-dtype copy wait
+    # for the reduce-scatter; the optimizer step adds its temporaries.
+    unsharded = (max(p - layer * graph.layers, 0) + layer) * compute_b if stage >= 3 else 0.0
+    grad_unit = layer * (compute_b + grad_b) if stage >= 2 else 0.0
+    temporaries = (OPTIMIZER_TEMPORARIES[w.optimizer] * p * weight_b / shard(1)
+                   if tp_plan.optimizer_impl == "foreach" else 0.0)
+    workspace = CUBLAS_WORKSPACE_BYTES.get(device.gpu.architecture, CUBLAS_WORKSPACE_BYTES["default"])
+    total = (weights + optimizer + buckets + workspace
+             + max(live + unsharded, traced_grads + sharded_grads + grad_unit + temporaries))
+    transient = unsharded
+    return MemoryBreakdown(weights_gb=weights / GB, activations_gb=(activations * in_flight + transient) / GB,
+                           kv_cache_gb=0.0, gradients_gb=(traced_grads + sharded_grads + buckets) / GB,
+                           optimizer_gb=optimizer / GB, workspace_gb=workspace / GB, total_gb=total / GB,
+                           capacity_gb=device.gpu.memory_bytes / GB)

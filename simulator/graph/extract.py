@@ -102,7 +102,8 @@ def _trace_scaled(config: dict, workload: Workload, plan: ParallelPlan) -> Graph
                  meta={"attn_implementation": low["attn"], "model_class": low["model_class"],
                        "vocab_size": config.get("vocab_size"),
                        "n_param_tensors": int(round(scale("n_param_tensors"))),
-                       "linear_weights": int(round(scale("linear_weights")))})
+                       "linear_weights": int(round(scale("linear_weights"))),
+                       "layer_params": int(round(per_layer(low["param_count"], high["param_count"])))})
 
 
 def _trace_once(config: dict, workload: Workload, plan: ParallelPlan, layers: int) -> dict:
@@ -112,7 +113,8 @@ def _trace_once(config: dict, workload: Workload, plan: ParallelPlan, layers: in
     from .sharding import is_linear, shard_model
     from .tracer import Tracer, tracing
 
-    model, attn = build_meta_model(config, workload.dtype, layers, workload.attn_impl)
+    weights_dtype = "fp32" if workload.autocast else workload.dtype  # mixed precision: fp32 master weights
+    model, attn = build_meta_model(config, weights_dtype, layers, workload.attn_impl)
     tracer = Tracer()
     shard_model(model, plan.tp, plan.tp_scope, tracer)
     params = list(model.parameters())
@@ -120,6 +122,8 @@ def _trace_once(config: dict, workload: Workload, plan: ParallelPlan, layers: in
     driver = _DRIVERS[workload.phase]
     training = workload.phase in ("forward-backward", "train")
     model.eval()  # dropout off in every phase, as the validation suite measures (docs/model.md)
+    if training:
+        _training_options(model, params, workload)
     with torch.set_grad_enabled(training):
         kept = driver(model, config, workload, batch, tracer, tracing)
     persistent = tracer.live_bytes
@@ -190,13 +194,63 @@ def _decode(model, config, w: Workload, batch, tracer, tracing):
 
 
 def _forward_backward(model, config, w: Workload, batch, tracer, tracing):
+    """``model(ids, labels=ids).loss.backward()``; only the loss is kept (a training loop drops the output, so the
+    logits live only as autograd saved them). ``w.autocast``: the forward under emulated torch.autocast."""
+    import contextlib
+
+    import torch
+
+    from .autocast import Autocast
+
+    from .tracer import _Functions
+
     ids = _ids(batch, w.seq)
-    with tracing(model, tracer):
-        out = model(input_ids=ids, labels=ids, use_cache=False)
+    low = getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}.get(w.dtype, "float32"))
+    autocast = Autocast(low)
+    # a recomputed layer runs in the autograd engine's thread, where the function modes are not active: the
+    # checkpoint's recompute context enters them again (fused attention, and autocast as checkpoint restores it)
+    model._aisim_recompute_modes = [lambda: _Functions(tracer)] + (
+        [lambda: Autocast(low).without_cache()] if w.autocast else [])
+    with tracing(model, tracer), (autocast if w.autocast else contextlib.nullcontext()):
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        autocast.clear(caching=False)   # leaving the autocast block drops the weight-cast cache
         tracer.phase = "backward"
-        out.loss.backward()
+        loss.backward()
     return None
 
+
+def _training_options(model, params, w: Workload) -> None:
+    """Activation checkpointing (HF's, non-reentrant, every decoder layer: the layers alone are put in training
+    mode so that checkpointing applies while dropout stays off) and the release of full gradients (ZeRO-2/3,
+    FSDP: a post-accumulate-grad hook drops each gradient, as the reduce-scatter frees it).
+    Selective recompute (Megatron: the attention core) saves nothing with a fused attention kernel, whose score
+    matrix is never stored (Korthikanti et al. 2022, sec. 4.2): it traces as no recompute."""
+    if w.recompute == "full" and getattr(model, "supports_gradient_checkpointing", False):
+        import contextlib
+        import functools
+
+        import torch.utils.checkpoint as ckpt
+
+        @contextlib.contextmanager
+        def recompute_modes():
+            with contextlib.ExitStack() as stack:
+                for make in getattr(model, "_aisim_recompute_modes", ()):
+                    stack.enter_context(make())
+                yield
+
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        func = functools.partial(ckpt.checkpoint, use_reentrant=False,
+                                 context_fn=lambda: (contextlib.nullcontext(), recompute_modes()))
+        for module in model.modules():
+            if getattr(module, "gradient_checkpointing", False):
+                module.training = True
+                module._gradient_checkpointing_func = func
+    if w.grad_release:
+        def drop(p):
+            p.grad = None
+        for p in params:
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(drop)
 
 def _encode(model, config, w: Workload, batch, tracer, tracing):
     """The encoder on one 30 s window; with ``encode_cross_kv`` also every decoder layer's cross-attention K and
@@ -278,8 +332,9 @@ def _tensors_in(obj, depth: int = 0) -> list:
 
 
 def _optimizer_op(w: Workload, param_count: int, n_tensors: int) -> Op:
-    """The optimizer step as one op over all parameters (costed by the optimizer formulas)."""
-    dtype = "fp32" if w.dtype == "tf32" else w.dtype
+    """The optimizer step as one op over all parameters (costed by the optimizer formulas); mixed precision steps
+    the fp32 master weights."""
+    dtype = "fp32" if w.dtype == "tf32" or w.autocast else w.dtype
     params = TensorMeta((param_count,), dtype)
     return Op(name=f"optimizer.{w.optimizer}", args=(params,), kwargs={}, outputs=(), alias=False,
               phase="optimizer", attrs={"n_tensors": n_tensors})

@@ -1,0 +1,275 @@
+"""Training plan study: one optimizer step of data / ZeRO / FSDP / pipeline parallel training -> TrainResult.
+
+Built on the step cost of one micro-batch's forward + backward on one GPU (the traced graph: the precision mode
+sets its dtype and autocast, checkpointing recomputes each layer in backward, TP collectives are traced ops):
+
+    step = compute + exposed data-parallel communication + optimizer (+ ZeRO-1/2's parameter all-gather)
+    compute = m * t_mb                                   (no pipeline; m micro-batches per replica)
+            = (m + pp - 1) * t_mb                        (1F1B: the bubble is (pp - 1) / m of the work)
+            = (m + (pp - 1) / v) * t_mb                  (interleaved 1F1B with v chunks per stage)
+    DDP:   all-reduce of the gradients in ``bucket_mb`` buckets, overlapped with the last micro-batch's backward:
+           exposed = max(0, sum(buckets) - last - backward) + last bucket   (PyTorch DDP reducer; no_sync on the
+           accumulation micro-batches), plus the copies of the gradients into the buckets
+    ZeRO-1/2: reduce-scatter of the gradients (overlapped as DDP's), all-gather of the updated parameters after the
+           optimizer step (exposed); stage 2 reduce-scatters every micro-batch
+    ZeRO-3 / FSDP: per micro-batch an all-gather of every unit's parameters before forward and again before
+           backward (reshard after forward) and a reduce-scatter of its gradients, prefetched one unit ahead:
+           exposed = first unit + max(0, all-gathers - forward) + max(0, all-gathers + reduce-scatters - backward)
+           + last unit's reduce-scatter, plus FSDP2's copy-in/copy-out and dtype casts (memory-bound kernels)
+Sources: Li et al. 2020 "PyTorch Distributed" (VLDB; DDP buckets, overlap, no_sync); Rajbhandari et al. 2020
+"ZeRO" (SC20; stages, 2+2+12 bytes, traffic); Zhao et al. 2023 "PyTorch FSDP" (VLDB; prefetch, units);
+Narayanan et al. 2021 (SC21; 1F1B and interleaved schedules, bubble (p - 1) / m and (p - 1) / (v m)).
+MFU = 6 N tokens (+ attention 12 L h s per token, PaLM appendix B) / (step x GPUs x dense peak).
+Known inaccuracies: communication kernels are taken not to slow the compute they overlap (they take SMs and
+memory bandwidth in reality); pipeline p2p sends are exposed only in the fill and drain; the activations of the
+micro-batches a 1F1B stage holds are the traced peak less the gradients; energy covers the compute only.
+"""
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import AisimError
+from ..results import MemoryBreakdown, OpCost
+from ..scenario import Scenario, calibration_note
+from ..step import op_arrays, step_cost
+from ..units import MS_PER_S
+from ..workload import MAX_BATCH, MAX_TOKENS, StepShape, TrainPlan
+from .common import not_fit_reason
+
+PRECISION_DTYPE = {"bf16-mixed": "bf16", "16-mixed": "fp16", "bf16-true": "bf16", "16-true": "fp16",
+                   "32-true": "fp32"}
+MB = 2 ** 20  # DDP's bucket_cap_mb is in MiB (torch/nn/parallel/distributed.py: bucket_cap_mb * 1024 * 1024)
+
+
+class TrainRequest(BaseModel):
+    """One training step: the global ``batch`` (sequences, split over data-parallel replicas) of ``seq`` tokens,
+    the training plan, and optionally a token budget for the time to train."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    batch: int = Field(ge=1, le=MAX_BATCH)
+    seq: int = Field(ge=1, le=MAX_TOKENS)
+    plan: TrainPlan = TrainPlan()
+    token_budget: float | None = Field(None, gt=0)
+
+
+class TrainResult(BaseModel):
+    """Per optimizer step. ``phases``: compute, pipeline bubble, exposed communication, optimizer (ms)."""
+    fits: bool
+    not_fit_reason: str | None = None
+    step_ms: float | None
+    memory: MemoryBreakdown
+    micro_batch: int
+    grad_accum: int
+    tokens_per_step: int
+    tokens_per_s: float | None
+    tokens_per_s_per_gpu: float | None
+    model_tflops_per_gpu: float | None
+    mfu: float | None
+    hardware_tflops_per_gpu: float | None
+    time_to_train_s: float | None = None
+    phases: dict[str, float] = Field(default_factory=dict)
+    top_ops: list[OpCost] = Field(default_factory=list)
+    unknown_ops: list[str] = Field(default_factory=list)
+    assumptions: list[str] = Field(default_factory=list)
+
+
+def micro_batching(batch: int, dp: int, plan: TrainPlan) -> tuple[int, int]:
+    """(micro-batch, micro-batches per step) of one replica; the replica's batch is batch / dp."""
+    if batch % dp:
+        raise AisimError(f"data parallel {dp} does not divide the global batch {batch}; give a batch divisible by "
+                         f"{dp}")
+    local = batch // dp
+    if plan.micro_batch is not None:
+        if local % plan.micro_batch:
+            raise AisimError(f"--micro-batch {plan.micro_batch} does not divide the {local} sequences per replica "
+                             f"(batch {batch} / dp {dp})")
+        m = local // plan.micro_batch
+        if plan.grad_accum is not None and plan.grad_accum != m:
+            raise AisimError(f"--grad-accum {plan.grad_accum} disagrees with batch {batch} / (dp {dp} x micro-batch "
+                             f"{plan.micro_batch}) = {m}; give one of them")
+        return plan.micro_batch, m
+    m = plan.grad_accum or 1
+    if local % m:
+        raise AisimError(f"--grad-accum {m} does not divide the {local} sequences per replica")
+    return local // m, m
+
+
+def traced_options(plan: TrainPlan) -> dict:
+    """Workload fields of the traced micro-batch: dtype, autocast (plain/DDP mixed precision runs under
+    torch.autocast with fp32 weights; ZeRO/FSDP cast the weights themselves, so their compute is pure 16-bit),
+    recompute, and whether full gradients are released as produced (ZeRO-2/3, FSDP)."""
+    mixed = plan.precision.endswith("-mixed")
+    return {"dtype": PRECISION_DTYPE[plan.precision], "autocast": mixed and plan.stage == 0,
+            "recompute": plan.recompute, "grad_release": plan.stage >= 2}
+
+
+def train(sc: Scenario, req: TrainRequest) -> TrainResult:
+    from ..cost.memory import TRAIN_STATE_BYTES, train_breakdown
+
+    plan, par = req.plan, sc.plan
+    b, m = micro_batching(req.batch, par.dp, plan)
+    shape = StepShape(phase="forward-backward", batch=b * par.dp, seq=req.seq)
+    options = traced_options(plan)
+    mb = step_cost(sc, shape, **options)
+    w = mb.workload
+    graph = op_arrays(sc, w).graph
+    in_flight = _in_flight(par.pp, m, plan)
+    memory = train_breakdown(graph, w, plan, par.dp, sc.device, in_flight)
+    notes = list(sc.assumptions) + _notes(plan, par, b, m)
+    cal = calibration_note(sc)
+    notes += [cal] if cal else []
+    tokens = req.batch * req.seq
+    reason = not_fit_reason(memory, sc.device.gpu.name)
+    if reason is not None:
+        return TrainResult(fits=False, not_fit_reason=reason, step_ms=None, memory=memory, micro_batch=b,
+                           grad_accum=m, tokens_per_step=tokens, tokens_per_s=None, tokens_per_s_per_gpu=None,
+                           model_tflops_per_gpu=None, mfu=None, hardware_tflops_per_gpu=None, assumptions=notes)
+    from .train_comm import dp_comm, optimizer_cost, pipeline_p2p
+
+    t_mb = mb.runtime_s / par.pp
+    bwd_frac = _backward_fraction(sc, w)
+    weight_b, grad_b, compute_b = TRAIN_STATE_BYTES[plan.precision]
+    compute_s = _pipeline_s(t_mb, m, par.pp, plan)
+    opt = optimizer_cost(sc, graph, plan, par.dp)
+    comm = dp_comm(sc, graph, plan, m, t_mb * (1 - bwd_frac), t_mb * bwd_frac, w.autocast)
+    p2p_s = pipeline_p2p(sc, b, req.seq, compute_b, plan) if par.pp > 1 else 0.0
+    step_s = compute_s + comm.exposed_s + opt.time_s + p2p_s
+    rows = [r.model_copy(update={"count": round(r.count * m), "flops": r.flops * m, "bytes": r.bytes * m,
+                                 "time_ms": r.time_ms * m}) for r in mb.table]
+    rows += comm.rows + opt.rows
+    rows = sorted((r.model_copy(update={"share": r.time_ms / (step_s * MS_PER_S)}) for r in rows),
+                  key=lambda r: -r.time_ms)
+    gpus = par.gpus
+    peak = sc.device.gpu.peak_for(PRECISION_DTYPE[plan.precision])
+    model_flops = model_flops_per_token(sc.config, req.seq) * tokens
+    per_gpu = model_flops / step_s / gpus
+    phases = {"compute_ms": m * t_mb * MS_PER_S, "bubble_ms": (compute_s - m * t_mb) * MS_PER_S,
+              "exposed_comm_ms": (comm.exposed_s + p2p_s) * MS_PER_S, "comm_total_ms": comm.total_s * MS_PER_S,
+              "optimizer_ms": opt.time_s * MS_PER_S}
+    return TrainResult(
+        fits=True, step_ms=step_s * MS_PER_S, memory=memory, micro_batch=b, grad_accum=m, tokens_per_step=tokens,
+        tokens_per_s=tokens / step_s, tokens_per_s_per_gpu=tokens / step_s / gpus,
+        model_tflops_per_gpu=per_gpu / 1e12, mfu=per_gpu / peak,
+        hardware_tflops_per_gpu=mb.flops * m / step_s / 1e12,
+        time_to_train_s=req.token_budget / (tokens / step_s) if req.token_budget else None,
+        phases=phases, top_ops=rows, unknown_ops=list(mb.unknown), assumptions=notes)
+
+
+def _in_flight(pp: int, m: int, plan: TrainPlan) -> float:
+    """Micro-batches whose activations the first 1F1B stage holds: min(pp, m); interleaved: times
+    (1 + (pp - 1) / (pp v)) (Narayanan et al. 2021, sec. 2.2.2)."""
+    if pp == 1:
+        return 1.0
+    held = min(pp, m)
+    return held * (1 + (pp - 1) / (pp * plan.virtual_stages)) if plan.pp_schedule == "interleaved" else held
+
+
+def _pipeline_s(t_mb: float, m: int, pp: int, plan: TrainPlan) -> float:
+    if pp == 1:
+        return m * t_mb
+    v = plan.virtual_stages if plan.pp_schedule == "interleaved" else 1
+    return (m + (pp - 1) / v) * t_mb
+
+
+def _backward_fraction(sc: Scenario, w) -> float:
+    """The backward's share of a micro-batch, by traced FLOPs (recomputed forwards included)."""
+    a = op_arrays(sc, w)
+    total = sum(c.flops * r for c, r in zip(a.costs, a.repeats))
+    back = sum(c.flops * r for op, c, r in zip(a.ops, a.costs, a.repeats) if op.phase == "backward")
+    return back / total if total else 2.0 / 3.0
+
+
+def model_flops_per_token(config: dict, seq: int) -> float:
+    """6 N + 12 L d_attn seq (Chowdhery et al. 2022, PaLM, appendix B: the model FLOPs of training one token,
+    non-embedding parameters N counted from the config, attention as the full square)."""
+    from ..graph.build import make_config
+
+    hf = make_config(config)
+    h, layers = hf.hidden_size, hf.num_hidden_layers
+    heads = hf.num_attention_heads
+    kv = getattr(hf, "num_key_value_heads", None) or heads
+    head_dim = getattr(hf, "head_dim", None) or h // heads
+    inter = getattr(hf, "intermediate_size", None) or getattr(hf, "n_inner", None) or 4 * h
+    gated = getattr(hf, "hidden_act", "gelu") in ("silu", "swiglu") or hf.model_type in ("llama", "mistral", "qwen2")
+    attn = h * head_dim * (2 * heads + 2 * kv)
+    mlp = (3 if gated else 2) * h * inter
+    vocab = hf.vocab_size * h
+    n = layers * (attn + mlp) + vocab
+    return 6.0 * n + 12.0 * layers * heads * head_dim * seq
+
+
+def _notes(plan: TrainPlan, par, b: int, m: int) -> list[str]:
+    out = [f"training: {plan.precision}, ZeRO stage {plan.stage}" + (f" (FSDP {plan.fsdp})" if plan.fsdp != "none"
+           else "") + f", recompute {plan.recompute}, micro-batch {b} x {m} per replica, dp {par.dp}, "
+           f"AdamW {plan.optimizer_impl}"]
+    if plan.recompute == "selective":
+        out.append("recompute selective (Megatron: the attention core) saves nothing over none with a fused "
+                   "attention kernel, which never stores the score matrix: traced as none")
+    if par.pp > 1:
+        out.append(f"pipeline {par.pp} stages, {plan.pp_schedule}"
+                   + (f" (v = {plan.virtual_stages})" if plan.pp_schedule == "interleaved" else "")
+                   + f": bubble (pp - 1) / m = {(par.pp - 1) / m:.1%} of the work"
+                   + ("" if plan.pp_schedule == "1f1b" else f" / v"))
+    return out
+
+
+def multi_node_device(device, nodes: int | None = None):
+    """``nodes`` nodes of a multi-node system spec (one with ``gpus_per_node`` and ``network``): a Device of
+    gpus_per_node x nodes GPUs whose collectives run hierarchically (aisim.cost.comm.collective_s). A name
+    ``SYSTEMxN`` (``a100x8-hdrx64``) is the system SYSTEM on N nodes."""
+    import re
+    from dataclasses import replace
+
+    from .. import catalog
+
+    if isinstance(device, str) and nodes is None:
+        match = re.fullmatch(r"(.+)x(\d+)", device.strip().lower())
+        if match:
+            try:
+                base = catalog.resolve_device(match[1])
+            except AisimError:
+                base = None
+            if base is not None and base.system is not None and base.system.network is not None:
+                return multi_node_device(base, int(match[2]))
+    dev = catalog.resolve_device(device)
+    if nodes is None or nodes == 1:
+        return dev
+    system = dev.system
+    if system is None or system.network is None or system.gpus_per_node is None:
+        raise AisimError(f"--nodes needs a multi-node system spec (with gpus_per_node and network), e.g. a100x8-hdr "
+                         f"or h100x8-ndr; {dev.name} has none")
+    count = system.gpus_per_node * nodes
+    spec = system.model_copy(update={"name": f"{system.name}x{nodes}", "gpu_count": count})
+    return replace(dev, count=count, system=spec)
+
+
+DTYPE_PRECISION = {"bf16": "bf16-true", "fp16": "16-true", "fp32": "32-true", "tf32": "32-true"}
+
+
+def train_estimate(sc: Scenario, req: TrainRequest):
+    """The training step as an aisim.results.Estimate (what ``aisim estimate --workload train`` prints): runtime =
+    one optimizer step, phases = compute / bubble / exposed communication / optimizer, the DP collectives as op
+    rows, MFU and time to train among the notes."""
+    from ..results import Estimate
+    from ..workload import Workload
+
+    r = train(sc, req)
+    options = traced_options(req.plan)
+    w = Workload(phase="train", batch=req.batch, seq=req.seq, dtype=options["dtype"], autocast=options["autocast"],
+                 recompute=req.plan.recompute, grad_release=options["grad_release"])
+    notes = list(r.assumptions)
+    if r.fits:
+        notes.append(f"MFU {r.mfu:.1%} (6 N + attention model FLOPs per token; {r.model_tflops_per_gpu:.0f} TFLOP/s "
+                     f"per GPU), hardware {r.hardware_tflops_per_gpu:.0f} TFLOP/s per GPU (traced FLOPs, "
+                     "recompute included)")
+        if r.time_to_train_s is not None:
+            notes.append(f"time to train {req.token_budget:.3g} tokens: {r.time_to_train_s / 86400:.2f} days")
+    step_s = (r.step_ms or 0.0) / MS_PER_S
+    return Estimate(model=sc.model, device=sc.device.name, workload=w, plan=sc.plan, runtime=sc.runtime.name,
+                    runtime_ms=r.step_ms, memory_gb=r.memory.total_gb, memory=r.memory, energy_j=None,
+                    energy_j_per_token=None, power_w=None, throughput_tokens_per_s=r.tokens_per_s,
+                    tokens=r.tokens_per_step, fits=r.fits,
+                    flops=(r.hardware_tflops_per_gpu or 0.0) * 1e12 * step_s, bytes=0.0, phases=r.phases,
+                    top_ops=r.top_ops, unknown_ops=r.unknown_ops, calibrated=sc.calibration.measured,
+                    assumptions=notes, not_fit_reason=r.not_fit_reason)

@@ -1,0 +1,150 @@
+"""The ops a training step adds to the traced micro-batch: data-parallel collectives (DDP, ZeRO, FSDP) with their
+overlap, FSDP2's copy and cast kernels, the optimizer step over the (sharded) parameters, pipeline p2p sends.
+
+Each is priced by the formula registry and the device's calibrated op time (collectives by aisim.cost.comm), and
+shown as a row of the step's op table (``network`` rows: whole collective time, ``share``: of the step).
+Formulas in aisim.studies.train's docstring.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..results import OpCost
+from ..scenario import Scenario
+from ..units import MS_PER_S
+from ..workload import TrainPlan
+
+MB = 2 ** 20  # DDP's bucket_cap_mb is MiB (torch/nn/parallel/distributed.py: int(bucket_cap_mb * 1024 * 1024))
+
+
+@dataclass
+class Added:
+    """Time on the step's critical path and the op rows behind it."""
+    time_s: float = 0.0
+    exposed_s: float = 0.0
+    total_s: float = 0.0
+    rows: list[OpCost] = field(default_factory=list)
+
+
+def _row(name: str, count: int, nbytes: float, seconds: float, bound: str, flops: float = 0.0) -> OpCost:
+    return OpCost(name=name, count=int(count), flops=flops, bytes=nbytes, time_ms=seconds * MS_PER_S, bound=bound,
+                  share=0.0)
+
+
+def _coll(sc: Scenario, kind: str, nbytes: float, group: int) -> float:
+    from ..cost.comm import collective_s
+
+    system = sc.device.system
+    per_node = getattr(system, "gpus_per_node", None) if system is not None else None
+    ranks_per_node = max(1, per_node // sc.plan.tp) if per_node else None   # Megatron order: tp innermost, then dp
+    return collective_s(kind, nbytes, group, sc.device, sc.calibration, ranks_per_node)
+
+
+def _memory_op_s(sc: Scenario, nbytes: float) -> float:
+    """A memory-bound copy/cast kernel moving ``nbytes`` (read + write), at the calibrated memory efficiency."""
+    from ..cost.efficiency import memory_efficiency
+
+    if nbytes <= 0:
+        return 0.0
+    return nbytes / sc.device.gpu.memory_bw_bytes_per_s / memory_efficiency(sc.calibration, nbytes)
+
+
+def dp_comm(sc: Scenario, graph, plan: TrainPlan, m: int, fwd_s: float, bwd_s: float, autocast: bool) -> Added:
+    """Data-parallel collectives of one step (``fwd_s``/``bwd_s``: one micro-batch's forward and backward)."""
+    from ..cost.memory import TRAIN_STATE_BYTES
+
+    dp = sc.plan.dp
+    out = Added()
+    if dp <= 1:
+        return out
+    p = graph.param_count
+    weight_b, grad_b, compute_b = TRAIN_STATE_BYTES[plan.precision]
+    stage = plan.stage
+    if stage == 0:
+        grads = p * (weight_b if autocast else compute_b)   # DDP reduces the .grad dtype (fp32 under autocast)
+        bucket = plan.bucket_mb * MB
+        n = max(1, math.ceil(grads / bucket))
+        last = _coll(sc, "all_reduce", grads - (n - 1) * bucket, dp)
+        full = _coll(sc, "all_reduce", bucket, dp) if n > 1 else 0.0
+        total = last + (n - 1) * full
+        copies = _memory_op_s(sc, 2 * grads)             # grads copied into the flat buckets and back
+        out.total_s = total
+        out.exposed_s = max(0.0, total - last - bwd_s) + last + copies
+        out.rows += [_row(f"nccl.all_reduce (DDP gradients, {plan.bucket_mb:g} MiB buckets)", n, grads, total,
+                          "network"), _row("ddp.bucket_copy", 2 * n, 2 * grads, copies, "memory")]
+        return out
+    grad_reduce_b = grad_b if plan.fsdp != "none" else compute_b   # FSDP2 reduce_dtype, ZeRO: 16-bit grads
+    params = p * compute_b
+    grads = p * grad_reduce_b
+    units = graph.layers + 1
+    if stage in (1, 2):
+        rs_per = 1 if stage == 1 else m
+        rs = _coll(sc, "reduce_scatter", grads, dp)
+        ag = _coll(sc, "all_gather", params, dp)
+        out.total_s = rs * rs_per + ag
+        out.exposed_s = max(0.0, rs - bwd_s) + rs / units + (rs * (rs_per - 1) / units) + ag
+        if plan.fsdp == "grad-op":   # SHARD_GRAD_OP: one all-gather per micro-batch before forward, kept
+            out.exposed_s = max(0.0, ag - fwd_s) + ag / units + max(0.0, rs - bwd_s) + rs / units
+            out.exposed_s *= m
+            out.total_s = (rs + ag) * m
+        out.rows += [_row("nccl.reduce_scatter (ZeRO gradients)", rs_per, grads * rs_per, rs * rs_per, "network"),
+                     _row("nccl.all_gather (ZeRO parameters)", 1, params, ag, "network")]
+        return out
+    group = dp
+    if plan.fsdp == "hybrid" and sc.device.system is not None and getattr(sc.device.system, "gpus_per_node", None):
+        group = min(dp, sc.device.system.gpus_per_node // sc.plan.tp)
+    ag = _coll(sc, "all_gather", params, group)
+    rs = _coll(sc, "reduce_scatter", grads, group)
+    exposed = ag / units + max(0.0, ag - fwd_s) + max(0.0, ag + rs - bwd_s) + rs / units
+    # FSDP2 kernels around the collectives: all-gather copy-in (cast of the shard) and copy-out into the unsharded
+    # params, twice per micro-batch; the gradients cast to the reduce dtype and copied into the reduce-scatter input
+    kernels = 2 * (_memory_op_s(sc, p / group * (weight_b + compute_b)) + _memory_op_s(sc, 2 * params))
+    kernels += _memory_op_s(sc, p * (compute_b + grad_reduce_b)) + _memory_op_s(sc, 2 * grads)
+    out.total_s = m * (2 * ag + rs)
+    out.exposed_s = m * (exposed + kernels)
+    out.rows += [_row("nccl.all_gather (FSDP parameters, fwd + bwd)", 2 * m * units, 2 * m * params, 2 * m * ag,
+                      "network"),
+                 _row("nccl.reduce_scatter (FSDP gradients)", m * units, m * grads, m * rs, "network"),
+                 _row("fsdp.copy_in_out_cast", 4 * m * units, 0.0, m * kernels, "memory")]
+    if group < dp:   # HYBRID_SHARD: the shards' gradients all-reduced across the replicas, once per step
+        ar = _coll(sc, "all_reduce", grads / group, dp // group)
+        out.total_s += ar
+        out.exposed_s += ar
+        out.rows.append(_row("nccl.all_reduce (HSDP replicas)", 1, grads / group, ar, "network"))
+    return out
+
+
+def optimizer_cost(sc: Scenario, graph, plan: TrainPlan, dp: int) -> Added:
+    """AdamW over the parameters this GPU updates (all; 1/dp from ZeRO-1), in the weights' dtype."""
+    from ..cost.memory import TRAIN_STATE_BYTES
+    from ..cost.ops_time import op_time
+    from ..formulas import op_cost
+    from ..graph.ops import Op, TensorMeta
+
+    weight_b = TRAIN_STATE_BYTES[plan.precision][0]
+    shard = dp if plan.stage >= 1 else 1
+    n = max(1, round(graph.param_count / shard))
+    tensors = max(1, round(graph.meta.get("n_param_tensors", 1) / (shard if plan.stage >= 3 else 1)))
+    op = Op(name="optimizer.adamw", args=(TensorMeta((n,), "fp32" if weight_b == 4 else "bf16"),), kwargs={},
+            outputs=(), alias=False, phase="optimizer", attrs={"n_tensors": tensors})
+    cost = op_cost(op)
+    t = op_time(op, cost, sc.device, sc.calibration, "fp32").gpu_s
+    return Added(time_s=t, rows=[_row(f"optimizer.adamw ({plan.optimizer_impl})", 1, cost.bytes, t, "memory",
+                                      cost.flops)])
+
+
+def pipeline_p2p(sc: Scenario, micro_batch: int, seq: int, compute_b: int, plan: TrainPlan) -> float:
+    """Activation sends between stages exposed in the fill and drain: 2 (pp - 1) sends of b x s x h (per chunk
+    boundary for interleaved: x v)."""
+    from ..graph.build import make_config
+
+    h = make_config(sc.config).hidden_size
+    nbytes = micro_batch * seq * h * compute_b / sc.plan.tp
+    ic = sc.device.interconnect
+    system = sc.device.system
+    net = getattr(system, "network", None) if system is not None else None
+    bw = (net.nic_bw_bytes_per_s * net.bus_bw_fraction if net is not None else ic.link_bw_bytes_per_s) or 1.0
+    latency = net.latency_s if net is not None else ic.latency_s
+    v = plan.virtual_stages if plan.pp_schedule == "interleaved" else 1
+    return 2 * (sc.plan.pp - 1) * v * (latency + nbytes / bw)
