@@ -34,7 +34,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--router", default="round-robin", choices=["round-robin", "least-loaded"])
+    parser.add_argument("--aisim-timer", metavar="MODEL", help="time with aisim's own step costs of MODEL on one "
+                        "H100 (transformers-cb engine, KV capacity from the memory model) instead of the linear timer")
     args = parser.parse_args()
+    if args.aisim_timer:
+        return real_timer(args)
     request = ServeRequest(num_requests=args.num_requests, rate_per_s=args.rate * args.replicas, seed=0,
                            replicas=args.replicas, router=args.router)
     walls = []
@@ -53,6 +57,27 @@ def main() -> None:
           f"mean TPOT {r.mean_tpot_ms:.2f} ms, mean ITL {r.mean_itl_ms:.2f} ms, batch {r.mean_running_batch_size:.1f}, "
           f"KV peak {r.kv_cache_peak_utilization:.0%}, preemptions {r.num_preemptions}, "
           f"{r.energy_j_per_output_token:.3f} J/token")
+
+
+def real_timer(args) -> None:
+    """The whole `aisim serve` path: scenario, step-cost timer (its token grid traced or read from the graph
+    cache), engine config from the runtime profile and the memory model, then the simulation."""
+    from aisim.studies.serve.cli_run import run_serve
+
+    walls = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        report, run, _ = run_serve(model=args.aisim_timer, device="h100", dtype="bf16", tp=None, pp=1, quant="none",
+                                   runtime="transformers-cb", calibration="auto", num_requests=args.num_requests,
+                                   input_len="sharegpt", output_len="sharegpt", rate=args.rate, arrival="poisson",
+                                   seed=0, trace=None, replicas=None, router="round-robin", percentiles="50,99",
+                                   knobs={})
+        walls.append(time.perf_counter() - t0)
+    r = run.result
+    print(f"aisim serve {args.aisim_timer} on h100 (transformers-cb), {args.num_requests} sharegpt requests at "
+          f"{args.rate:g} req/s: wall time median {statistics.median(walls):.2f} s over {args.repeats} runs "
+          f"(first {walls[0]:.2f} s); {r.num_steps} steps; simulated {r.output_throughput:.0f} output tok/s, "
+          f"median TPOT {r.median_tpot_ms:.1f} ms")
 
 
 if __name__ == "__main__":

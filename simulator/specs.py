@@ -192,6 +192,15 @@ class GemmTable(Spec):
         return self
 
 
+class MaskedAttentionTable(Spec):
+    """Measured efficiency (roofline time / measured time) of SDPA with an explicit [1, 1, Q, K] mask (PyTorch's
+    memory-efficient kernel: what transformers' paged|sdpa runs) on a Q x K grid, log-interpolated."""
+    q: list[Count]
+    k: list[Count]
+    heads: Count
+    efficiency: list[list[Fraction]]
+
+
 class CalibrationSpec(Spec):
     """Efficiencies, overheads and power coefficients of one device, each with its provenance."""
     device: str
@@ -235,6 +244,8 @@ class CalibrationSpec(Spec):
                                          "up, nearly idle): the floor during a step")
     allreduce_bus_bw_bytes_per_s: Positive | None = None
     allreduce_latency_s: NonNegative | None = None
+    masked_attention_table: MaskedAttentionTable | None = Field(
+        None, description="SDPA with an explicit mask (validation/harness/sdpa_mask.py; absent: the attention curve)")
     notes: str = ""
 
 

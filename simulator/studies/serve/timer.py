@@ -35,6 +35,14 @@ SDPA_QUERY_BLOCK = 64          # rows of queries per thread block of PyTorch's m
 KEY_ROUND = 64                 # shapes are memoised with contexts rounded to this many tokens
 
 
+def _log_interp2(xs: list[int], ys: list[int], grid: list[list[float]], x: float, y: float) -> float:
+    """Bilinear interpolation in log10 of both axes, clamped to the grid."""
+    lx, ly = np.log10(xs), np.log10(ys)
+    px, py = np.log10(max(x, 1.0)), np.log10(max(y, 1.0))
+    rows = [float(np.interp(py, ly, row)) for row in grid]
+    return float(np.interp(px, lx, rows))
+
+
 @dataclass(frozen=True)
 class ModelDims:
     layers: int
@@ -176,6 +184,20 @@ class StepCostTimer:
         moved += 2 * q * d.q_heads * d.head_dim * e                  # output transpose(1, 2).contiguous()
         flops = 4.0 * q * k * d.q_heads * d.head_dim
         sdpa_bytes = e * (2 * q * d.q_heads * d.head_dim + 2 * k * d.q_heads * d.head_dim + q * k)
-        blocks = math.ceil(q / SDPA_QUERY_BLOCK) * d.q_heads
         mask_s = self._memory_s(q * k * e)                           # the step's [1, 1, Q, K] mask, built once
-        return d.layers * (self._attention_kernel_s(flops, sdpa_bytes, blocks) + self._memory_s(moved)) + mask_s
+        return d.layers * (self._masked_sdpa_s(q, k, flops, sdpa_bytes) + self._memory_s(moved)) + mask_s
+
+    def _masked_sdpa_s(self, q: int, k: float, flops: float, nbytes: float) -> float:
+        """SDPA with an explicit mask: the calibration's measured Q x K table (log-interpolated; the table's head
+        count sets the kernel's grid, rescaled to this model's heads by SM occupancy), else the attention curve on
+        the SMs the grid fills."""
+        table = self.sc.calibration.masked_attention_table
+        blocks = math.ceil(q / SDPA_QUERY_BLOCK) * self.dims.q_heads
+        if table is None:
+            return self._attention_kernel_s(flops, nbytes, blocks)
+        gpu = self.sc.device.gpu
+        roofline = max(flops / gpu.peak_for(self.sc.dtype), nbytes / gpu.memory_bw_bytes_per_s)
+        eff = _log_interp2(table.q, table.k, table.efficiency, q, k)
+        measured_blocks = math.ceil(q / SDPA_QUERY_BLOCK) * table.heads
+        occupancy = min(1.0, blocks / gpu.sm_count) / min(1.0, measured_blocks / gpu.sm_count)
+        return roofline / (eff * occupancy)
