@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import AisimError
 from ..results import Estimate, SpeechPhase
 from ..scenario import Scenario
@@ -65,17 +67,16 @@ class TranscriptCounts:
             raise AisimError(f"{tokens} output tokens in {windows} windows is {per_window:.0f} per window; whisper's "
                              f"decoder emits at most about {cap} per 30 s window (n_text_ctx / 2): give fewer "
                              f"--tokens or more --windows")
-        lengths, past, decode_calls, batchd, contexts = [], 0.0, 0, 0.0, []
-        for _ in range(windows):
-            prompt = SOT_TOKENS + (1 + min(int(past), cap) if past else 0)  # <|prev|> + past text, then SOT
-            if prompt == 1:
-                decode_calls += 1          # whisper.cpp files a 1-token call under decode
-            elif prompt < BATCHD_MAX_TOKENS:
-                batchd += prompt           # ... and a call of under 16 tokens under batchd, counted in tokens
-            else:
-                lengths.append(prompt)
-            contexts.append(prompt + per_window / 2)
-            past += per_window
+        # window i's prompt: <|prev|> + the past text (i x per_window tokens, at most cap), then SOT; window 0 has
+        # no past. Vectorised over windows (a year of audio is a million windows).
+        index = np.arange(windows)
+        past = np.minimum(np.floor(index * per_window), cap).astype(np.int64)
+        prompts = np.where(index > 0, SOT_TOKENS + 1 + past, SOT_TOKENS)
+        decode_calls = int(np.count_nonzero(prompts == 1))   # whisper.cpp files a 1-token call under decode
+        short = (prompts > 1) & (prompts < BATCHD_MAX_TOKENS)
+        batchd = int(prompts[short].sum())   # ... and a call of under 16 tokens under batchd, counted in tokens
+        lengths = prompts[prompts >= BATCHD_MAX_TOKENS].tolist()
+        mean_context = float(prompts.mean()) + per_window / 2
         steps = float(tokens)              # one decoder step per output token, every beam in it
         if beam > 1:
             batchd += beam * tokens
@@ -85,8 +86,7 @@ class TranscriptCounts:
                ("(given)" if given else f"(assumed {TOKENS_PER_AUDIO_S} tokens per second of audio)") +
                f"; one decoder step per token with all {beam} beam{'s' if beam > 1 else ''}; prompts carry up to "
                f"{cap} past tokens")
-        return cls(windows, tokens, beam, decode_calls, int(batchd), tuple(lengths), steps,
-                   sum(contexts) / len(contexts), how)
+        return cls(windows, tokens, beam, decode_calls, int(batchd), tuple(lengths), steps, mean_context, how)
 
     @classmethod
     def from_runs(cls, encode_runs: int, decode_runs: int, batchd_runs: int, prompt_runs: int, tokens: int,
