@@ -51,9 +51,9 @@ def estimate(model: Union[str, Path], device: Union[str, Path, Device], workload
              top_ops: Optional[int] = TOP_OPS, audio_s: Optional[float] = None, beam: int = 5,
              transcript_tokens: Optional[int] = None, windows: Optional[int] = None,
              power_limit_w: Optional[float] = None, gpu_clock_mhz: Optional[float] = None,
-             power_mode: Optional[str] = None, step_tokens: int = 1, transcript_counts: Any = None,
-             train: Optional[TrainPlan] = None, nodes: Optional[int] = None,
-             token_budget: Optional[float] = None) -> Estimate:
+             power_mode: Optional[str] = None, step_tokens: int = 1, transcript_counts: Any = None, ep: int = 1,
+             kv_dtype: Literal["auto", "fp16", "bf16", "fp8"] = "auto", train: Optional[TrainPlan] = None,
+             nodes: Optional[int] = None, token_budget: Optional[float] = None) -> Estimate:
     """Estimate runtime, peak memory per GPU, energy and throughput of one workload.
 
     Args:
@@ -88,6 +88,8 @@ def estimate(model: Union[str, Path], device: Union[str, Path, Device], workload
         power_mode: a power mode named in the GPU's spec file.
         step_tokens: decode of an encoder-decoder model: new tokens per sequence in the call.
         transcript_counts: transcribe: the decoder work as an ``aisim.studies.transcribe.TranscriptCounts``.
+        ep: MoE expert parallel degree (experts spread over ep of the stage's tp x dp GPUs).
+        kv_dtype: KV cache element type: auto (the model dtype), fp16, bf16 or fp8 (vLLM --kv-cache-dtype fp8).
         train: train: an ``aisim.workload.TrainPlan`` (precision mode, ZeRO stage / FSDP, recompute, micro-batch,
             gradient accumulation, pipeline schedule, DDP bucket); None: ``dtype``'s true precision, plain DDP.
         nodes: train: nodes of a multi-node system (a100x8-hdr, h100x8-ndr; or the name SYSTEMxN).

@@ -140,9 +140,11 @@ def expected_distinct_experts(tokens: float, top_k: int, experts: int) -> float:
 def routed_rows(op: Op) -> tuple[float, float]:
     """(token rows this GPU's experts compute, distinct local experts touched) of a routed grouped GEMM: the op's
     ``moe`` attrs (graph.engine) give top_k, the model's expert count E and this GPU's E_local (expert
-    parallelism); S = tokens x top_k rows are sorted by expert; this GPU computes S * E_local / E of them."""
+    parallelism); S = tokens x top_k rows are sorted by expert; this GPU computes S * E_local / E of them
+    (``token_groups``: ranks whose tokens reach these experts through the all-to-all, ep / tp where ep > tp)."""
     moe = op.attrs["moe"]
-    rows = op.inputs[0].shape[0]
+    # expert parallelism across data-parallel ranks: the all-to-all brings every rank's routed rows here
+    rows = op.inputs[0].shape[0] * moe.get("token_groups", 1)
     local = op.inputs[1].shape[0]
     tokens = rows / moe["top_k"]
     share = local / moe["experts"]
@@ -292,7 +294,7 @@ def _sync(op: Op) -> Cost:
 
 # ------------------------------------------------------------------ collectives and optimizer
 
-@formula("nccl.all_reduce", "nccl.all_gather", "nccl.reduce_scatter", "nccl.send_recv")
+@formula("nccl.all_reduce", "nccl.all_gather", "nccl.reduce_scatter", "nccl.send_recv", "nccl.all_to_all")
 def _collective(op: Op) -> Cost:
     """Collective bytes: the full (gathered / reduced) tensor size; the cost model applies the algorithm."""
     return Cost(0.0, 0.0, _bytes(op.outputs), 1, "comm")

@@ -61,3 +61,21 @@ def _divisors(n: int) -> list[int]:
     """Divisors of n in O(sqrt n): a 100,000-GPU device must not loop over every count."""
     small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
+
+
+def check_ep(config: dict, plan: ParallelPlan, ep: int) -> int:
+    """The expert parallel degree, checked: it must divide the model's expert count and the tp x dp GPUs of a
+    stage (the EP group, as vLLM forms it)."""
+    _check_degree(ep, "--ep")
+    if ep == 1:
+        return ep
+    experts = config.get("num_local_experts") or config.get("num_experts") or config.get("n_routed_experts")
+    if not experts:
+        raise AisimError("--ep applies to mixture-of-experts models only; this config has no experts")
+    if experts % ep:
+        raise AisimError(f"--ep {ep} does not divide the {experts} experts; choose a divisor of {experts}")
+    group = plan.tp * plan.dp
+    if group % ep:
+        raise AisimError(f"--ep {ep} must divide the tp x dp = {group} GPUs of a pipeline stage (the expert-parallel "
+                         "group); choose --ep among its divisors or change --tp/--dp")
+    return ep

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from . import catalog
 from .cost.power import PowerMode
 from .errors import AisimError
-from .plan import choose_plan
+from .plan import check_ep, choose_plan
 from .specs import (CalibrationSpec, Device, RuntimeSpec, all_runtimes, default_calibration, load_calibration,
                     load_spec_file)
 from .workload import DType, ParallelPlan, Quant, StepShape, TpScope, Workload
@@ -39,6 +39,9 @@ class ScenarioRequest(BaseModel):
     pp: int = Field(1, ge=1, le=100_000)
     dp: int | None = Field(None, ge=1, le=100_000)
     tp_scope: TpScope = "all"
+    ep: int = Field(1, ge=1, le=100_000, description="MoE expert parallel degree (experts spread over ep GPUs)")
+    kv_dtype: Literal["auto", "fp16", "bf16", "fp8"] = Field("auto", description="KV cache element type (auto: "
+                                                              "the model dtype)")
     runtime: Union[str, RuntimeSpec, None] = None
     calibration: Union[str, Path, CalibrationSpec] = "auto"
     power_mode: str | None = None
@@ -60,6 +63,7 @@ class Scenario(BaseModel):
     plan: ParallelPlan
     dtype: DType
     quant: Quant
+    kv_dtype: Literal["auto", "fp16", "bf16", "fp8"] = "auto"
     with_loss: bool = False
     optimizer: Literal["adamw", "sgd"] = "adamw"
     assumptions: tuple[str, ...] = ()
@@ -80,7 +84,8 @@ class Scenario(BaseModel):
     def with_plan(self, plan: ParallelPlan) -> "Scenario":
         return self.model_copy(update={"plan": plan, "key": _key(self.config, self.device, self.calibration,
                                                                  self.runtime, self.power, plan, self.dtype,
-                                                                 self.quant, self.with_loss, self.optimizer)})
+                                                                 self.quant, self.with_loss, self.optimizer,
+                                                                 self.kv_dtype)})
 
 
 def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: int | None = None) -> Scenario:
@@ -94,6 +99,7 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
         cal = cal.model_copy(update={"allreduce_cpu_s": dev.interconnect.allreduce_cpu_s})
     plan, plan_note = choose_plan(config, dev.count, dev.name, batch, request.tp, request.pp, request.dp,
                                   request.tp_scope)
+    plan = plan.model_copy(update={"ep": check_ep(config, plan, request.ep)})
     if rt.vendors and dev.gpu.vendor not in rt.vendors:
         raise AisimError(f"runtime {rt.name} runs on {', '.join(rt.vendors)} GPUs; {dev.gpu.name} is "
                          f"{dev.gpu.vendor}: choose another --runtime (aisim list runtimes)")
@@ -103,10 +109,10 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     notes += _precision_notes(dev, request.dtype, request.quant, plan, config)
     notes += _runtime_notes(rt, dev, request.dtype)
     return Scenario(model=name, config=config, device=dev, calibration=cal, runtime=rt, power=power, plan=plan,
-                    dtype=request.dtype, quant=request.quant, with_loss=request.with_loss,
+                    dtype=request.dtype, quant=request.quant, kv_dtype=request.kv_dtype, with_loss=request.with_loss,
                     optimizer=request.optimizer, assumptions=tuple(notes),
                     key=_key(config, dev, cal, rt, power, plan, request.dtype, request.quant, request.with_loss,
-                             request.optimizer))
+                             request.optimizer, request.kv_dtype))
 
 
 def scenario(model, device, **options) -> Scenario:
@@ -235,8 +241,14 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
     elif quant != "none":
         out.append(f"--quant {quant}: linear weights read at {quant} width (weight-only); the dequantization "
                    "inside the GEMM kernel is taken as free")
-    if plan.tp > 1 and (config.get("num_local_experts") or config.get("num_experts")):
-        out.append("MoE experts are replicated on every tensor-parallel rank (no expert parallelism yet)")
+    experts = config.get("num_local_experts") or config.get("num_experts") or config.get("n_routed_experts")
+    if experts and plan.ep > 1:
+        out.append(f"MoE: {experts} experts spread over {plan.ep} GPUs ({experts // plan.ep} per GPU; vLLM "
+                   "--enable-expert-parallel), expert outputs "
+                   + ("combined by all-to-all" if plan.ep > plan.tp else "all-reduced over the tensor-parallel GPUs"))
+    elif experts and plan.tp > 1:
+        out.append(f"MoE: every expert's intermediate dimension split over the {plan.tp} tensor-parallel GPUs "
+                   "(vLLM's FusedMoE without expert parallelism), outputs all-reduced")
     return out
 
 
@@ -284,8 +296,8 @@ def _hash(obj) -> str:
 
 
 def _key(config, dev: Device, cal: CalibrationSpec, rt: RuntimeSpec, power, plan: ParallelPlan, dtype, quant,
-         with_loss, optimizer) -> str:
+         with_loss, optimizer, kv_dtype: str = "auto") -> str:
     blob = json.dumps([_hash(config), _hash(dev.gpu), dev.count, _hash(dev.interconnect), _hash(cal), _hash(rt),
                        None if power is None else [power.power_limit_w, power.gpu_clock_mhz], plan.model_dump(),
-                       dtype, quant, with_loss, optimizer], sort_keys=True)
+                       dtype, quant, with_loss, optimizer, kv_dtype], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]

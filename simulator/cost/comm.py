@@ -17,7 +17,8 @@ from ..graph.ops import Op
 from ..specs import CalibrationSpec
 
 RING_FACTORS = {"nccl.all_reduce": 2.0, "nccl.all_gather": 1.0, "nccl.reduce_scatter": 1.0,
-                "nccl.send_recv": None}
+                "nccl.all_to_all": 1.0, "nccl.send_recv": None}
+# all-to-all (MoE dispatch/combine): each rank sends (n-1)/n of its routed rows (bytes = its routed tensor)
 
 
 def collective_time_s(op: Op, cost: Cost, device: Device, cal: CalibrationSpec) -> float:

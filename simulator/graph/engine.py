@@ -85,14 +85,15 @@ EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_top_k")
 
 
-def moe_routing(config: dict) -> dict | None:
-    """{'experts': E, 'top_k': k} of a mixture-of-experts config (Mixtral, Qwen-MoE, OLMoE, DeepSeek, gpt-oss
-    key names), else None."""
+def moe_routing(config: dict, plan=None) -> dict | None:
+    """{'experts': E, 'top_k': k, 'token_groups': g} of a mixture-of-experts config (Mixtral, Qwen-MoE, OLMoE,
+    DeepSeek, gpt-oss key names), else None; g = ep / tp ranks send their tokens to each expert-parallel rank."""
     experts = next((config[k] for k in EXPERT_COUNT_KEYS if config.get(k)), None)
     top_k = next((config[k] for k in TOP_K_KEYS if config.get(k)), None)
     if not experts or not top_k:
         return None
-    return {"experts": int(experts), "top_k": int(top_k)}
+    groups = max(plan.ep // plan.tp, 1) if plan is not None else 1
+    return {"experts": int(experts), "top_k": int(top_k), "token_groups": groups}
 
 
 def routed(op: Op, moe: dict) -> Op:

@@ -110,7 +110,7 @@ def _trace_once(config: dict, workload: Workload, plan: ParallelPlan, layers: in
     import torch
 
     from .build import build_meta_model
-    from .sharding import is_linear, shard_model
+    from .sharding import is_linear, shard_experts, shard_model
     from .tracer import Tracer, tracing
 
     weights_dtype = "fp32" if workload.autocast else workload.dtype  # mixed precision: fp32 master weights
@@ -118,6 +118,7 @@ def _trace_once(config: dict, workload: Workload, plan: ParallelPlan, layers: in
     tracer = Tracer()
     shard_model(model, plan.tp, plan.tp_scope, tracer)
     params = list(model.parameters())
+    shard_experts(model, plan.tp, plan.ep, tracer)
     batch = workload.batch // plan.dp
     driver = _DRIVERS[workload.phase]
     training = workload.phase in ("forward-backward", "train")

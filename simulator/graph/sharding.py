@@ -60,6 +60,90 @@ def shard_model(model, tp: int, scope: str, tracer) -> int:
     return sharded
 
 
+EXPERT_WEIGHTS = ("gate_up_proj", "up_proj", "down_proj")
+
+
+def expert_modules(model) -> list:
+    """HF 5.x fused expert modules: (E, ., .) weight tensors (gate_up_proj / up_proj, down_proj) and num_experts."""
+    return [m for m in model.modules()
+            if isinstance(getattr(m, "num_experts", None), int)
+            and any(isinstance(getattr(m, w, None), torch.nn.Parameter) and getattr(m, w).dim() == 3
+                    for w in EXPERT_WEIGHTS)]
+
+
+def shard_experts(model, tp: int, ep: int, tracer) -> int:
+    """Shard every fused expert module for one rank, as vLLM's FusedMoE does; returns how many were sharded.
+
+    ep > 1: expert parallelism, E / ep whole experts per GPU (vLLM --enable-expert-parallel: the EP group is the
+    tp x dp GPUs of a stage; each rank computes its experts for the tokens routed to them). The rest of the tp
+    degree (tp / ep when ep < tp) splits each expert's intermediate dimension: gate/up column-parallel, down
+    row-parallel (vLLM's TP of expert weights, Megatron's scheme per expert). The expert outputs are
+    all-reduced over the tp ranks (tokens are replicated across them); where ep spans data-parallel ranks
+    (ep > tp) the routed tokens travel by all-to-all, dispatch before the experts and combine after
+    (DeepSpeed-MoE / GShard). Routers and shared experts are left to shard_model (dense linears)."""
+    found = expert_modules(model)
+    if (tp == 1 and ep == 1) or not found:
+        return 0
+    inner_tp = max(tp // ep, 1) if ep <= tp else 1
+    for m in found:
+        _slice_experts(m, ep, inner_tp)
+        if tp > 1:
+            m.register_forward_hook(_collective_hook(tracer, "all_reduce", tp))
+        if ep > tp:
+            m.register_forward_pre_hook(_all_to_all_hook(tracer, ep, model.config))
+            m.register_forward_hook(_all_to_all_after(tracer, ep, model.config))
+    return len(found)
+
+
+def _slice_experts(m, ep: int, inner_tp: int) -> None:
+    """Keep E / ep experts, and 1 / inner_tp of each expert's intermediate dimension."""
+    transposed = bool(getattr(m, "is_transposed", False))
+    for name in (*EXPERT_WEIGHTS, *(f"{w}_bias" for w in EXPERT_WEIGHTS)):
+        p = getattr(m, name, None)
+        if not isinstance(p, torch.nn.Parameter):
+            continue
+        shape = list(p.shape)
+        shape[0] //= ep
+        down = name.startswith("down_proj")
+        if p.dim() == 3:
+            # intermediate axis: gate_up (E, 2I, H) / down (E, H, I); transposed: (E, H, 2I) / (E, I, H)
+            axis = (1 if transposed else 2) if down else (2 if transposed else 1)
+            shape[axis] //= inner_tp
+        elif not down:           # gate_up bias (E, 2I); down's bias (E, H) is not split
+            shape[1] //= inner_tp
+        setattr(m, name, torch.nn.Parameter(torch.empty(shape, device="meta", dtype=p.dtype)))
+    m.num_experts //= ep
+    for attr in ("intermediate_dim", "intermediate_size", "expert_dim"):
+        if isinstance(getattr(m, attr, None), int):
+            setattr(m, attr, getattr(m, attr) // inner_tp)
+
+
+def _routed_copy(tracer, hidden, config, ep: int):
+    top_k = int(config.num_experts_per_tok)
+    with tracer.suppressed():
+        return hidden.new_empty((hidden.shape[0] * top_k, hidden.shape[-1]))
+
+
+def _all_to_all_hook(tracer, ep: int, config):
+    def hook(module, args):
+        if tracer.suppress or not args:
+            return None
+        routed = _routed_copy(tracer, args[0], config, ep)
+        tracer.record("nccl.all_to_all", (routed,), {}, (routed,), alias=False, attrs={"group": ep, "moe": "dispatch"})
+        return None
+    return hook
+
+
+def _all_to_all_after(tracer, ep: int, config):
+    def hook(module, args, output):
+        if tracer.suppress or not args:
+            return None
+        routed = _routed_copy(tracer, args[0], config, ep)
+        tracer.record("nccl.all_to_all", (routed,), {}, (routed,), alias=False, attrs={"group": ep, "moe": "combine"})
+        return None
+    return hook
+
+
 def _features(linear, side: str) -> int:
     if isinstance(linear, torch.nn.Linear):
         return linear.out_features if side == "out" else linear.in_features
