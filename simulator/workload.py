@@ -76,6 +76,9 @@ class TrainPlan(BaseModel):
     virtual_stages: int = Field(2, ge=1, le=1024, description="interleaved 1F1B: model chunks per pipeline stage")
     bucket_mb: float = Field(25.0, gt=0, le=1e6, description="DDP gradient bucket (bucket_cap_mb, default 25)")
     optimizer_impl: Literal["fused", "foreach"] = "fused"
+    attention: Literal["fused", "explicit"] = Field("fused", description="fused: one flash/SDPA kernel; explicit: "
+                                                    "QK^T, softmax and PV as separate kernels (frameworks before "
+                                                    "FlashAttention, e.g. Megatron-LM 2021)")
 
     @property
     def stage(self) -> int:

@@ -142,3 +142,13 @@ def test_measured_training_steps_stay_under_their_ceilings():
     assert s["runtime_mape_pct"] <= train_report.RUNTIME_CEILING_PCT
     assert s["memory_mape_pct"] <= train_report.MEMORY_CEILING_PCT
     assert s["fit_verdicts_right"] == s["cases"]
+
+
+def test_published_megatron_table_stays_under_its_ceiling():
+    """Narayanan et al. 2021 Table 1 (10 GPT models, 32-3072 A100s): per-GPU throughput MAPE under the ceiling,
+    every row fits in 80 GB as it ran."""
+    from aisim.validation import published_train
+
+    table = published_train.rows()
+    assert all(r["fits"] for r in table)
+    assert published_train.throughput_mape(table) <= published_train.THROUGHPUT_CEILING_PCT

@@ -66,12 +66,13 @@ def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device,
 
     persistent = weights + optimizer states (+ sharded gradients for ZeRO-2/3), each divided by ``dp`` from its
     ZeRO stage on (stage 1: optimizer, 2: + gradients, 3: + weights); the traced peak of one micro-batch (live
-    activations, and the full gradients unless released) times the micro-batches a 1F1B stage holds
-    (``in_flight``); DDP's gradient buckets (a second copy of the gradients, gradient_as_bucket_view=False);
+    activations, and the full gradients unless released) plus the saved activations of the other micro-batches a
+    1F1B stage holds (``in_flight`` - 1); DDP's gradient buckets (a second copy of the gradients,
+    gradient_as_bucket_view=False);
     for stage 3 the unsharded compute copy of the prefetched units and the root unit (embeddings and head stay
     unsharded between forward and backward in FSDP2); the step's temporaries (foreach AdamW's sqrt).
-    Known inaccuracies: the allocator's rounding and fragmentation; the activations of micro-batches in flight
-    are taken as the traced peak less the gradients."""
+    Known inaccuracies: the allocator's rounding and fragmentation; each further micro-batch in flight holds
+    what the traced forward left live for backward (its saved activations)."""
     p = graph.param_count
     weight_b, grad_b, compute_b = TRAIN_STATE_BYTES[tp_plan.precision]
     stage = tp_plan.stage
@@ -86,7 +87,10 @@ def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device,
         grad_b = compute_b   # DeepSpeed ZeRO reduces and keeps 16-bit gradients (ZeRO paper: 2 bytes)
     sharded_grads = p * grad_b / dp if stage >= 2 else 0.0
     activations = max(graph.peak_activation_bytes - traced_grads, 0.0)
-    live = traced_grads + activations * in_flight
+    # a 1F1B stage also holds what its layers' forwards of the other in-flight micro-batches saved for their
+    # backward (the first stage holds pp of them; the loss's tensors belong to the last stage, which holds one)
+    saved = min(graph.meta.get("saved_per_layer_bytes", 0.0) * graph.layers, activations)
+    live = traced_grads + activations + saved * (in_flight - 1)
     buckets = traced_grads if stage == 0 and dp > 1 else 0.0
     layer = graph.meta.get("layer_params", 0)
     # at the loss (the activation peak) no gradient exists yet (zero_grad(set_to_none) freed the last step's);
@@ -102,7 +106,8 @@ def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device,
     total = (weights + optimizer + buckets + workspace
              + max(live + unsharded, traced_grads + sharded_grads + grad_unit + temporaries))
     transient = unsharded
-    return MemoryBreakdown(weights_gb=weights / GB, activations_gb=(activations * in_flight + transient) / GB,
+    return MemoryBreakdown(weights_gb=weights / GB,
+                           activations_gb=(activations + saved * (in_flight - 1) + transient) / GB,
                            kv_cache_gb=0.0, gradients_gb=(traced_grads + sharded_grads + buckets) / GB,
                            optimizer_gb=optimizer / GB, workspace_gb=workspace / GB, total_gb=total / GB,
                            capacity_gb=device.gpu.memory_bytes / GB)

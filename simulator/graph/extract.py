@@ -103,7 +103,9 @@ def _trace_scaled(config: dict, workload: Workload, plan: ParallelPlan) -> Graph
                        "vocab_size": config.get("vocab_size"),
                        "n_param_tensors": int(round(scale("n_param_tensors"))),
                        "linear_weights": int(round(scale("linear_weights"))),
-                       "layer_params": int(round(per_layer(low["param_count"], high["param_count"])))})
+                       "layer_params": int(round(per_layer(low["param_count"], high["param_count"]))),
+                       "forward_end_bytes": max(scale("saved_bytes"), 0.0),
+                       "saved_per_layer_bytes": max(per_layer(low["saved_bytes"], high["saved_bytes"]), 0.0)})
 
 
 def _trace_once(config: dict, workload: Workload, plan: ParallelPlan, layers: int) -> dict:
@@ -130,7 +132,10 @@ def _trace_once(config: dict, workload: Workload, plan: ParallelPlan, layers: in
     persistent = tracer.live_bytes
     linear = sum(m.weight.numel() for n, m in model.named_modules()
                  if is_linear(m) and not n.endswith("lm_head"))
+    forward = [op for op in tracer.ops if op.phase == "forward"]
+    saved = forward[-1].attrs.get("live_bytes", 0.0) if forward and training else 0.0  # kept for backward
     result = {"ops": tracer.ops, "peak_bytes": tracer.peak_bytes, "persistent_bytes": persistent,
+              "saved_bytes": saved,
               "linear_weights": linear,
               "param_count": sum(p.numel() for p in params),
               "param_bytes": float(sum(p.numel() * p.element_size() for p in params)),

@@ -100,8 +100,9 @@ def traced_options(plan: TrainPlan) -> dict:
     torch.autocast with fp32 weights; ZeRO/FSDP cast the weights themselves, so their compute is pure 16-bit),
     recompute, and whether full gradients are released as produced (ZeRO-2/3, FSDP)."""
     mixed = plan.precision.endswith("-mixed")
-    return {"dtype": PRECISION_DTYPE[plan.precision], "autocast": mixed and plan.stage == 0,
-            "recompute": plan.recompute, "grad_release": plan.stage >= 2}
+    options = {"dtype": PRECISION_DTYPE[plan.precision], "autocast": mixed and plan.stage == 0,
+               "recompute": plan.recompute, "grad_release": plan.stage >= 2}
+    return options | ({"attn_impl": "eager"} if plan.attention == "explicit" else {})
 
 
 def train(sc: Scenario, req: TrainRequest) -> TrainResult:
