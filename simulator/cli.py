@@ -182,6 +182,7 @@ def serve_bench(
 ):
     """Prefill and decode latency and throughput per shard count and batch size (TGI benchmark layout)."""
     from . import report
+    from .api import checked
     from .scenario import ScenarioRequest, build_request
     from .studies.serve_bench import ServeBenchRequest
     from .studies.serve_bench import serve_bench as run_bench
@@ -190,7 +191,7 @@ def serve_bench(
         base = build_request(ScenarioRequest, model=model, device=device, dtype=dtype, quant=quant, runtime=runtime)
         req = build_request(ServeBenchRequest, shards=_ints(shards, "--shards"), batches=_ints(batch, "--batch"),
                             seq=seq, decode_len=decode_len, max_batch_total_tokens=max_batch_total_tokens)
-        return run_bench(base, req)
+        return checked(run_bench(base, req))
 
     result, _ = _run(bench)
     if as_json:
@@ -257,6 +258,67 @@ def serve(
         report.print_serve(result, notes)
 
 
+plan_app = typer.Typer(no_args_is_help=True, help="Capacity planning: search configurations that meet SLOs.")
+app.add_typer(plan_app, name="plan")
+
+
+def _prices(items: list[str]) -> dict[str, float]:
+    from .catalog import resolve_gpu
+
+    out = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            out[resolve_gpu(name).name] = float(value)
+        except ValueError:
+            _fail(f"--price {item!r}: give GPU=USD_PER_GPU_HOUR, e.g. --price h100=2.5")
+    return out
+
+
+@plan_app.command("serve")
+def plan_serve_cmd(
+    model: str = typer.Option(..., "--model", "-m"),
+    devices: str = typer.Option("h100,a100,l4", help="comma-separated GPUs, or all"),
+    runtimes: str = typer.Option("transformers-cb", help="comma-separated engine profiles with a serving section"),
+    rate: float = typer.Option(..., help="requests per second to serve"),
+    input_len: str = typer.Option("sharegpt", "--input-len"),
+    output_len: str = typer.Option("sharegpt", "--output-len"),
+    slo: str = typer.Option("", help="e.g. ttft_p90_ms=2000,tpot_p50_ms=50 (any percentile; mean_/median_ too)"),
+    max_gpus: int = typer.Option(8, "--max-gpus"),
+    dtype: str = typer.Option("bf16"),
+    num_requests: int = typer.Option(400, "--num-requests", help="requests per simulation"),
+    price: list[str] = typer.Option([], "--price", help="GPU=USD per GPU-hour (repeatable)"),
+    electricity: float = typer.Option(0.10, "--electricity-usd-per-kwh"),
+    pue: float = typer.Option(1.2, "--pue"),
+    grid: Optional[float] = typer.Option(None, "--grid-g-co2-per-kwh"),
+    csv_out: Optional[Path] = typer.Option(None, "--csv", help="write the ranked table as CSV"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="write the Pareto front as a PNG (needs matplotlib)"),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """The cheapest configuration per GPU that serves RATE requests/s within the SLOs."""
+    from . import report
+    from .studies.plan_serve import parse_slo, plan_request, plan_serve
+
+    def go():
+        req = plan_request(model=model, devices=[d.strip() for d in devices.split(",") if d.strip()],
+                           runtimes=[r.strip() for r in runtimes.split(",") if r.strip()], rate_per_s=rate,
+                           input_len=input_len, output_len=output_len, slo=parse_slo(slo), max_gpus=max_gpus,
+                           dtype=dtype, num_requests=num_requests, prices=_prices(price),
+                           electricity_usd_per_kwh=electricity, pue=pue, grid_g_co2_per_kwh=grid)
+        return plan_serve(req)
+
+    result, _ = _run(go)
+    if csv_out:
+        report.write_plan_csv(result, csv_out)
+    if plot:
+        from .plots import pareto_png
+        _run(pareto_png, result, plot)
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+    else:
+        report.print_plan(result)
+
+
 @app.command("list")
 def list_(what: str = typer.Argument(..., help="models|devices|runtimes")):
     """List shipped models, devices (GPUs and systems) or runtimes."""
@@ -277,8 +339,12 @@ def validate(
     fmt: str = typer.Option("rst", "--format", help="rst|markdown|csv|json"),
     max_minutes: Optional[float] = typer.Option(None, help="stop the suite cleanly after this many minutes"),
     accuracy_doc: Optional[Path] = typer.Option(None, help="regenerate docs/accuracy.md (all datasets + references)"),
+    device_name: Optional[str] = typer.Option(None, help="GPU name to record; 'cpu' measures on the CPU on purpose "
+                                              "(without CUDA a suite is refused otherwise)"),
 ):
     """Measure a suite on the local GPU(s), or report estimated vs measured for measured or published data."""
+    if fmt not in ("rst", "markdown", "csv", "json"):
+        _fail(f"--format is one of rst, markdown, csv, json (got {fmt!r})")
     try:
         if accuracy_doc:
             from .validation.accuracy import build
@@ -297,10 +363,10 @@ def validate(
             from .validation.runner import run_suite
             if out is None:
                 _fail("give --out FILE.jsonl for the measured results")
-            run_suite(str(suite), str(out), max_minutes=max_minutes)
+            run_suite(str(suite), str(out), max_minutes=max_minutes, device_name=device_name)
         else:
             _fail("give a suite file, --report FILE.jsonl or --reference NAME")
-    except (AisimError, ValueError, FileNotFoundError) as exc:
+    except (AisimError, ValueError, OSError) as exc:
         _fail(str(exc))
 
 

@@ -108,10 +108,13 @@ def print_list(what: str) -> None:
         for col in ("name", "aliases", "GPU", "memory (GB)", "fp16 TFLOP/s", "bandwidth (GB/s)", "calibrated"):
             table.add_column(col)
         for key, g in specs.all_hardware().items():
-            cal = specs.load_calibration(g.name)
+            try:
+                calibrated = "yes" if specs.load_calibration(g.name).measured else "no (default rules)"
+            except specs.SpecFileError as exc:  # one broken file must not break the listing
+                console.print(f"[yellow]warning:[/] {exc}", soft_wrap=True)
+                calibrated = "calibration file broken"
             table.add_row(key, ", ".join(g.aliases), g.display_name, f"{g.memory_bytes / 1e9:.1f}",
-                          f"{g.peak_for('fp16') / 1e12:.0f}", f"{g.memory_bw_bytes_per_s / 1e9:.0f}",
-                          "yes" if cal.measured else "no (default rules)")
+                          f"{g.peak_for('fp16') / 1e12:.0f}", f"{g.memory_bw_bytes_per_s / 1e9:.0f}", calibrated)
         for key, s in specs.all_systems().items():
             table.add_row(key, ", ".join(s.aliases), f"{s.gpu_count} x {s.gpu} ({s.interconnect.kind})", "", "", "",
                           "")
@@ -167,3 +170,44 @@ def print_serve(r, notes: list[str] | None = None) -> None:
     console.print(table)
     for note in notes or []:
         console.print(f"[yellow]note:[/] {note}")
+
+
+PLAN_COLUMNS = ("device", "runtime", "tp", "replicas", "gpus", "max_num_seqs", "median_ttft_ms", "median_tpot_ms",
+                "p90_tpot_ms", "output_tokens_per_s_per_gpu", "usd_per_hour", "usd_per_million_output_tokens",
+                "joules_per_output_token", "kwh_per_day", "co2_kg_per_day")
+
+
+def _plan_row(c) -> list:
+    values = {**c.model_dump(), **{k: c.metrics.get(k) for k in ("median_ttft_ms", "median_tpot_ms",
+                                                                  "p90_tpot_ms")}}
+    return [values.get(k) for k in PLAN_COLUMNS]
+
+
+def write_plan_csv(result, path) -> None:
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(PLAN_COLUMNS)
+        for c in result.ranked:
+            w.writerow(["" if v is None else v for v in _plan_row(c)])
+
+
+def print_plan(result) -> None:
+    slo = ", ".join(f"{k} <= {v:g}" for k, v in result.slo.items()) or "none"
+    console.print(f"[bold]{result.model}[/] at {result.rate_per_s:g} req/s, SLO {slo}: {result.considered} "
+                  f"configurations considered, {result.simulated} simulated")
+    table = Table(title="cheapest configuration per GPU that meets the SLOs", header_style="bold")
+    for col in ("device", "runtime", "tp x replicas", "GPUs", "median TTFT ms", "median TPOT ms", "tok/s/GPU",
+                "$/hour", "$/M out tok", "J/tok", "kWh/day"):
+        table.add_column(col, justify="right")
+    for c in result.cheapest_per_device.values():
+        table.add_row(c.device, c.runtime, f"{c.tp} x {c.replicas}", str(c.gpus), _fmt(c.metrics.get("median_ttft_ms")),
+                      _fmt(c.metrics.get("median_tpot_ms")), _fmt(c.output_tokens_per_s_per_gpu, 1),
+                      _fmt(c.usd_per_hour), _fmt(c.usd_per_million_output_tokens, 3),
+                      _fmt(c.joules_per_output_token, 3), _fmt(c.kwh_per_day, 1))
+    console.print(table)
+    for key, why in result.not_feasible.items():
+        console.print(f"[red]{key}:[/] {why}")
+    for a in result.assumptions:
+        console.print(f"[yellow]note:[/] {a}")

@@ -1,0 +1,254 @@
+"""`aisim plan serve`: the cheapest serving configuration per GPU that meets every SLO at a load.
+
+Search space: device x runtime (engines with a serving profile) x tensor-parallel degree x engine knobs
+(max_num_seqs) x replicas. For each (device, runtime, tp, knobs) the analytical model prunes first: the weights
+and a KV cache must fit (aisim.studies.serve.run.kv_capacity), and one replica's saturated throughput (a
+simulation at rate = inf) bounds the replicas needed from below; then the request-level simulator of one replica
+at its share of the load (rate / replicas: a round-robin split of Poisson arrivals is Poisson) checks the SLOs at
+that replica count and the next ones, up to --max-gpus. Every candidate considered is counted (pruned or simulated).
+
+Costs: $/hour = GPUs x price per GPU-hour (the GPU spec's default price, or --price); $ per million output tokens
+= $/hour / (output tokens per hour) x 1e6; energy from the simulated steps' energy (GPUs at work), kWh per day at
+the load = the replicas' average power x 24 h x PUE; CO2 per day = kWh x grid intensity.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..catalog import gpu_device, resolve_gpu
+from ..errors import AisimError
+from ..plan import check_tp
+from ..scenario import ScenarioRequest, resolve_scenario
+from ..specs import all_hardware, all_runtimes
+from .serve import ServeRequest, validated
+from .serve.run import serve
+
+SLO_KEY = re.compile(r"^(mean|median|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
+HOURS_PER_DAY = 24.0
+
+
+class PlanServeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model: str
+    devices: list[str] = Field(min_length=1)
+    runtimes: list[str] = Field(default_factory=lambda: ["transformers-cb"], min_length=1)
+    rate_per_s: float = Field(gt=0, le=1e6)
+    input_len: str = "sharegpt"
+    output_len: str = "sharegpt"
+    num_requests: int = Field(400, ge=20, le=100_000, description="requests per simulation")
+    slo: dict[str, float] = Field(default_factory=dict)
+    max_gpus: int = Field(8, ge=1, le=100_000)
+    max_num_seqs: list[int | None] = Field(default_factory=lambda: [None, 64, 16])
+    dtype: Literal["fp16", "bf16", "fp32"] = "bf16"
+    prices: dict[str, float] = Field(default_factory=dict, description="device name -> USD per GPU-hour")
+    electricity_usd_per_kwh: float = Field(0.10, ge=0)
+    pue: float = Field(1.2, ge=1.0, le=3.0)
+    grid_g_co2_per_kwh: float | None = Field(None, ge=0)
+    seed: int = 0
+
+
+class Candidate(BaseModel):
+    device: str
+    runtime: str
+    tp: int
+    replicas: int
+    gpus: int
+    max_num_seqs: int
+    meets_slo: bool
+    metrics: dict[str, float]
+    price_usd_per_gpu_hour: float | None
+    usd_per_hour: float | None
+    usd_per_million_output_tokens: float | None
+    joules_per_output_token: float
+    kwh_per_day: float
+    co2_kg_per_day: float | None
+    output_tokens_per_s_per_gpu: float
+    output_tokens_per_s_per_user: float
+    memory_note: str = ""
+
+
+class PlanServeResult(BaseModel):
+    model: str
+    rate_per_s: float
+    slo: dict[str, float]
+    considered: int = Field(description="candidate configurations considered (pruned analytically or simulated)")
+    simulated: int
+    ranked: list[Candidate] = Field(description="every simulated configuration that meets the SLOs, cheapest first")
+    cheapest_per_device: dict[str, Candidate]
+    min_gpus_per_device: dict[str, int]
+    pareto: list[Candidate] = Field(description="output tok/s per GPU vs tok/s per user, non-dominated")
+    not_feasible: dict[str, str] = Field(default_factory=dict)
+    assumptions: list[str] = Field(default_factory=list)
+
+
+def parse_slo(text: str) -> dict[str, float]:
+    """'ttft_p90_ms=2000,tpot_p50_ms=50' or vLLM-style 'p90_ttft_ms=2000' -> {'p90_ttft_ms': 2000, ...}."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, _, value = part.partition("=")
+        key = key.strip()
+        m = re.match(r"^(ttft|tpot|itl|e2el)_(mean|median|p\d+(\.\d+)?)_ms$", key)
+        if m:
+            key = f"{m.group(2)}_{m.group(1)}_ms"
+        key = key.replace("p50_", "median_")
+        if not SLO_KEY.match(key):
+            raise AisimError(f"--slo {part!r}: name a latency like ttft_p90_ms, tpot_p50_ms, e2el_p99_ms or "
+                             "mean_tpot_ms, then =milliseconds")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            raise AisimError(f"--slo {part!r}: the limit must be a number of milliseconds") from None
+        if not math.isfinite(out[key]) or out[key] <= 0:
+            raise AisimError(f"--slo {part!r}: the limit must be a positive number of milliseconds")
+    return out
+
+
+def _devices(names: list[str]) -> list[str]:
+    if names == ["all"]:
+        return [k for k, g in all_hardware().items() if g.vendor == "nvidia" and g.price_usd_per_gpu_hour]
+    return [resolve_gpu(n).name for n in names]
+
+
+def _slo_value(metrics: dict, key: str) -> float:
+    if key in metrics:
+        return metrics[key]
+    if key.startswith("median_") and key.replace("median_", "p50_") in metrics:
+        return metrics[key.replace("median_", "p50_")]
+    raise AisimError(f"SLO {key}: the simulation has no such metric")
+
+
+def _meets(metrics: dict, slo: dict[str, float]) -> bool:
+    return all(_slo_value(metrics, k) <= v for k, v in slo.items())
+
+
+def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = None) -> PlanServeResult:
+    percentiles = sorted({50.0, 90.0, 99.0} | {float(k.split("_")[0][1:]) for k in req.slo if k.startswith("p")})
+    counts = {"considered": 0, "simulated": 0}
+    found: list[Candidate] = []
+    infeasible: dict[str, str] = {}
+    notes: set[str] = set()
+    for device in _devices(req.devices):
+        for runtime in req.runtimes:
+            if runtime not in all_runtimes() or all_runtimes()[runtime].serving is None:
+                raise AisimError(f"runtime {runtime!r} has no serving profile (aisim list runtimes)")
+            reason = _search_device(req, device, runtime, percentiles, counts, found, notes, progress)
+            if reason:
+                infeasible[f"{device}/{runtime}"] = reason
+    ok = sorted((c for c in found if c.meets_slo), key=lambda c: (c.usd_per_million_output_tokens or math.inf, c.gpus))
+    cheapest, min_gpus = {}, {}
+    for c in ok:
+        cheapest.setdefault(c.device, c)
+        min_gpus[c.device] = min(min_gpus.get(c.device, c.gpus), c.gpus)
+    return PlanServeResult(model=req.model, rate_per_s=req.rate_per_s, slo=req.slo, considered=counts["considered"],
+                           simulated=counts["simulated"], ranked=ok, cheapest_per_device=cheapest,
+                           min_gpus_per_device=min_gpus, pareto=pareto(ok), not_feasible=infeasible,
+                           assumptions=sorted(notes))
+
+
+def _search_device(req, device, runtime, percentiles, counts, found, notes, progress) -> str | None:
+    gpu = resolve_gpu(device)
+    last_reason = "no tensor-parallel degree fits"
+    for tp in (t for t in (1, 2, 4, 8) if t <= req.max_gpus):
+        counts["considered"] += len(req.max_num_seqs) * max(req.max_gpus // tp, 1)
+        try:
+            base = ScenarioRequest(model=req.model, device=gpu_device(gpu, tp), dtype=req.dtype, tp=tp,
+                                   runtime=runtime)
+            sc = resolve_scenario(base, "prefill")
+            check_tp(sc.config, tp, "all")
+        except AisimError as exc:
+            last_reason = str(exc)
+            continue
+        for seqs in req.max_num_seqs:
+            knobs = {"max_num_seqs": seqs} if seqs else {}
+            try:
+                cand = _min_replicas(req, sc, tp, knobs, percentiles, counts, notes)
+            except AisimError as exc:
+                last_reason = str(exc)
+                continue
+            if progress:
+                progress(f"{device} {runtime} tp {tp} seqs {seqs or 'default'}")
+            if cand is not None:
+                found.append(cand)
+    mine = [c for c in found if c.device == gpu.name and c.runtime == runtime]
+    if not mine:
+        return last_reason
+    if not any(c.meets_slo for c in mine):
+        best = {k: min(_slo_value(c.metrics, k) for c in mine) for k in req.slo}
+        return ("no configuration up to --max-gpus {} meets the SLOs; the best reached: {}".format(
+            req.max_gpus, ", ".join(f"{k} {v:.1f} ms" for k, v in best.items())))
+    return None
+
+
+def _simulate(req, sc, knobs, replicas, percentiles, counts, rate=None):
+    counts["simulated"] += 1
+    per_replica = (rate or req.rate_per_s) / replicas
+    sreq = validated(ServeRequest, {"num_requests": req.num_requests, "input_len": req.input_len,
+                                    "output_len": req.output_len, "rate_per_s": per_replica, "seed": req.seed,
+                                    "metric_percentiles": percentiles})
+    run, cfg, _ = serve(sc, sreq, knobs)
+    return run.result, cfg
+
+
+def _min_replicas(req, sc, tp, knobs, percentiles, counts, notes) -> Candidate | None:
+    """The fewest replicas that meet the SLOs (None when even max_gpus do not), from the saturation bound up."""
+    sat, cfg = _simulate(req, sc, knobs, 1, percentiles, counts, rate=math.inf)
+    capacity = sat.request_throughput
+    max_replicas = max(req.max_gpus // tp, 1)
+    low = max(1, math.ceil(req.rate_per_s / capacity)) if capacity > 0 else max_replicas + 1
+    best, previous = None, None
+    for replicas in range(low, max_replicas + 1):
+        result, cfg = _simulate(req, sc, knobs, replicas, percentiles, counts)
+        if result.failed:
+            continue
+        best = _candidate(req, sc, tp, replicas, cfg.max_num_seqs, result)
+        if best.meets_slo or (previous is not None and not _improved(previous, best, req.slo)):
+            break   # more replicas only shorten queues: once the SLO latencies stop falling, none will meet them
+        previous = best
+    notes.add(f"{sc.runtime.name}: {sc.runtime.serving.source[:120]}...")
+    return best
+
+
+def _improved(before: Candidate, after: Candidate, slo: dict[str, float], rel: float = 0.02) -> bool:
+    """Whether one more replica lowered any SLO latency by more than ``rel``."""
+    return any(_slo_value(after.metrics, k) < (1 - rel) * _slo_value(before.metrics, k) for k in slo)
+
+
+def _candidate(req, sc, tp, replicas, max_num_seqs, r) -> Candidate:
+    metrics = r.flat()
+    gpus = tp * replicas
+    price = req.prices.get(sc.device.gpu.name, sc.device.gpu.price_usd_per_gpu_hour)
+    tokens_per_s = r.output_throughput * replicas
+    usd_h = gpus * price if price else None
+    j_per_tok = r.energy_j_per_output_token
+    watts = j_per_tok * tokens_per_s                     # the GPUs' average draw while serving at the load
+    kwh_day = watts * HOURS_PER_DAY / 1e3 * req.pue
+    tpot = r.median_tpot_ms or math.inf
+    return Candidate(device=sc.device.gpu.name, runtime=sc.runtime.name, tp=tp, replicas=replicas, gpus=gpus,
+                     max_num_seqs=max_num_seqs, meets_slo=_meets(metrics, req.slo),
+                     metrics={k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
+                     price_usd_per_gpu_hour=price, usd_per_hour=usd_h,
+                     usd_per_million_output_tokens=(usd_h / (tokens_per_s * 3600) * 1e6
+                                                    if usd_h and tokens_per_s else None),
+                     joules_per_output_token=j_per_tok, kwh_per_day=kwh_day,
+                     co2_kg_per_day=(kwh_day * req.grid_g_co2_per_kwh / 1e3 if req.grid_g_co2_per_kwh is not None
+                                     else None),
+                     output_tokens_per_s_per_gpu=tokens_per_s / gpus,
+                     output_tokens_per_s_per_user=1e3 / tpot if tpot and math.isfinite(tpot) else 0.0)
+
+
+def pareto(cands: list[Candidate]) -> list[Candidate]:
+    """Non-dominated candidates on (output tok/s per GPU, output tok/s per user), both higher is better."""
+    front = [c for c in cands if not any(
+        o.output_tokens_per_s_per_gpu >= c.output_tokens_per_s_per_gpu
+        and o.output_tokens_per_s_per_user >= c.output_tokens_per_s_per_user
+        and (o.output_tokens_per_s_per_gpu, o.output_tokens_per_s_per_user)
+        != (c.output_tokens_per_s_per_gpu, c.output_tokens_per_s_per_user) for o in cands)]
+    return sorted(front, key=lambda c: c.output_tokens_per_s_per_user)
+
+
+def plan_request(**fields) -> PlanServeRequest:
+    return validated(PlanServeRequest, fields)
