@@ -22,7 +22,7 @@ LAYERS = [
     {"cost"},
     {"catalog", "plan", "scenario", "step"},
     {"studies"},
-    {"api", "report", "cli", "__init__"},
+    {"api", "report", "plots", "cli", "__init__"},
 ]
 
 
