@@ -110,13 +110,20 @@ def quantized(cost: Cost, op: Op, quant: str) -> Cost:
 def kv_append_in_place(cost: Cost, op: Op) -> Cost:
     """An engine with a preallocated KV cache writes only the new tokens where HF's DynamicCache concatenates
     (``torch.cat([cache, new], dim=-2)`` inside an attention module): read and write the new part only."""
+    if not is_kv_append(op):
+        return cost
+    new = op.inputs[1]
+    return Cost(0.0, new.nbytes, new.nbytes, 1, "memory")
+
+
+def is_kv_append(op: Op) -> bool:
+    """HF's DynamicCache append: ``torch.cat([cache, new], dim=-2)`` of (B, H, S, D) tensors in an attention
+    module."""
     ins = op.inputs
     dim = op.args[1] if len(op.args) > 1 else op.kwargs.get("dim", 0)
-    if (op.name != "aten.cat" or len(ins) != 2 or "attn" not in op.scope.rsplit(".", 1)[-1]
-            or len(ins[0].shape) != 4 or dim not in (-2, 2)   # the sequence axis (not RoPE's rotate_half, dim -1)
-            or ins[0].shape[:2] != ins[1].shape[:2] or ins[0].shape[-1] != ins[1].shape[-1]):
-        return cost
-    return Cost(0.0, ins[1].nbytes, ins[1].nbytes, 1, "memory")
+    return not (op.name != "aten.cat" or len(ins) != 2 or "attn" not in op.scope.rsplit(".", 1)[-1]
+                or len(ins[0].shape) != 4 or dim not in (-2, 2)   # the sequence axis (not RoPE's rotate_half, -1)
+                or ins[0].shape[:2] != ins[1].shape[:2] or ins[0].shape[-1] != ins[1].shape[-1])
 
 
 # ------------------------------------------------------------------ matrix products
@@ -271,6 +278,13 @@ def _nll(op: Op) -> Cost:
          "aten.unfold_backward", "aten._to_copy", "aten.histc", "aten.floor_divide", "aten.expand_copy", "aten.split_with_sizes_copy", "aten.unbind_copy")
 def _memory_kernel(op: Op) -> Cost:
     return memory_cost(op)
+
+
+@formula("fused.add_rms_norm", "fused.rotary_embedding", "fused.silu_and_mul", "kv_cache.write")
+def _fused_kernel(op: Op) -> Cost:
+    """An engine's fused kernel (graph.engine.fuse): its inputs read once, its outputs written once, one launch;
+    FLOPs as a norm's per element."""
+    return memory_cost(op, NORM_FLOPS_PER_ELEMENT)
 
 
 @formula("module.call")

@@ -83,13 +83,14 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
     if found is not None:
         return found
     from .formulas import is_known, kv_append_in_place, op_cost, quantized
-    from .graph.engine import expand, moe_routing
+    from .graph.engine import expand, fuse, moe_routing
     from .graph.extract import trace_workload
 
     graph = trace_workload(sc.config, w, sc.plan)
     rt = sc.runtime
     ops, repeats = expand(graph.ops, graph.repeats, w, rt, graph.meta.get("vocab_size") or 0, w.batch // sc.plan.dp,
                           moe_routing(sc.config, sc.plan))
+    ops, repeats = fuse(ops, repeats, rt.fusions, rt.kv_cache == "preallocated")
     costs = [quantized(op_cost(op), op, w.quant) for op in ops]
     if rt.kv_cache == "preallocated":
         costs = [kv_append_in_place(c, op) for c, op in zip(costs, ops)]

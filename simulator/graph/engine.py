@@ -133,3 +133,153 @@ def expand(ops: list[Op], repeats: list[float], w: Workload, rt: RuntimeSpec, vo
         out_ops += added
         out_rep += [float(batch)] * len(added)
     return out_ops, out_rep
+
+
+# ------------------------------------------------------------------ fused kernels of compiled / serving engines
+# An engine that runs its own kernels (vLLM's csrc/layernorm_kernels.cu fused_add_rms_norm, csrc/activation_kernels.cu
+# silu_and_mul, csrc/pos_encoding_kernels.cu rotary_embedding) or compiles the model (torch.compile's Inductor fuses
+# a chain of pointwise ops and a reduction into one kernel) replaces the HF module's chain of small kernels by one
+# kernel that reads the chain's inputs once and writes its outputs once. RuntimeSpec.fusions names the fusions.
+FUSIONS = ("add_rms_norm", "silu_and_mul", "rotary")
+ROPE_OPS = frozenset({"aten.mul.Tensor", "aten.neg", "aten.add.Tensor", "aten.cat"})
+ACTIVATIONS = frozenset({"aten.silu", "aten.gelu", "aten.gelu_tanh"})
+
+
+def _leaf(scope: str) -> str:
+    return scope.rsplit(".", 1)[-1]
+
+
+def _kernel(op: Op) -> bool:
+    return op.name != "module.call" and not op.attrs.get("view") and op.outputs != ()
+
+
+def _is_norm_scope(scope: str) -> bool:
+    leaf = _leaf(scope).lower()
+    return "norm" in leaf and "rotary" not in leaf
+
+
+def _residual_add(op: Op, x) -> bool:
+    """The residual add just before a norm: two same-shape inputs, its output the norm's input."""
+    ins = op.inputs
+    return (op.name == "aten.add.Tensor" and len(ins) == 2 and ins[0].shape == ins[1].shape
+            and op.outputs[0].shape == x.shape)
+
+
+def _fused(name: str, ins: tuple, outs: tuple, scope: str) -> Op:
+    return Op(name=name, args=ins, kwargs={}, outputs=outs, alias=False, scope=scope, attrs={"fused": True})
+
+
+def _norm_group(ops, i: int) -> int:
+    """End (exclusive) of the run of kernel ops in the norm scope starting at i (views and module calls inside)."""
+    scope, j, last = ops[i].scope, i, i
+    while j < len(ops) and (ops[j].scope == scope or not _kernel(ops[j])):
+        if ops[j].scope == scope and _kernel(ops[j]):
+            last = j
+        j += 1
+    return last + 1
+
+
+def fuse(ops: list[Op], repeats: list[float], fusions, kv_in_place: bool = False) -> tuple[list[Op], list[float]]:
+    """Apply the engine's kernel fusions (see FUSIONS) to a traced op list; ``kv_in_place``: HF's KV-cache
+    concatenations become the engine's in-place writes of the new tokens (kv_cache.write: vLLM's
+    reshape_and_cache_flash, StaticCache's index_copy_)."""
+    from ..formulas import is_kv_append
+
+    fusions = set(fusions)
+    if not fusions:
+        return ops, repeats
+    out, rep = [], []
+    i = 0
+    while i < len(ops):
+        op, r = ops[i], repeats[i]
+        j = _norm_group(ops, i) if "add_rms_norm" in fusions and _kernel(op) and _is_norm_scope(op.scope) else i
+        group = [o for o in ops[i:j] if _kernel(o)]
+        if group and not any(o.name == "aten.native_layer_norm" for o in group):   # RMSNorm chains only
+            out += [o for o in ops[i:j] if not _kernel(o)]      # views and module calls inside stay (no kernel)
+            rep += [rr for o, rr in zip(ops[i:j], repeats[i:j]) if not _kernel(o)]
+            x, y = group[0].inputs[0], group[-1].outputs[0]
+            weight = [t for o in group for t in o.inputs if len(t.shape) == 1][:1]
+            ins, outs = (x, *weight), (y,)
+            k = len(out) - 1
+            while k >= 0 and not _kernel(out[k]):
+                k -= 1
+            if k >= 0 and _residual_add(out[k], x):       # the residual add joins the norm kernel
+                res = out.pop(k)
+                rep.pop(k)
+                ins, outs = (*res.inputs, *weight), (y, res.outputs[0])
+            out.append(_fused("fused.add_rms_norm", ins, outs, op.scope))
+            rep.append(r)
+            i = j
+            continue
+        if "silu_and_mul" in fusions and op.name in ACTIVATIONS and _next_mul(ops, i) is not None:
+            j = _next_mul(ops, i)                                # the multiply that follows reads gate and up
+            mul = ops[j]
+            ops = [*ops[:j], _fused("fused.silu_and_mul", tuple(mul.inputs), mul.outputs, mul.scope), *ops[j + 1:]]
+            i += 1
+            continue
+        if kv_in_place and is_kv_append(op):
+            new = op.inputs[1]                                   # the step's K or V, written into its slots
+            out.append(_fused("kv_cache.write", (new,), (new,), op.scope))
+            rep.append(r)
+            i += 1
+            continue
+        if "rotary" in fusions and _leaf(op.scope).startswith("rotary_emb") and _kernel(op):
+            i += 1                                               # cos/sin come from the engine's precomputed cache
+            continue
+        if "rotary" in fusions and op.name == "aten.neg" and "attn" in _leaf(op.scope):
+            fused_op, start = _rotary(out, ops, i)
+            if fused_op is not None:
+                del out[start:], rep[start:]
+                out.append(fused_op)
+                rep.append(r)
+                i = _rope_end(ops, i)
+                continue
+        out.append(op)
+        rep.append(r)
+        i += 1
+    return out, rep
+
+
+def _next_mul(ops, i: int):
+    shape = ops[i].outputs[0].shape
+    for j in range(i + 1, min(i + 12, len(ops))):
+        o = ops[j]
+        if o.name == "aten.mul.Tensor" and len(o.inputs) == 2 and all(t.shape == shape for t in o.inputs):
+            return j
+    return None
+
+
+def _rope_chain(op: Op) -> bool:
+    return op.name in ROPE_OPS and (op.name != "aten.cat" or op.args[1:2] in ((-1,), (3,)))
+
+
+def _rotary(out: list[Op], ops: list[Op], i: int):
+    """One rotary kernel for q and k (in place) replacing HF's apply_rotary_pos_emb: the rope ops already emitted
+    in this attention scope (from the first q-side multiply) and those up to the last add."""
+    scope = ops[i].scope
+    start = len(out)
+    while start > 0 and (not _kernel(out[start - 1]) or (_rope_chain(out[start - 1]) and out[start - 1].scope == scope)):
+        start -= 1
+    while start < len(out) and not _kernel(out[start]):
+        start += 1
+    first = [o for o in out[start:] if o.name == "aten.mul.Tensor"]
+    if not first:
+        return None, start
+    end = _rope_end(ops, i)
+    muls = [o for o in (*out[start:], *ops[i:end]) if o.name == "aten.mul.Tensor"]
+    qk = list({o.inputs[0].shape: o.inputs[0] for o in muls if o.inputs}.values())
+    return _fused("fused.rotary_embedding", tuple(qk), tuple(qk), scope), start
+
+
+def _rope_end(ops, i: int) -> int:
+    """Index after the last rope op of the chain through op i (q's and k's halves: up to two negations)."""
+    scope, j, negs, last = ops[i].scope, i, 0, i
+    while j < len(ops) and (not _kernel(ops[j]) or (_rope_chain(ops[j]) and ops[j].scope == scope)):
+        if ops[j].name == "aten.neg":
+            negs += 1
+            if negs > 2:
+                break
+        if _kernel(ops[j]):
+            last = j
+        j += 1
+    return last + 1
