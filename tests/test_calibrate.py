@@ -295,8 +295,11 @@ def test_default_rules_documented_and_valid():
     assert spec.gemm_efficiency["bf16"].efficiency[0] == pytest.approx(0.05)
     assert spec.gemm_efficiency["bf16"].efficiency[-1] == pytest.approx(0.75)
     assert spec.gemm_efficiency["fp32"].efficiency[-1] == pytest.approx(0.85)
-    assert spec.memory_efficiency.efficiency[0] == pytest.approx(0.1)
-    assert spec.memory_efficiency.x[-1] == pytest.approx(math.log10(64e6), abs=0.01)
+    # t = 5 us + bytes / (0.81 BW) at the H100 reference bandwidth: 10**3.6 B -> 1.19 ns / 5 us = 0.00024
+    assert spec.memory_efficiency.efficiency[0] == pytest.approx(10**3.6 / 3.35e12 / 5e-6, rel=0.05)
+    assert spec.memory_efficiency.efficiency[-1] == pytest.approx(0.81, abs=0.01)
+    assert spec.gemm_memory_efficiency.efficiency[-1] == pytest.approx(0.88, abs=0.01)
+    assert spec.reference_gpu == "h100-sxm"
     assert (spec.launch_overhead_s, spec.eager_dispatch_s, spec.graphs_dispatch_s, spec.module_overhead_s) == (
         2e-6, 8e-6, 2.5e-6, 4e-6)
     assert (spec.power_compute_fraction, spec.power_memory_fraction) == (0.9, 0.7)

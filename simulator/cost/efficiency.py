@@ -3,6 +3,19 @@
 Efficiency is defined as t_roofline / t_measured with t_roofline = max(FLOPs / datasheet peak, bytes / datasheet
 bandwidth); the estimate is t_roofline / efficiency. Curves are piecewise linear in log10(size) and flat outside
 their range; GEMM tables are interpolated trilinearly in log2(M), log2(N), log2(K).
+
+Portability (a calibration measured on one GPU, or rules written against one, applied to another): a curve's x is
+read at the size that is equivalent on the reference GPU (``CalibrationSpec.reference_gpu``, default its device):
+- memory-bound curves (bytes): equal roofline time, x * BW_ref / BW_gpu. By Little's law a kernel saturates
+  bandwidth once bandwidth x latency bytes are in flight, so the ramp of achieved bandwidth over size moves with
+  the bandwidth, and a small kernel's fixed duration (~2-5 us on H100 and H200 alike) stays a duration.
+- compute-bound curves (FLOPs): equal work per SM, x * SMs_ref / SMs_gpu: how many waves of output tiles a GEMM
+  fills depends on the SM count (NVIDIA, Matrix Multiplication Background User's Guide, "Wave quantization").
+- GEMMs below the ridge point (arithmetic intensity < peak / bandwidth: decode, mat-vec) are memory-bound: a
+  calibration without a GEMM table reads ``gemm_memory_efficiency`` over bytes, never the FLOPs curve (which gave
+  a decode GEMM the efficiency of a tiny compute-bound GEMM: 25% of bandwidth at batch 1).
+Plateaus (the fraction of peak a large kernel reaches) are kept as fractions of the datasheet figure.
+Known inaccuracy: a GEMM table is read by shape, unscaled (exact between GPUs of one SM count, H100/H200).
 """
 from __future__ import annotations
 
@@ -10,7 +23,7 @@ import math
 
 import numpy as np
 
-from ..specs import CalibrationSpec, Curve, GemmTable
+from ..specs import CalibrationSpec, Curve, GemmTable, HardwareSpec, all_hardware
 
 MIN_EFFICIENCY = 1e-6  # guards against a zero or negative point in a calibration file
 
@@ -43,26 +56,57 @@ def gemm_table_value(table: GemmTable, m: int, n: int, k: int) -> float:
     return max(total, MIN_EFFICIENCY)
 
 
-def gemm_efficiency(cal: CalibrationSpec, dtype: str, m: int, n: int, k: int, flops: float) -> float:
-    """From the M x N x K table where the op has GEMM dimensions, else (convolutions) from the FLOPs curve."""
+def reference_gpu(cal: CalibrationSpec) -> HardwareSpec | None:
+    """The GPU whose datasheet the calibration's x axes refer to (None: no such GPU spec, read x unscaled)."""
+    return all_hardware().get(cal.reference_gpu or cal.device)
+
+
+def size_scale(cal: CalibrationSpec, gpu: HardwareSpec | None, axis: str) -> float:
+    """Multiplier on a curve's x that reads it at the equivalent size on the reference GPU: bandwidth ratio for
+    ``axis='bytes'`` (equal roofline time), SM-count ratio for ``axis='flops'`` (equal work per SM); 1 on the
+    reference GPU itself."""
+    ref = reference_gpu(cal) if gpu is not None else None
+    if ref is None or ref.name == gpu.name:
+        return 1.0
+    if axis == "bytes":
+        return ref.memory_bw_bytes_per_s / gpu.memory_bw_bytes_per_s
+    return ref.sm_count / gpu.sm_count
+
+
+def _log_x(x: float, scale: float) -> float:
+    return math.log10(max(x * scale, 1.0))
+
+
+def gemm_efficiency(cal: CalibrationSpec, dtype: str, m: int, n: int, k: int, flops: float, nbytes: float = 0.0,
+                    memory_bound: bool = False, gpu: HardwareSpec | None = None) -> float:
+    """From the M x N x K table where the op has GEMM dimensions; else, below the ridge point, from the
+    memory-bound GEMM curve over bytes; else (and for convolutions) from the FLOPs curve."""
     table = cal.gemm_tables.get(dtype)
     if table is not None and min(m, n, k) > 0:
         return gemm_table_value(table, m, n, k)
+    if memory_bound and cal.gemm_memory_efficiency is not None:
+        return curve_value(cal.gemm_memory_efficiency, _log_x(nbytes, size_scale(cal, gpu, "bytes")))
     curve = cal.gemm_efficiency.get(dtype) or cal.gemm_efficiency.get("fp16")
-    return curve_value(curve, math.log10(max(flops, 1.0)))
+    return curve_value(curve, _log_x(flops, size_scale(cal, gpu, "flops")))
 
 
-def attention_efficiency(cal: CalibrationSpec, dtype: str, variant: str, flops: float, nbytes: float) -> float:
+def attention_efficiency(cal: CalibrationSpec, dtype: str, variant: str, flops: float, nbytes: float,
+                         gpu: HardwareSpec | None = None) -> float:
     """``variant`` is '' (prefill), 'decode' (one query: x = log10 bytes) or 'backward'."""
     key = f"{dtype}-{variant}" if variant else dtype
     curve = cal.attention_efficiency.get(key) or cal.attention_efficiency.get(dtype) \
         or cal.attention_efficiency.get("fp16")
-    x = nbytes if variant == "decode" else flops
-    return curve_value(curve, math.log10(max(x, 1.0)))
+    if variant == "decode":
+        return curve_value(curve, _log_x(nbytes, size_scale(cal, gpu, "bytes")))
+    return curve_value(curve, _log_x(flops, size_scale(cal, gpu, "flops")))
 
 
-def memory_efficiency(cal: CalibrationSpec, nbytes: float) -> float:
-    return curve_value(cal.memory_efficiency, math.log10(max(nbytes, 1.0)))
+def memory_efficiency(cal: CalibrationSpec, nbytes: float, gpu: HardwareSpec | None = None,
+                      transposed: bool = False) -> float:
+    """The memory-bound curve (``transposed``: the strided-operand one where the calibration has it)."""
+    curve = cal.transposed_memory_efficiency if transposed and cal.transposed_memory_efficiency is not None \
+        else cal.memory_efficiency
+    return curve_value(curve, _log_x(nbytes, size_scale(cal, gpu, "bytes")))
 
 
 def runtime_scales(runtime, gpu, cal: CalibrationSpec, dtype: str) -> tuple[float, float]:

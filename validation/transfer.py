@@ -1,0 +1,157 @@
+"""GPUs we never measured: leave-one-GPU-out and datasheet-rules-only accuracy, and decode bandwidth per GPU.
+
+    python -m aisim.validation.transfer [--out FILE]      (markdown; the lead's accuracy doc calls transfer_section())
+
+Leave-one-GPU-out: each measured single-GPU dataset is estimated with the *other* GPU's calibration file
+(``--calibration hardware_specs/calibration/h200.yaml`` on the H100 rows, and the H100 file on the H200 rows): the
+other file's curves are read at equal roofline time and equal work per SM on this GPU (simulator/cost/efficiency.py),
+its host costs (dispatch, Python) are the other host's. ``--calibration none``: the documented default rules
+(hardware_specs/calibration/default.yaml) and the datasheet only. Nothing here is fitted; the rows are evaluation data.
+
+Decode bandwidth: Meta-Llama-3-8B decode, CUDA-graph runtime, context 1024, on every shipped GPU with its own
+calibration (``auto``): effective bandwidth = bytes the step moves / step time / datasheet bandwidth, and whether the
+step time is non-decreasing over batch 1, 8, 32, 64.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .cli import new_app, run
+from .report import compare, load_measurements, summarize
+from .tables import Column, render_markdown
+
+DATA_DIR = Path(__file__).parent / "data"
+CAL_DIR = Path(__file__).resolve().parent.parent / "hardware_specs" / "calibration"
+# dataset -> (its own GPU's calibration file, the other GPU's)
+TRANSFERS = {"h100.jsonl": ("h100-sxm", "h200"), "h200.jsonl": ("h200", "h100-sxm")}
+RUNTIME_CATEGORIES = ("forward/prefill runtime", "decode runtime", "forward-backward/train runtime")
+TRANSFER_GOAL_PCT = 10.0
+NONE_GOAL_PCT = 15.0
+DECODE_MODEL = "Meta-Llama-3-8B"
+DECODE_CONTEXT = 1024
+DECODE_BATCHES = (1, 8, 32, 64)
+DECODE_BW_GOAL = 0.70
+
+
+def calibration_choices(dataset: str) -> dict[str, str]:
+    """Label -> the ``calibration`` argument: own file, the other GPU's file, none."""
+    own, other = TRANSFERS[dataset]
+    return {f"own ({own}.yaml)": "auto", f"transferred ({other}.yaml)": str(CAL_DIR / f"{other}.yaml"),
+            "none (default rules)": "none"}
+
+
+def runtime_mape(dataset: str, calibration: str) -> dict[str, float | None]:
+    """Runtime MAPE (%) per category of one dataset estimated under one calibration choice."""
+    import aisim
+
+    rows = compare(load_measurements([DATA_DIR / dataset]), functools.partial(aisim.estimate, calibration=calibration))
+    return {s.category: s.mape_pct for s in summarize(rows) if s.category in RUNTIME_CATEGORIES}
+
+
+@dataclass
+class DecodeRow:
+    device: str
+    architecture: str
+    calibrated: bool
+    step_ms: dict[int, float]
+    bandwidth_fraction: float          # at batch 1
+
+    @property
+    def monotone(self) -> bool:
+        times = [self.step_ms[b] for b in sorted(self.step_ms)]
+        return all(b >= a * (1 - 1e-9) for a, b in zip(times, times[1:]))
+
+
+def decode_rows() -> list[DecodeRow]:
+    """One row per shipped GPU spec that holds Llama-3-8B in bf16 (fp16 where it has no bf16)."""
+    import aisim
+    from aisim.specs import all_hardware, calibration_path
+
+    out = []
+    for name, gpu in sorted(all_hardware().items()):
+        dtype = "bf16" if gpu.peak_flops_per_s.bf16 else "fp16"
+        steps, bw = {}, None
+        for batch in DECODE_BATCHES:
+            e = aisim.estimate(model=DECODE_MODEL, device=name, workload="decode", batch=batch, seq=DECODE_CONTEXT,
+                               dtype=dtype, runtime="graphs", top_ops=None)
+            if not e.fits:
+                break
+            steps[batch] = e.runtime_ms
+            if batch == 1:
+                bw = e.bytes / (e.runtime_ms / 1e3) / gpu.memory_bw_bytes_per_s
+        if bw is not None:
+            out.append(DecodeRow(name, gpu.architecture, calibration_path(name) is not None, steps, bw))
+    return out
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f}%"
+
+
+def transfer_table() -> tuple[list[Column], list[list[str]]]:
+    columns = [Column("Dataset", align="left"), Column("Calibration", align="left"),
+               *[Column(c.replace(" runtime", "")) for c in RUNTIME_CATEGORIES]]
+    cells = []
+    for dataset in TRANSFERS:
+        for label, choice in calibration_choices(dataset).items():
+            mape = runtime_mape(dataset, choice)
+            cells.append([f"`{dataset}`", label, *[_pct(mape.get(c)) for c in RUNTIME_CATEGORIES]])
+    return columns, cells
+
+
+def decode_table(rows: list[DecodeRow]) -> tuple[list[Column], list[list[str]]]:
+    columns = [Column("GPU", align="left"), Column("Arch", align="left"), Column("Calibration", align="left"),
+               *[Column(f"batch {b} (ms)") for b in DECODE_BATCHES], Column("Bandwidth at batch 1"),
+               Column("Non-decreasing", align="left")]
+    cells = [[r.device, r.architecture, "measured" if r.calibrated else "rules",
+              *[f"{r.step_ms[b]:.2f}" if b in r.step_ms else "does not fit" for b in DECODE_BATCHES],
+              f"{100 * r.bandwidth_fraction:.0f}%", "yes" if r.monotone else "no"] for r in rows]
+    return columns, cells
+
+
+def transfer_section() -> list[str]:
+    """Markdown lines: the leave-one-GPU-out / none table and the decode bandwidth table (for docs/accuracy.md)."""
+    rows = decode_rows()
+    low = [r.device for r in rows if r.bandwidth_fraction < DECODE_BW_GOAL]
+    non_monotone = [r.device for r in rows if not r.monotone]
+    return [
+        "## GPUs we never measured: leave-one-GPU-out and datasheet rules", "",
+        "Command: `python -m aisim.validation.transfer`. Runtime MAPE per category of each single-GPU dataset, "
+        "estimated with its own calibration, with only the other GPU's calibration file (leave-one-GPU-out: "
+        "`--calibration hardware_specs/calibration/<other>.yaml`), and with `--calibration none` (default rules and "
+        f"the datasheet). Goals: transferred <= {TRANSFER_GOAL_PCT:g}%, none <= {NONE_GOAL_PCT:g}% per category. "
+        "A transferred file carries the other host's dispatch and Python costs too (the eager rows below 2048 "
+        "tokens are host-bound).", "",
+        render_markdown(*transfer_table()), "",
+        f"Decode, {DECODE_MODEL}, `--runtime graphs`, context {DECODE_CONTEXT}: step time per batch and the "
+        "effective bandwidth of the batch-1 step (bytes moved / step time / datasheet bandwidth) on every shipped "
+        f"GPU. Goal: >= {100 * DECODE_BW_GOAL:.0f}% and non-decreasing in batch.", "",
+        render_markdown(*decode_table(rows)), "",
+        f"Below {100 * DECODE_BW_GOAL:.0f}%: {', '.join(low) or 'none'}. Not non-decreasing: "
+        f"{', '.join(non_monotone) or 'none'}.", ""]
+
+
+app = new_app(__doc__.split("\n")[0])
+
+
+@app.command()
+def _transfer(out: Optional[Path] = typer.Option(None, help="write the markdown here instead of stdout")) -> int:
+    text = "\n".join(transfer_section())
+    if out:
+        out.write_text(text)
+    else:
+        print(text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(app, argv, "python -m aisim.validation.transfer")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
