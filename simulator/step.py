@@ -119,7 +119,7 @@ def workload_cost(sc: Scenario, w: Workload) -> StepCost:
 
 
 def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
-    from .cost.efficiency import runtime_scales
+    from .cost.efficiency import graph_replay_credit_s, runtime_scales
     from .cost.energy import step_energy_j, waiting_power_w
     from .cost.memory import breakdown
     from .cost.ops_time import op_time
@@ -127,7 +127,9 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
 
     dev, cal, rt, plan = sc.device, sc.calibration, sc.runtime, sc.plan
     compute_scale, memory_scale = runtime_scales(rt, dev.gpu, cal, w.dtype)
-    times = [op_time(op, c, dev, cal, w.dtype, compute_scale, memory_scale, rt.matvec_max_tokens)
+    # CUDA graphs (the calibration's graph replay cost per kernel): each kernel sheds the eager stream's launch gap
+    credit_s = graph_replay_credit_s(cal, dev.gpu) if rt.dispatch == "graphs" and rt.kernel_overhead_s is None else 0.0
+    times = [op_time(op, c, dev, cal, w.dtype, compute_scale, memory_scale, rt.matvec_max_tokens, credit_s)
              for op, c in zip(a.ops, a.costs)]
     gpu_s = np.array([t.gpu_s for t in times])
     # an engine's slower kernels keep the SMs as busy as the calibrated ones they replace (emulated tensor ops,

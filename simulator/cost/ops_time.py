@@ -37,8 +37,12 @@ def compute_dtype(op: Op, workload_dtype: str) -> str:
 
 
 def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_dtype: str,
-            compute_scale: float = 1.0, memory_scale: float = 1.0, matvec_max_m: int = 0) -> OpTime:
-    """``matvec_max_m``: the engine runs matmuls of at most this many rows as mat-vec kernels (memory curve)."""
+            compute_scale: float = 1.0, memory_scale: float = 1.0, matvec_max_m: int = 0,
+            graph_credit_s: float = 0.0) -> OpTime:
+    """``matvec_max_m``: the engine runs matmuls of at most this many rows as mat-vec kernels (memory curve).
+    ``graph_credit_s``: replayed from a CUDA graph, a kernel takes this much less than the back-to-back eager
+    stream the efficiencies were measured on (efficiency.graph_replay_credit_s), never less than its roofline or
+    a graph replay's per-kernel time."""
     gpu = device.gpu
     if cost.kind == "comm":
         seconds = comm.collective_time_s(op, cost, device, cal)
@@ -73,6 +77,8 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
     else:
         eff = efficiency.memory_efficiency(cal, cost.bytes, gpu, bool(op.attrs.get("transposed"))) * memory_scale
     kernel_s = roofline_s / eff
+    if graph_credit_s:
+        kernel_s = max(kernel_s - graph_credit_s, roofline_s, cal.launch_overhead_s)
     launch_s = max(cost.launches - 1, 0) * cal.launch_overhead_s
     bound = "compute" if compute_s >= memory_s else "memory"
     if kernel_s > LAUNCH_BOUND_FACTOR * roofline_s:
