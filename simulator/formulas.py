@@ -293,7 +293,8 @@ def _module_call(op: Op) -> Cost:
     return Cost(0.0, 0.0, 0.0, 0, "module")
 
 
-@formula("bnb.double_quant", "bnb.outliers", "bnb.transform", "bnb.mm_dequant", "engine.request_loop")
+@formula("bnb.double_quant", "bnb.outliers", "bnb.transform", "bnb.mm_dequant", "engine.request_loop",
+         "fp8.quantize")
 def _engine_memory(op: Op) -> Cost:
     """Engine-side memory-bound work (graph.engine): inputs read, outputs written, its kernel count."""
     return Cost(float(sum(t.numel for t in op.outputs)), _bytes(op.inputs), _bytes(op.outputs),

@@ -238,6 +238,14 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
         out.append("--quant bitsandbytes-int8: every linear layer runs LLM.int8's MatMul8bitLt (input quantization "
                    "with outlier split, 2 host syncs, col32 transform, int8 GEMM, dequantization, fp16 outlier "
                    "matmul; aisim.graph.engine); the LM head stays 16-bit")
+    elif quant == "fp8" and dev.gpu.peak_flops_per_s.fp8:
+        out.append(f"--quant fp8 on {dev.gpu.name}: W8A8 linears (vLLM's Fp8LinearMethod: dynamic per-tensor "
+                   "activation quantization, 2 kernels, then an fp8 x fp8 GEMM at the fp8 rate); MoE expert weights, "
+                   "embeddings and the LM head stay 16-bit")
+    elif quant == "fp8":
+        out.append(f"--quant fp8: {dev.gpu.name} has no fp8 tensor cores: weight-only fallback (fp8 weights "
+                   "dequantized to 16-bit inside the GEMM, as vLLM's FP8 Marlin kernel on Ampere); GEMMs run at the "
+                   f"{dtype} rate")
     elif quant != "none":
         out.append(f"--quant {quant}: linear weights read at {quant} width (weight-only); the dequantization "
                    "inside the GEMM kernel is taken as free")

@@ -89,7 +89,7 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
     graph = trace_workload(sc.config, w, sc.plan)
     rt = sc.runtime
     ops, repeats = expand(graph.ops, graph.repeats, w, rt, graph.meta.get("vocab_size") or 0, w.batch // sc.plan.dp,
-                          moe_routing(sc.config, sc.plan))
+                          moe_routing(sc.config, sc.plan), bool(sc.device.gpu.peak_flops_per_s.fp8))
     ops, repeats = fuse(ops, repeats, rt.fusions, rt.kv_cache == "preallocated")
     costs = [quantized(op_cost(op), op, w.quant) for op in ops]
     if rt.kv_cache == "preallocated":

@@ -102,6 +102,25 @@ def routed(op: Op, moe: dict) -> Op:
               scope=op.scope, attrs={**op.attrs, "moe": moe})
 
 
+# fp8 W8A8 (vLLM Fp8LinearMethod on compute capability >= 8.9, --quantization fp8 of a 16-bit checkpoint): per
+# linear, the activation is quantized with a dynamic per-tensor scale (scaled_fp8_quant: an absmax reduction, then
+# the scaled cast: 2 kernels), and cutlass_scaled_mm multiplies fp8 x fp8 into a 16-bit output at the fp8 rate.
+FP8_QUANT_LAUNCHES = 2
+
+
+def fp8_linear_ops(op: Op) -> list[Op]:
+    """The ops of one W8A8 linear replacing the 16-bit GEMM ``op``: input quantization, then the fp8 GEMM (its
+    activation and weight operands fp8, the bias and output 16-bit)."""
+    def fp8(t):
+        return TensorMeta(t.shape, "fp8") if isinstance(t, TensorMeta) and len(t.shape) >= 2 else t
+
+    a = op.inputs[1] if op.name == "aten.addmm" else op.inputs[0]
+    quant = _op("fp8.quantize", (a,), (TensorMeta(a.shape, "fp8"),), op.scope, launches=FP8_QUANT_LAUNCHES)
+    gemm = Op(name=op.name, args=tuple(fp8(x) for x in op.args), kwargs=op.kwargs, outputs=op.outputs,
+              alias=op.alias, phase=op.phase, scope=op.scope, attrs={**op.attrs, "fp8": "w8a8"})
+    return [quant, gemm]
+
+
 def request_loop_ops(rt: RuntimeSpec, w: Workload, vocab: int) -> list[Op]:
     """One request's share of the serving loop after the forward of a prefill or decode step."""
     loop = rt.request_loop
@@ -114,18 +133,25 @@ def request_loop_ops(rt: RuntimeSpec, w: Workload, vocab: int) -> list[Op]:
 
 
 def expand(ops: list[Op], repeats: list[float], w: Workload, rt: RuntimeSpec, vocab: int,
-           batch: int, moe: dict | None = None) -> tuple[list[Op], list[float]]:
+           batch: int, moe: dict | None = None, fp8_units: bool = False) -> tuple[list[Op], list[float]]:
     """The graph's ops with the engine's own work expanded in (unchanged when there is none). ``moe``: the
-    model's routing (moe_routing), tagged onto its grouped expert GEMMs."""
+    model's routing (moe_routing), tagged onto its grouped expert GEMMs; ``fp8_units``: the GPU has fp8 tensor
+    cores, so --quant fp8 runs W8A8 linears (fp8_linear_ops); without them fp8 stays weight-only."""
     bnb = w.quant == "bitsandbytes-int8"
+    w8a8 = w.quant == "fp8" and fp8_units
     loop = rt.request_loop is not None and w.phase in ("prefill", "decode")
-    if not bnb and not loop and moe is None:
+    if not bnb and not loop and moe is None and not w8a8:
         return ops, repeats
     out_ops, out_rep = [], []
     for op, r in zip(ops, repeats):
         if moe is not None and op.name == "aten._grouped_mm":
             op = routed(op, moe)
-        extra = bnb_int8_ops(op) if bnb and _is_linear(op) else [op]
+        if bnb and _is_linear(op):
+            extra = bnb_int8_ops(op)
+        elif w8a8 and _is_linear(op) and op.phase == "forward":
+            extra = fp8_linear_ops(op)
+        else:
+            extra = [op]
         out_ops += extra
         out_rep += [r] * len(extra)
     if loop:
