@@ -5,6 +5,7 @@ Scenario once (aisim.scenario), and runs the study the workload names (aisim.stu
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -14,7 +15,7 @@ from .results import Estimate
 from .scenario import ScenarioRequest, build_request, resolve_scenario
 from .specs import CalibrationSpec, Device, RuntimeSpec
 from .studies.common import TOP_OPS
-from .workload import MAX_TOKENS, Phase, StepShape, TrainPlan, Workload
+from .workload import MAX_AUDIO_S, MAX_BATCH, MAX_TOKENS, Phase, StepShape, TrainPlan, Workload
 
 __all__ = ["estimate", "serve_bench", "estimate_transcript", "EstimateRequest"]
 
@@ -24,14 +25,14 @@ class EstimateRequest(ScenarioRequest):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, arbitrary_types_allowed=True,
                               allow_inf_nan=False)
     workload: Phase = "forward"
-    batch: int = Field(1, ge=1)
-    seq: int = Field(1024, ge=1)
+    batch: int = Field(1, ge=1, le=MAX_BATCH)
+    seq: int = Field(1024, ge=1, le=MAX_TOKENS)
     gen: int = Field(128, ge=1, le=MAX_TOKENS)
-    step_tokens: int = Field(1, ge=1)
-    audio_s: Optional[float] = Field(None, gt=0)
-    beam: int = Field(5, ge=1)
-    transcript_tokens: Optional[int] = Field(None, ge=1)
-    windows: Optional[int] = Field(None, ge=1)
+    step_tokens: int = Field(1, ge=1, le=MAX_TOKENS)
+    audio_s: Optional[float] = Field(None, gt=0, le=MAX_AUDIO_S)
+    beam: int = Field(5, ge=1, le=64)
+    transcript_tokens: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)
+    windows: Optional[int] = Field(None, ge=1, le=MAX_AUDIO_S // 30 + 1)
     transcript_counts: Optional[Any] = None
     top_ops: Optional[int] = Field(TOP_OPS, ge=0)
     train: Optional[TrainPlan] = Field(None, description="train: the training plan (precision, ZeRO/FSDP, "
@@ -103,7 +104,34 @@ def estimate(model: Union[str, Path], device: Union[str, Path, Device], workload
         aisim.errors.AisimError: bad input, with a one-line message that says what to do.
     """
     req = build_request(EstimateRequest, **{k: v for k, v in locals().items()})
-    return run(req)
+    return checked(run(req))
+
+
+def checked(result):
+    """The result, if every number in it is finite and a configuration that fits has a positive runtime; else an
+    AisimError (an estimate with NaN or infinity is a wrong answer, never one to print)."""
+    from .errors import AisimError
+
+    bad = _non_finite(result.model_dump())
+    if bad:
+        raise AisimError(f"the estimate came out non-finite at {bad}; the inputs are beyond what aisim models "
+                         "(please report it with the command line)")
+    for row in getattr(result, "rows", None) or [result]:
+        runtime_ms = getattr(row, "runtime_ms", None)
+        if getattr(row, "fits", False) and runtime_ms is not None and not runtime_ms > 0:
+            raise AisimError(f"the estimate came out with runtime {runtime_ms} ms; please report it")
+    return result
+
+
+def _non_finite(data, where: str = "") -> str | None:
+    if isinstance(data, float) and not math.isfinite(data):
+        return where or "result"
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        found = _non_finite(value, f"{where}.{key}" if where else str(key))
+        if found:
+            return found
+    return None
 
 
 def run(req: EstimateRequest) -> Estimate:
@@ -130,7 +158,7 @@ def run(req: EstimateRequest) -> Estimate:
         w = sc.workload(StepShape(phase="forward")).model_copy(update={
             "phase": "transcribe", "audio_s": req.audio_s, "beam": req.beam,
             "transcript_tokens": req.transcript_tokens, "windows": req.windows})
-        result = transcribe(sc, Workload.model_validate(w.model_dump()), req.transcript_counts)
+        result = transcribe(sc, build_request(Workload, **w.model_dump()), req.transcript_counts)
     else:
         result = single_step(sc, StepShape(phase=req.workload, batch=req.batch, seq=req.seq,
                                            step_tokens=req.step_tokens))
@@ -165,7 +193,7 @@ def serve_bench(model: Union[str, Path], device: Union[str, Path, Device], shard
                          calibration=calibration)
     req = build_request(ServeBenchRequest, shards=shards, batches=batches, seq=seq, decode_len=decode_len,
                         max_batch_total_tokens=max_batch_total_tokens)
-    return study(base, req)
+    return checked(study(base, req))
 
 
 def estimate_transcript(model: Union[str, Path], device: Union[str, Path, Device], counts: Any,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -139,8 +140,13 @@ def model_index() -> dict[str, Path]:
     """Every shipped config by file stem and by its common names (first claim wins)."""
     index: dict[str, Path] = {}
     for path in sorted(_model_dir().glob("*.json")):
-        with open(path) as f:
-            full = json.load(f).get("_name_or_path", path.stem)
+        try:
+            full = _read_config(path).get("_name_or_path") or path.stem
+        except AisimError as exc:  # one broken shipped config must not break every command
+            warnings.warn(f"skipped model spec {exc}", UserWarning, stacklevel=2)
+            continue
+        if not isinstance(full, str):
+            full = path.stem
         for alias in sorted({path.stem.lower()} | common_names(full)):
             index.setdefault(alias, path)
     return index
@@ -149,8 +155,8 @@ def model_index() -> dict[str, Path]:
 def model_names() -> list[str]:
     names = []
     for path in sorted(set(model_index().values())):
-        with open(path) as f:
-            names.append(json.load(f).get("_name_or_path", path.stem))
+        full = _read_config(path).get("_name_or_path")
+        names.append(full if isinstance(full, str) and full else path.stem)
     return sorted(names)
 
 
@@ -170,13 +176,18 @@ def resolve_model(name) -> tuple[str, dict]:
             raise AisimError(f"model config {str(path)!r} does not exist; give a path to an HF config.json "
                              "or a shipped name (`aisim list models`).")
         config = _read_config(path)
-        return config.get("_name_or_path") or path.parent.name or path.stem, config
+        return _display_name(config, path.parent.name or path.stem), config
     found = model_index().get(name.strip().lower())
     if found is None:
         raise UnknownNameError("model", name, model_names() + [n.split("/")[-1] for n in model_names()],
                                "Run `aisim list models`, or pass a path to a local HF config.json.")
     config = _read_config(found)
-    return config.get("_name_or_path", found.stem), config
+    return _display_name(config, found.stem), config
+
+
+def _display_name(config: dict, fallback: str) -> str:
+    name = config.get("_name_or_path")
+    return name if isinstance(name, str) and name.strip() else fallback
 
 
 def _read_config(path: Path) -> dict:
@@ -202,7 +213,9 @@ def check_config(config, where: str) -> None:
     if not isinstance(model_type, str) or not model_type:
         raise AisimError(f"{where}: no 'model_type'; give an HF config.json (model_type names the architecture)")
     if config.get("auto_map"):
-        raise AisimError(f"{where}: the config asks for custom code (auto_map: {sorted(config['auto_map'])}); aisim "
+        auto_map = config["auto_map"]
+        asked = sorted(map(str, auto_map)) if isinstance(auto_map, (dict, list)) else repr(auto_map)
+        raise AisimError(f"{where}: the config asks for custom code (auto_map: {asked}); aisim "
                          "never runs code from a config. Remove 'auto_map' and set 'model_type' to the built-in "
                          f"transformers architecture it follows (e.g. llama, mistral, qwen2), not {model_type!r}")
     for key in POSITIVE_INT_KEYS:

@@ -123,7 +123,7 @@ def test_run_suite_records_every_case_and_goes_on_after_a_failure(tmp_path, conf
          "batch": 1, "seq": 8},
     ])
     out = tmp_path / "out.jsonl"
-    counts = run_suite(suite, out, progress=False)
+    counts = run_suite(suite, out, device_name="cpu", progress=False)
     assert counts["ok"] == 5 and counts["error"] == 1
     lines = read_jsonl(out)
     assert lines[0]["type"] == "header" and lines[0]["gpu_name"] == "cpu"
@@ -145,7 +145,7 @@ def test_run_suite_records_every_case_and_goes_on_after_a_failure(tmp_path, conf
     assert decode["tokens"] == 2 and decode["kv_fill"] == "prefill"
 
     # a rerun skips the finished cases and retries only the failed one
-    again = run_suite(suite, out, progress=False)
+    again = run_suite(suite, out, device_name="cpu", progress=False)
     assert again["ok"] == 0 and again["error"] == 1 and again["already_done"] == 5
     # another GPU's name: a clear error, unless a new section is asked for
     with pytest.raises(RunError, match="another --out"):
@@ -166,7 +166,7 @@ def test_forced_exception_is_recorded_and_the_next_case_runs(tmp_path, configs, 
     suite = _write_suite(tmp_path, [{"model": configs["opt"], "workload": ["prefill", "forward"],
                                      "dtype": "fp32", "batch": 1, "seq": 8}])
     out = tmp_path / "out.jsonl"
-    run_suite(suite, out, progress=False)
+    run_suite(suite, out, device_name="cpu", progress=False)
     by_workload = {c["workload"]: c for c in read_jsonl(out) if c["type"] == "case"}
     assert by_workload["prefill"]["status"] == "error"
     assert by_workload["prefill"]["error"] == "RuntimeError: forced failure"
@@ -176,7 +176,7 @@ def test_forced_exception_is_recorded_and_the_next_case_runs(tmp_path, configs, 
 def test_time_budget_stops_cleanly(tmp_path, configs):
     suite = _write_suite(tmp_path, [{"model": configs["llama"], "workload": "forward", "dtype": "fp32",
                                      "batch": 1, "seq": 8}])
-    counts = run_suite(suite, tmp_path / "out.jsonl", max_minutes=0, progress=False)
+    counts = run_suite(suite, tmp_path / "out.jsonl", max_minutes=0, device_name="cpu", progress=False)
     assert counts["stopped_by_budget"] and counts["ok"] == 0
     assert not (tmp_path / "out.jsonl").exists() or read_jsonl(tmp_path / "out.jsonl") == []
 
@@ -391,7 +391,7 @@ def test_shard_model_splits_weights_and_heads(configs):
 def test_run_suite_tp2_on_cpu(tmp_path, configs):
     suite = _write_suite(tmp_path, [{"model": configs["llama"], "workload": ["forward", "decode"],
                                      "dtype": "fp32", "tp": 2, "batch": 2, "seq": 8}])
-    counts = run_suite(suite, tmp_path / "out.jsonl", progress=False)
+    counts = run_suite(suite, tmp_path / "out.jsonl", device_name="cpu", progress=False)
     assert counts["ok"] == 2
     cases = [c for c in read_jsonl(tmp_path / "out.jsonl") if c["type"] == "case"]
     assert all(c["tp_impl"] == "plain-sharded-allreduce-hooks" for c in cases)
@@ -429,7 +429,7 @@ def test_encoder_decoder_cases_run_on_the_cpu(tmp_path):
         {"model": str(path), "workload": "decode", "dtype": "fp32", "batch": 1, "seq": 30, "step_tokens": 30},
     ])
     out = tmp_path / "out.jsonl"
-    counts = run_suite(suite, out, progress=False)
+    counts = run_suite(suite, out, device_name="cpu", progress=False)
     assert counts["ok"] == 4, read_jsonl(out)
     cases = [line for line in read_jsonl(out) if line["type"] == "case"]
     prompt = next(c for c in cases if c["step_tokens"] == 30)

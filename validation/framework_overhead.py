@@ -61,7 +61,8 @@ def bench_framework_overhead(repeats: int = 5, calls: int = 50, device: str = "c
     for family, config in TINY.items():
         attn = "sdpa" if getattr(model_class(config), "_supports_sdpa", False) else "eager"
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(make_config(config), dtype=dtype, attn_implementation=attn)
+            model = AutoModelForCausalLM.from_config(make_config(config), dtype=dtype, attn_implementation=attn,
+                                                         trust_remote_code=False)
         model.eval()
         ids = torch.randint(0, 1000, (BATCH, SEQ), device=device)
         samples = []

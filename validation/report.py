@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -98,19 +99,40 @@ def load_measurements(paths: Sequence[str | Path]) -> list[dict]:
     more than once on one GPU, the last ok (else the last) line."""
     chosen: dict[tuple[str, str], dict] = {}
     for path in paths:
+        if not Path(path).is_file():
+            raise AisimError(f"measured dataset {str(path)!r} is not a file; give JSONL file(s) written by a suite run")
         header: dict = {}
         for line in read_jsonl(path):
             if line.get("type") == "header":
                 header = line
                 continue
-            if line.get("type") != "case":
+            if line.get("type") != "case" or not _case_line_ok(line, path):
                 continue
-            record = {**line, "gpu_name": header.get("gpu_name", "unknown"), "source": str(path),
+            record = {**line, "gpu_name": str(header.get("gpu_name", "unknown")), "source": str(path),
                       "header": {k: header.get(k) for k in ("driver", "cuda", "torch", "transformers", "date")}}
             ident = (record["gpu_name"], record["key"])
             if ident not in chosen or record["status"] == "ok" or chosen[ident]["status"] != "ok":
                 chosen[ident] = record
     return list(chosen.values())
+
+
+CASE_FIELDS = {"key": str, "model": str, "workload": str, "dtype": str, "batch": int, "seq": int}
+
+
+def _case_line_ok(line: dict, path) -> bool:
+    """A case line has its identifying fields with their types, and every measured number it gives is finite and
+    positive (a negative runtime is a broken record, not a measurement); otherwise it is skipped with a warning."""
+    bad = [k for k, kind in CASE_FIELDS.items() if not isinstance(line.get(k), kind) or isinstance(line.get(k), bool)]
+    if not bad and line.get("status") == "ok":
+        bad = [f for _, _, f, _ in METRICS if line.get(f) is not None and not _positive_number(line[f])]
+    if bad:
+        print(f"warning: {path}: case {str(line.get('key'))[:80]!r} skipped: {', '.join(bad)} missing or not a "
+              "finite positive value of the right type", file=sys.stderr)
+    return not bad
+
+
+def _positive_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 
 def aisim_device_name(gpu_name: str, count: int = 1) -> str:
@@ -316,7 +338,7 @@ def render_report(rows: Sequence[ComparisonRow], fmt: str = "rst", *, order: str
     summary = summarize(rows)
     if fmt == "json":
         return json.dumps({"sources": list(sources), "rows": [r.as_dict() for r in rows],
-                           "summary": [asdict(s) for s in summary]}, indent=1)
+                           "summary": [asdict(s) for s in summary]}, indent=1, allow_nan=False)
     if fmt == "csv":
         return render_csv(*flat_table(rows, order, csv=True))
     rst = fmt == "rst"

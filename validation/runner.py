@@ -10,6 +10,7 @@ recorded and the run goes on; ``max_minutes`` stops cleanly between cases.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -48,9 +49,13 @@ def read_jsonl(path: str | Path) -> list[dict]:
             if not text.strip():
                 continue
             try:
-                lines.append(json.loads(text))
-            except json.JSONDecodeError:
-                print(f"warning: {path}:{number}: not JSON, ignored", file=sys.stderr)
+                line = json.loads(text)
+            except (json.JSONDecodeError, RecursionError):
+                line = None
+            if isinstance(line, dict):
+                lines.append(line)
+            else:
+                print(f"warning: {path}:{number}: not a JSON object, ignored", file=sys.stderr)
     return lines
 
 
@@ -83,9 +88,30 @@ def case_record(case: Case, status: str, result: dict | None = None, error: str 
     return record
 
 
+def quarantine_torn_tail(path: Path) -> None:
+    """A run killed mid-write leaves a last line without its newline: move it to ``PATH.torn`` and cut it off, so
+    the next line written starts on a line of its own (never glued onto the torn one)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(max(0, size - 1))
+        if f.read(1) == b"\n":
+            return
+        f.seek(0)
+        data = f.read()
+        cut = data.rfind(b"\n") + 1
+        with open(path.with_name(path.name + ".torn"), "ab") as torn:
+            torn.write(data[cut:] + b"\n")
+        f.truncate(cut)
+    print(f"warning: {path}: a torn last line moved to {path.name}.torn", file=sys.stderr)
+
+
 class _Writer:
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
+        quarantine_torn_tail(path)
         self.file = open(path, "a")
         self.lines = 0
 
@@ -181,12 +207,17 @@ def run_suite(suite_path: str | Path, out_jsonl: str | Path, *, gpus: list[int] 
     from .gpu import environment_header, set_safe_env, torch_device
 
     set_safe_env()
-    suite: Suite = load_suite(suite_path)
+    if max_minutes is not None and not (math.isfinite(max_minutes) and max_minutes >= 0):
+        raise RunError(f"--max-minutes must be a finite number of minutes, 0 or more (got {max_minutes})")
+    suite = _load_suite(suite_path)
     settings = settings or suite.settings
     out = Path(out_jsonl)
+    if out.is_dir():
+        raise RunError(f"--out {str(out)!r} is a directory; give a JSONL file path")
     header = {**environment_header(gpus, device_name), "suite": suite.name, "settings": settings.model_dump()}
     lines = read_jsonl(out)
     _check_header(lines, header, out, new_section)
+    _check_cuda(gpus, device_name)
     done = finished_keys(lines, header["gpu_name"])
     todo = [c for c in suite.cases if c.key not in done and (only is None or only in c.key)]
     counts = {s: 0 for s in STATUSES} | {"already_done": len(done & {c.key for c in suite.cases}),
@@ -227,6 +258,35 @@ def run_suite(suite_path: str | Path, out_jsonl: str | Path, *, gpus: list[int] 
     finally:
         writer.close()
     return counts
+
+
+def _load_suite(path) -> Suite:
+    """The suite, with a malformed file as one RunError line naming it."""
+    import yaml
+    from pydantic import ValidationError
+
+    try:
+        return load_suite(path)
+    except ValidationError as exc:
+        fields = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(file)'}: {e['msg']}" for e in exc.errors())
+        raise RunError(f"{path}: not a valid suite: {fields}"[:500]) from None
+    except (yaml.YAMLError, TypeError, AttributeError, KeyError, ValueError, RecursionError,
+            UnicodeDecodeError) as exc:
+        first = (str(exc).splitlines() or [""])[0][:200]
+        raise RunError(f"{path}: not a valid suite ({type(exc).__name__}: {first})") from None
+    except OSError as exc:
+        raise RunError(str(exc) if exc.strerror is None else f"{path}: cannot be read ({exc.strerror})") from None
+
+
+def _check_cuda(gpus: list[int] | None, device_name: str | None) -> None:
+    """Measuring needs a CUDA GPU: without one, refuse (a CPU run builds multi-GB fp32 models and files CPU times
+    as GPU measurements) unless the caller opts in with device_name='cpu'."""
+    import torch
+
+    if torch.cuda.is_available() or device_name == "cpu":
+        return
+    raise RunError("no CUDA GPU on this machine: a suite measures GPUs. Run it on the GPU host, or pass "
+                   "--device-name cpu to measure on the CPU on purpose")
 
 
 def _parse_gpus(text: str | None) -> list[int] | None:

@@ -31,6 +31,8 @@ def make_config(config: dict, layers: int | None = None):
     model_type = data.pop("model_type", None)
     if model_type is None:
         raise AisimError("the config has no 'model_type'; give an HF config.json")
+    if data.pop("auto_map", None):  # aisim.catalog refuses these configs; never reach custom code from here
+        raise AisimError("the config asks for custom code (auto_map); aisim never runs code from a config")
     try:
         hf = AutoConfig.for_model(model_type, **data)
     except ValueError as exc:

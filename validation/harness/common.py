@@ -97,7 +97,7 @@ def build_causal_lm(config, dtype, device, attn_implementation: str | None = Non
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    kwargs = {"dtype": dtype}
+    kwargs = {"dtype": dtype, "trust_remote_code": False}  # never code from a config
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     with torch.device(device):
