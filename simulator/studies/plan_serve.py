@@ -199,6 +199,9 @@ def _min_replicas(req, sc, tp, knobs, percentiles, counts, notes) -> Candidate |
     capacity = sat.request_throughput
     max_replicas = max(req.max_gpus // tp, 1)
     low = max(1, math.ceil(req.rate_per_s / capacity)) if capacity > 0 else max_replicas + 1
+    if low > max_replicas:
+        raise AisimError(f"one tp-{tp} replica saturates at {capacity:.2f} req/s: {req.rate_per_s:g} req/s needs at "
+                         f"least {low} replicas ({low * tp} GPUs) > --max-gpus {req.max_gpus}")
     best, previous = None, None
     for replicas in range(low, max_replicas + 1):
         result, cfg = _simulate(req, sc, knobs, replicas, percentiles, counts)
