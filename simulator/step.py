@@ -83,7 +83,7 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
     if found is not None:
         return found
     from .formulas import is_known, kv_append_in_place, op_cost, quantized
-    from .graph.engine import expand, fuse, moe_routing
+    from .graph.engine import expand, fuse, kv_rewrite, moe_routing, sliding_windows
     from .graph.extract import trace_workload
 
     graph = trace_workload(sc.config, w, sc.plan)
@@ -91,6 +91,9 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
     ops, repeats = expand(graph.ops, graph.repeats, w, rt, graph.meta.get("vocab_size") or 0, w.batch // sc.plan.dp,
                           moe_routing(sc.config, sc.plan), bool(sc.device.gpu.peak_flops_per_s.fp8))
     ops, repeats = fuse(ops, repeats, rt.fusions, rt.kv_cache == "preallocated")
+    if rt.fusions or sc.kv_dtype != "auto":   # engines with their own KV cache and attention kernels
+        ops = kv_rewrite(ops, None if sc.kv_dtype == "auto" else sc.kv_dtype,
+                         sliding_windows(sc.config) if rt.fusions else None)
     costs = [quantized(op_cost(op), op, w.quant) for op in ops]
     if rt.kv_cache == "preallocated":
         costs = [kv_append_in_place(c, op) for c, op in zip(costs, ops)]
@@ -154,7 +157,18 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     energy_j = stage_j * plan.pp + waiting_power_w(dev.gpu, cal) * (plan.pp - 1) * stage_s * plan.gpus
     table = tuple(op_rows(a.ops, a.costs, times, a.repeats, stage_s))
     return StepCost(runtime_s, energy_j, energy_j / (runtime_s * plan.gpus) if runtime_s else 0.0, a.flops, a.bytes,
-                    table, a.unknown, breakdown(a.graph, w, dev), w, timeline.gpu_busy_s, timeline.cpu_busy_s)
+                    table, a.unknown, kv_memory(breakdown(a.graph, w, dev), w.dtype, sc.kv_dtype), w,
+                    timeline.gpu_busy_s, timeline.cpu_busy_s)
+
+
+def kv_memory(mem: MemoryBreakdown, dtype: str, kv_dtype: str) -> MemoryBreakdown:
+    """The breakdown with the KV cache stored in ``kv_dtype`` (auto: the model dtype, unchanged)."""
+    from .units import DTYPE_BYTES
+
+    if kv_dtype == "auto" or not mem.kv_cache_gb:
+        return mem
+    kv = mem.kv_cache_gb * DTYPE_BYTES[kv_dtype] / DTYPE_BYTES[dtype]
+    return mem.model_copy(update={"kv_cache_gb": kv, "total_gb": mem.total_gb - mem.kv_cache_gb + kv})
 
 
 def op_rows(ops, costs, times, repeats, runtime_s: float) -> list[OpCost]:

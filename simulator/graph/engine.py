@@ -215,7 +215,7 @@ def fuse(ops: list[Op], repeats: list[float], fusions, kv_in_place: bool = False
     if not fusions:
         return ops, repeats
     out, rep = [], []
-    i = 0
+    i, kv_heads = 0, 0
     while i < len(ops):
         op, r = ops[i], repeats[i]
         j = _norm_group(ops, i) if "add_rms_norm" in fusions and _kernel(op) and _is_norm_scope(op.scope) else i
@@ -243,6 +243,13 @@ def fuse(ops: list[Op], repeats: list[float], fusions, kv_in_place: bool = False
             ops = [*ops[:j], _fused("fused.silu_and_mul", tuple(mul.inputs), mul.outputs, mul.scope), *ops[j + 1:]]
             i += 1
             continue
+        if kv_in_place and _is_repeat_kv(op):
+            kv_heads = op.inputs[0].shape[1]                     # GQA read natively: no repeated K/V copy
+            i += 1
+            continue
+        if kv_in_place and kv_heads and op.name in ATTENTION_OPS:
+            op = _native_gqa(op, kv_heads)
+            kv_heads = 0
         if kv_in_place and is_kv_append(op):
             new = op.inputs[1]                                   # the step's K or V, written into its slots
             out.append(_fused("kv_cache.write", (new,), (new,), op.scope))
@@ -264,6 +271,22 @@ def fuse(ops: list[Op], repeats: list[float], fusions, kv_in_place: bool = False
         rep.append(r)
         i += 1
     return out, rep
+
+
+def _is_repeat_kv(op: Op) -> bool:
+    """HF's repeat_kv (GQA K/V expanded to the query heads, then copied: (B, Hkv, rep, S, D) -> a clone) in an
+    attention module; vLLM's and FlashAttention's kernels read the KV heads directly."""
+    ins = op.inputs
+    return op.name == "aten.clone" and "attn" in _leaf(op.scope) and len(ins) == 1 and len(ins[0].shape) == 5
+
+
+def _native_gqa(op: Op, kv_heads: int) -> Op:
+    def heads(t):
+        return TensorMeta((t.shape[0], kv_heads, *t.shape[2:]), t.dtype) if isinstance(t, TensorMeta) else t
+
+    args = tuple(heads(t) if i in (1, 2) else t for i, t in enumerate(op.args))
+    return Op(name=op.name, args=args, kwargs=op.kwargs, outputs=op.outputs, alias=op.alias, phase=op.phase,
+              scope=op.scope, attrs=op.attrs)
 
 
 def _next_mul(ops, i: int):
@@ -309,3 +332,60 @@ def _rope_end(ops, i: int) -> int:
             last = j
         j += 1
     return last + 1
+
+
+# ------------------------------------------------------------------ KV cache element type and sliding windows
+ATTENTION_OPS = frozenset({"attention.flash", "attention.efficient"})
+
+
+def sliding_windows(config: dict) -> dict | None:
+    """{'window': W, 'layer_types': [...] or None} where the model's attention is windowed (Mistral's
+    sliding_window; per-layer ``layer_types`` as gpt-oss and Gemma give them; Qwen2's use_sliding_window false
+    turns it off), else None."""
+    window = config.get("sliding_window") or config.get("attention_chunk_size")
+    if not window or config.get("use_sliding_window") is False:
+        return None
+    return {"window": int(window), "layer_types": config.get("layer_types")}
+
+
+def _layer_index(scope: str) -> int | None:
+    parts = scope.split(".")
+    for a, b in zip(parts, parts[1:]):
+        if a in ("layers", "h", "layer", "blocks") and b.isdigit():
+            return int(b)
+    return None
+
+
+def _windowed(scope: str, windows: dict) -> bool:
+    types = windows["layer_types"]
+    i = _layer_index(scope)
+    if not types or i is None:
+        return True
+    return "full" not in str(types[i % len(types)])
+
+
+def kv_rewrite(ops: list[Op], kv_dtype: str | None, windows: dict | None) -> list[Op]:
+    """Attention reading an ``kv_dtype`` KV cache (vLLM --kv-cache-dtype fp8: one byte per element) and, in
+    windowed layers, only the last W keys (the engine's sliding-window attention and window-sized cache);
+    the in-place cache writes in ``kv_dtype`` too."""
+    if kv_dtype is None and windows is None:
+        return ops
+    out = []
+    for op in ops:
+        if op.name in ATTENTION_OPS or op.name == "kv_cache.write":
+            win = windows["window"] if windows and op.name != "kv_cache.write" and _windowed(op.scope, windows) \
+                else None
+            args = tuple(_kv_meta(t, i, op.name, kv_dtype, win) for i, t in enumerate(op.args))
+            op = Op(name=op.name, args=args, kwargs=op.kwargs, outputs=op.outputs, alias=op.alias, phase=op.phase,
+                    scope=op.scope, attrs=op.attrs)
+        out.append(op)
+    return out
+
+
+def _kv_meta(t, i: int, name: str, kv_dtype: str | None, window: int | None):
+    """K (arg 1) and V (arg 2) of an attention op, or the written tensor (arg 0) of a cache write."""
+    is_kv = (i in (1, 2)) if name in ATTENTION_OPS else i == 0
+    if not is_kv or not isinstance(t, TensorMeta) or len(t.shape) != 4:
+        return t
+    shape = t.shape if window is None else (*t.shape[:2], min(t.shape[2], window), t.shape[3])
+    return TensorMeta(shape, kv_dtype or t.dtype)
