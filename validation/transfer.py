@@ -38,14 +38,30 @@ DECODE_BATCHES = (1, 8, 32, 64)
 DECODE_BW_GOAL = 0.70
 
 
-def calibration_choices(dataset: str) -> dict[str, str]:
-    """Label -> the ``calibration`` argument: own file, the other GPU's file, none."""
+# host-side constants of a calibration file: the machine's CPU, Python and driver, not the GPU
+HOST_FIELDS = ("eager_dispatch_s", "graphs_dispatch_s", "module_overhead_s", "eager_python_call_s",
+               "eager_kernel_dispatch_s", "eager_view_dispatch_s", "eager_framework_scale", "allreduce_cpu_s")
+
+
+def gpu_part_only(gpu_cal: str, host_cal: str):
+    """Diagnostic: the GPU curves of ``gpu_cal`` with the host constants of ``host_cal`` (separates the GPU
+    transfer error from the other host's CPU costs)."""
+    from aisim.specs import load_calibration
+
+    host = load_calibration(host_cal)
+    return load_calibration(gpu_cal).model_copy(update={f: getattr(host, f) for f in HOST_FIELDS})
+
+
+def calibration_choices(dataset: str) -> dict[str, object]:
+    """Label -> the ``calibration`` argument: own file, the other GPU's file, its GPU part with this host's
+    constants (diagnostic), none."""
     own, other = TRANSFERS[dataset]
     return {f"own ({own}.yaml)": "auto", f"transferred ({other}.yaml)": str(CAL_DIR / f"{other}.yaml"),
+            f"diagnostic: {other}.yaml GPU curves, {own}.yaml host constants": gpu_part_only(other, own),
             "none (default rules)": "none"}
 
 
-def runtime_mape(dataset: str, calibration: str) -> dict[str, float | None]:
+def runtime_mape(dataset: str, calibration) -> dict[str, float | None]:
     """Runtime MAPE (%) per category of one dataset estimated under one calibration choice."""
     import aisim
 

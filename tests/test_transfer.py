@@ -1,0 +1,106 @@
+"""GPUs we never measured: the portable efficiency model, decode bandwidth on every shipped NVIDIA GPU, and the
+leave-one-GPU-out / --calibration none accuracy (validation/transfer.py), with regression ceilings."""
+from __future__ import annotations
+
+import pytest
+
+from aisim.cost.efficiency import gemm_efficiency, graph_replay_credit_s, memory_efficiency, size_scale
+from aisim.specs import all_hardware, default_calibration, load_calibration
+
+# Goal of the issue: >= 70% of datasheet bandwidth for the Llama-3-8B decode step (graphs, batch 1, context 1024).
+# Below it, with the reason, and the floor each must keep (its value when this test was written, less 2 points):
+# the fixed per-kernel time (GEMV ~6.5 us back to back, ~3 us of it shed in a graph replay; 1.0 us per replayed
+# kernel) is a larger share of a step whose weights stream in 2-6 ms.
+BELOW_GOAL_FLOORS = {"b200": 0.43, "h20": 0.58, "h200": 0.60, "h100-sxm": 0.66}
+DECODE_BW_GOAL = 0.70
+
+
+@pytest.fixture(scope="module")
+def decode_rows():
+    from aisim.validation.transfer import decode_rows
+
+    return {r.device: r for r in decode_rows()}
+
+
+def nvidia_gpus():
+    return sorted(name for name, gpu in all_hardware().items() if gpu.vendor == "nvidia")
+
+
+def test_size_scale_is_one_on_the_reference_and_a_ratio_elsewhere():
+    h100, h200, a5000 = (all_hardware()[n] for n in ("h100-sxm", "h200", "rtx-a5000"))
+    cal = load_calibration("h100-sxm")
+    assert size_scale(cal, h100, "bytes") == 1.0
+    assert size_scale(cal, h200, "bytes") == pytest.approx(3.35e12 / 4.8e12)     # equal roofline time
+    assert size_scale(cal, h200, "flops") == pytest.approx(1.0)                  # 132 SMs on both
+    assert size_scale(default_calibration(), a5000, "flops") == pytest.approx(132 / 64)
+
+
+def test_memory_curve_transfers_as_a_duration():
+    """A small kernel's time stays a time: 8 KB on an H100 and its equal-roofline-time size on an H200."""
+    cal = load_calibration("h100-sxm")
+    h100, h200 = all_hardware()["h100-sxm"], all_hardware()["h200"]
+    t_h100 = 8192 / h100.memory_bw_bytes_per_s / memory_efficiency(cal, 8192, h100)
+    b_h200 = 8192 * 4.8 / 3.35
+    t_h200 = b_h200 / h200.memory_bw_bytes_per_s / memory_efficiency(cal, b_h200, h200)
+    assert t_h200 == pytest.approx(t_h100, rel=1e-6)
+
+
+def test_memory_bound_gemm_reads_the_bytes_curve_not_the_flops_curve():
+    """Default rules, Llama-3-8B q_proj at batch 1 on an A100: 4096 x 4096 bf16 = 33.6 MB read; rule
+    t = 6.5 us + b / (0.88 BW) at equal roofline time: 16.5 us + 6.5 us -> efficiency 16.5 / 25.2 = 0.65."""
+    cal, a100 = default_calibration(), all_hardware()["a100-sxm4-80gb"]
+    nbytes = 2 * (4096 * 4096 + 2 * 4096)
+    eff = gemm_efficiency(cal, "bf16", 1, 4096, 4096, 2 * 4096 * 4096, nbytes, True, a100)
+    roof = nbytes / a100.memory_bw_bytes_per_s
+    assert eff == pytest.approx(roof / (6.5e-6 + roof / 0.88), rel=0.03)
+    flops_curve = gemm_efficiency(cal, "bf16", 1, 4096, 4096, 2 * 4096 * 4096, nbytes, False, a100)
+    assert flops_curve < 0.5 * eff            # what the old rules charged
+
+
+def test_graph_replay_credit_hand_worked():
+    """H100: the memory curve's first point, 10**3.9134 B at 0.0005499 of 3.35 TB/s = 4.45 us back to back,
+    minus 1.013 us per kernel in a graph replay = 3.43 us."""
+    cal = load_calibration("h100-sxm")
+    t_small = 10 ** 3.9134 / 3.35e12 / 0.0005499
+    assert graph_replay_credit_s(cal, all_hardware()["h100-sxm"]) == pytest.approx(t_small - 1.013e-6, rel=1e-3)
+    assert graph_replay_credit_s(cal, all_hardware()["h100-sxm"]) == pytest.approx(3.43e-6, rel=0.01)
+
+
+@pytest.mark.parametrize("gpu", nvidia_gpus())
+def test_decode_step_time_does_not_fall_with_batch(decode_rows, gpu):
+    if gpu not in decode_rows:
+        pytest.skip(f"{gpu}: Llama-3-8B does not fit")
+    row = decode_rows[gpu]
+    assert row.monotone, row.step_ms
+
+
+@pytest.mark.parametrize("gpu", nvidia_gpus())
+def test_decode_bandwidth(decode_rows, gpu):
+    if gpu not in decode_rows:
+        pytest.skip(f"{gpu}: Llama-3-8B does not fit")
+    floor = BELOW_GOAL_FLOORS.get(gpu, DECODE_BW_GOAL)
+    assert decode_rows[gpu].bandwidth_fraction >= floor
+
+
+# Regression ceilings (MAPE %, value when set + 0.5) of validation/transfer.py's tables; lower them as they improve.
+TRANSFER_CEILINGS = {
+    ("h100.jsonl", "h200"): {"forward/prefill runtime": 9.2, "decode runtime": 20.5,
+                             "forward-backward/train runtime": 18.6},
+    ("h200.jsonl", "h100-sxm"): {"forward/prefill runtime": 13.6, "decode runtime": 12.8,
+                                 "forward-backward/train runtime": 12.1},
+    ("h100.jsonl", "none"): {"forward/prefill runtime": 13.0, "decode runtime": 21.6,
+                             "forward-backward/train runtime": 24.5},
+    ("h200.jsonl", "none"): {"forward/prefill runtime": 18.8, "decode runtime": 16.6,
+                             "forward-backward/train runtime": 15.2},
+}
+
+
+@pytest.mark.parametrize("dataset,calibration", sorted(TRANSFER_CEILINGS))
+def test_transfer_mape_ceilings(dataset, calibration):
+    from aisim.validation.transfer import CAL_DIR, runtime_mape
+
+    choice = "none" if calibration == "none" else str(CAL_DIR / f"{calibration}.yaml")
+    mape = runtime_mape(dataset, choice)
+    over = {c: round(mape[c], 2) for c, ceiling in TRANSFER_CEILINGS[(dataset, calibration)].items()
+            if mape[c] is None or mape[c] > ceiling}
+    assert not over, f"{dataset} with {calibration}: {over}"
