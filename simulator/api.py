@@ -142,6 +142,9 @@ def run(req: EstimateRequest) -> Estimate:
     transcript = (req.audio_s, req.transcript_tokens, req.windows, req.transcript_counts)
     if req.workload != "transcribe" and transcript != (None,) * 4:
         raise AisimError("--audio-s, --tokens and --windows apply to --workload transcribe only")
+    if req.step_tokens != 1 and (req.workload != "decode" or req.step_tokens > req.seq):
+        raise AisimError(f"--step-tokens {req.step_tokens}: new tokens per row of a --workload decode call, at most "
+                         f"--seq (the context after the step, {req.seq})")
     scenario_fields = {k: getattr(req, k) for k in ScenarioRequest.model_fields}
     if req.workload != "train" and (req.train, req.nodes, req.token_budget) != (None, None, None):
         raise AisimError("the training plan, --nodes and --token-budget apply to --workload train only")

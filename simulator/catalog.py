@@ -99,8 +99,17 @@ def _system_device(spec: SystemSpec) -> Device:
     return Device(gpu=resolve_gpu(spec.gpu), count=spec.gpu_count, system=spec, interconnect=spec.interconnect)
 
 
+def path_exists(path: Path, flag: str, test) -> bool:
+    """``test(path)`` (Path.is_file or is_dir), with an unusable path (too long, ...) as one AisimError line."""
+    try:
+        return test(path)
+    except (OSError, ValueError) as exc:
+        raise AisimError(f"--{flag} {str(path)[:80]!r}: not a usable path ({getattr(exc, 'strerror', None) or exc})"
+                         ) from None
+
+
 def _device_from_file(path: Path) -> Device:
-    if not path.is_file():
+    if not path_exists(path, "device", Path.is_file):
         raise AisimError(f"device spec {str(path)!r} does not exist; give a GPU or system YAML file, or a name "
                          "(`aisim list devices`)")
     data = load_yaml(path)
@@ -169,10 +178,10 @@ def resolve_model(name) -> tuple[str, dict]:
     if not isinstance(name, str) or not name.strip():
         raise AisimError("--model is empty; give a shipped name (`aisim list models`) or a path to a config.json")
     path = Path(name).expanduser()
-    if name.endswith(".json") or path.is_dir():
+    if name.endswith(".json") or path_exists(path, "model", Path.is_dir):
         if path.is_dir():
             path = path / "config.json"
-        if not path.is_file():
+        if not path_exists(path, "model", Path.is_file):
             raise AisimError(f"model config {str(path)!r} does not exist; give a path to an HF config.json "
                              "or a shipped name (`aisim list models`).")
         config = _read_config(path)

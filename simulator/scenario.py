@@ -175,7 +175,7 @@ def _calibration(choice, dev: Device) -> tuple[CalibrationSpec, str | None]:
                                        "(hardware_specs/calibration/default.yaml), no measured calibration")
     else:
         path = Path(choice).expanduser()
-        if not path.is_file():
+        if not catalog.path_exists(path, "calibration", Path.is_file):
             raise AisimError(f"--calibration {str(choice)!r}: give auto, none, or the path of a calibration YAML")
         cal, where = load_spec_file(CalibrationSpec, path), str(path)
     measured_on = "" if cal.device == dev.gpu.name else f", measured on {cal.device}, applied to {dev.gpu.name}"
