@@ -68,6 +68,8 @@ class TrainResult(BaseModel):
     mfu: float | None
     hardware_tflops_per_gpu: float | None
     time_to_train_s: float | None = None
+    energy_j: float | None = Field(None, description="every GPU of the plan over the step: the micro-batches' "
+                                   "kernels, waiting power through the bubble and exposed communication")
     phases: dict[str, float] = Field(default_factory=dict)
     top_ops: list[OpCost] = Field(default_factory=list)
     unknown_ops: list[str] = Field(default_factory=list)
@@ -145,6 +147,11 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     peak = sc.device.gpu.peak_for(PRECISION_DTYPE[plan.precision])
     model_flops = model_flops_per_token(sc.config, req.seq) * tokens
     per_gpu = model_flops / step_s / gpus
+    from ..cost.energy import waiting_power_w
+
+    idle_w = waiting_power_w(sc.device.gpu, sc.calibration)
+    busy_j = mb.energy_j - idle_w * (par.pp - 1) * t_mb * gpus   # the stages ran one after another in mb
+    energy_j = m * busy_j + idle_w * gpus * max(step_s - m * t_mb, 0.0)
     phases = {"compute_ms": m * t_mb * MS_PER_S, "bubble_ms": (compute_s - m * t_mb) * MS_PER_S,
               "exposed_comm_ms": (comm.exposed_s + p2p_s) * MS_PER_S, "comm_total_ms": comm.total_s * MS_PER_S,
               "optimizer_ms": opt.time_s * MS_PER_S}
@@ -153,7 +160,7 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
         tokens_per_s=tokens / step_s, tokens_per_s_per_gpu=tokens / step_s / gpus,
         model_tflops_per_gpu=per_gpu / 1e12, mfu=per_gpu / peak,
         hardware_tflops_per_gpu=mb.flops * m / step_s / 1e12,
-        time_to_train_s=req.token_budget / (tokens / step_s) if req.token_budget else None,
+        time_to_train_s=req.token_budget / (tokens / step_s) if req.token_budget else None, energy_j=energy_j,
         phases=phases, top_ops=rows, unknown_ops=list(mb.unknown), assumptions=notes)
 
 
@@ -268,8 +275,10 @@ def train_estimate(sc: Scenario, req: TrainRequest):
             notes.append(f"time to train {req.token_budget:.3g} tokens: {r.time_to_train_s / 86400:.2f} days")
     step_s = (r.step_ms or 0.0) / MS_PER_S
     return Estimate(model=sc.model, device=sc.device.name, workload=w, plan=sc.plan, runtime=sc.runtime.name,
-                    runtime_ms=r.step_ms, memory_gb=r.memory.total_gb, memory=r.memory, energy_j=None,
-                    energy_j_per_token=None, power_w=None, throughput_tokens_per_s=r.tokens_per_s,
+                    runtime_ms=r.step_ms, memory_gb=r.memory.total_gb, memory=r.memory, energy_j=r.energy_j,
+                    energy_j_per_token=r.energy_j / r.tokens_per_step if r.fits else None,
+                    power_w=r.energy_j / (step_s * sc.plan.gpus) if r.fits and step_s else None,
+                    throughput_tokens_per_s=r.tokens_per_s,
                     tokens=r.tokens_per_step, fits=r.fits,
                     flops=(r.hardware_tflops_per_gpu or 0.0) * 1e12 * step_s, bytes=0.0, phases=r.phases,
                     top_ops=r.top_ops, unknown_ops=r.unknown_ops, calibrated=sc.calibration.measured,
