@@ -104,3 +104,24 @@ def test_transfer_mape_ceilings(dataset, calibration):
     over = {c: round(mape[c], 2) for c, ceiling in TRANSFER_CEILINGS[(dataset, calibration)].items()
             if mape[c] is None or mape[c] > ceiling}
     assert not over, f"{dataset} with {calibration}: {over}"
+
+
+def test_torchcap_loss_tail_hand_worked():
+    """Exported liveness over the loss tail (validation/harness_profiles/torchcap.yaml): OPT (fp16, shift copy):
+    logits + shift copy = 2 + 2 = 4 bytes per logits element; Llama (fp32 upcast, log_softmax): 4 + 4 = 8."""
+    from aisim.validation.published import _harness_profile, loss_tail_bytes_per_element
+
+    paths = _harness_profile("torchcap")["single_gpu"]["loss_paths"]
+    assert loss_tail_bytes_per_element(paths["opt"]["steps"]) == 4
+    assert loss_tail_bytes_per_element(paths["llama"]["steps"]) == 8
+
+
+def test_torchcap_single_gpu_memory_is_weights_plus_loss_tail():
+    """opt-1.3b, 16 x 1024, vocab 50272: 4 B x 16 x 1024 x 50272 = 3.29 GB over the fp16 weights (2.63 GB)."""
+    import aisim
+    from aisim.validation.published import torchcap_single_gpu_memory_bytes
+
+    e = aisim.estimate(model="facebook/opt-1.3b", device="rtx-a5000", workload="forward", batch=16, seq=1024,
+                       dtype="fp16", with_loss=True, runtime="kernel-sum", top_ops=0)
+    got = torchcap_single_gpu_memory_bytes(e, "facebook/opt-1.3b", 16, 1024)
+    assert got == pytest.approx((e.memory.weights_gb + e.memory.workspace_gb) * 1e9 + 4 * 16 * 1024 * 50272)
