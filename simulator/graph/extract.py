@@ -93,11 +93,17 @@ def _trace_scaled(config: dict, workload: Workload, plan: ParallelPlan) -> Graph
         return low[name] + extra * per_layer(low[name], high[name])
 
     param_count = int(round(scale("param_count")))
+    peak = max(scale("peak_bytes"), low["peak_bytes"])
+    if workload.phase in ("forward-backward", "train"):
+        # the forward's and the backward's peaks grow at different rates with depth (under autocast the forward
+        # holds every layer's weight cast until it ends; the backward, the gradients): each is extrapolated on its
+        # own, so the deeper model's peak may sit in the other phase than the traced ones'
+        peak = max(peak, scale("peak_forward_bytes"), scale("peak_backward_bytes"))
     if workload.phase == "train":
         low["ops"].append(_optimizer_op(workload, param_count, int(round(scale("n_param_tensors")))))
         repeats.append(1.0)
     return Graph(ops=low["ops"], repeats=repeats, param_count=param_count,
-                 param_bytes=scale("param_bytes"), peak_activation_bytes=max(scale("peak_bytes"), low["peak_bytes"]),
+                 param_bytes=scale("param_bytes"), peak_activation_bytes=peak,
                  persistent_bytes=max(scale("persistent_bytes"), 0.0), layers=layers, traced_layers=(k1, k2),
                  meta={"attn_implementation": low["attn"], "model_class": low["model_class"],
                        "vocab_size": config.get("vocab_size"),
@@ -134,8 +140,10 @@ def _trace_once(config: dict, workload: Workload, plan: ParallelPlan, layers: in
                  if is_linear(m) and not n.endswith("lm_head"))
     forward = [op for op in tracer.ops if op.phase == "forward"]
     saved = forward[-1].attrs.get("live_bytes", 0.0) if forward and training else 0.0  # kept for backward
+    peaks = {phase: max((op.attrs.get("live_bytes", 0.0) for op in tracer.ops if op.phase == phase), default=0.0)
+             for phase in ("forward", "backward")}
     result = {"ops": tracer.ops, "peak_bytes": tracer.peak_bytes, "persistent_bytes": persistent,
-              "saved_bytes": saved,
+              "saved_bytes": saved, "peak_forward_bytes": peaks["forward"], "peak_backward_bytes": peaks["backward"],
               "linear_weights": linear,
               "param_count": sum(p.numel() for p in params),
               "param_bytes": float(sum(p.numel() * p.element_size() for p in params)),
