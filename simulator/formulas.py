@@ -172,6 +172,8 @@ def _grouped_mm(op: Op) -> Cost:
         rows, touched = float(a.shape[0]), float(w.shape[0])
     elem_a = a.nbytes / max(a.numel, 1)
     expert_bytes = w.nbytes / max(w.shape[0], 1)
+    if "moe" in op.attrs and "weight_element_bytes" in op.attrs["moe"]:    # experts stored quantized (MXFP4)
+        expert_bytes = w.numel / max(w.shape[0], 1) * op.attrs["moe"]["weight_element_bytes"]
     offs = sum(t.nbytes for t in op.inputs[2:])
     # (S_local, K) @ (K, N) per expert: 2 * S_local * N * K
     return Cost(2.0 * rows * n * k, rows * k * elem_a + touched * expert_bytes + offs,

@@ -16,7 +16,7 @@ import numpy as np
 
 from .results import MemoryBreakdown, OpCost
 from .scenario import Scenario
-from .units import MS_PER_S
+from .units import GB, MS_PER_S
 from .workload import StepShape, Workload
 
 STEP_CACHE_SIZE = 8192
@@ -157,8 +157,27 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     energy_j = stage_j * plan.pp + waiting_power_w(dev.gpu, cal) * (plan.pp - 1) * stage_s * plan.gpus
     table = tuple(op_rows(a.ops, a.costs, times, a.repeats, stage_s))
     return StepCost(runtime_s, energy_j, energy_j / (runtime_s * plan.gpus) if runtime_s else 0.0, a.flops, a.bytes,
-                    table, a.unknown, kv_memory(breakdown(a.graph, w, dev), w.dtype, sc.kv_dtype), w,
+                    table, a.unknown, expert_memory(kv_memory(breakdown(a.graph, w, dev), w.dtype, sc.kv_dtype),
+                                                    sc, w.dtype), w,
                     timeline.gpu_busy_s, timeline.cpu_busy_s)
+
+
+def expert_memory(mem: MemoryBreakdown, sc: Scenario, dtype: str) -> MemoryBreakdown:
+    """The breakdown with quantized expert weights (gpt-oss MXFP4): the gate/up and down expert tensors, E x 3 x
+    hidden x moe width per MoE layer, at their stored width; per GPU over max(tp, ep) (experts and their widths
+    are split over both)."""
+    from .graph.engine import expert_weight_bytes
+    from .units import DTYPE_BYTES
+
+    element = expert_weight_bytes(sc.config)
+    cfg = sc.config
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
+    if element is None or not experts:
+        return mem
+    width = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+    params = cfg["num_hidden_layers"] * experts * 3 * cfg["hidden_size"] * width / max(sc.plan.tp, sc.plan.ep)
+    saved = params * (DTYPE_BYTES[dtype] - element) / sc.plan.pp / GB
+    return mem.model_copy(update={"weights_gb": mem.weights_gb - saved, "total_gb": mem.total_gb - saved})
 
 
 def kv_memory(mem: MemoryBreakdown, dtype: str, kv_dtype: str) -> MemoryBreakdown:

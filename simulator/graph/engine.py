@@ -93,7 +93,19 @@ def moe_routing(config: dict, plan=None) -> dict | None:
     if not experts or not top_k:
         return None
     groups = max(plan.ep // plan.tp, 1) if plan is not None else 1
-    return {"experts": int(experts), "top_k": int(top_k), "token_groups": groups}
+    out = {"experts": int(experts), "top_k": int(top_k), "token_groups": groups}
+    element = expert_weight_bytes(config)
+    return out if element is None else {**out, "weight_element_bytes": element}
+
+
+def expert_weight_bytes(config: dict) -> float | None:
+    """Bytes per expert weight element of a checkpoint whose experts are stored quantized (gpt-oss: MXFP4, 4-bit
+    values with one 8-bit scale per 32, OCP Microscaling spec v1.0: 4.25 bits; transformers' Mxfp4 quantizer and
+    vLLM keep them packed and dequantize inside the MoE kernel), else None (the model dtype)."""
+    from ..units import DTYPE_BYTES
+
+    method = (config.get("quantization_config") or {}).get("quant_method")
+    return DTYPE_BYTES[method] if method in ("mxfp4",) else None
 
 
 def routed(op: Op, moe: dict) -> Op:
