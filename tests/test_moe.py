@@ -90,3 +90,20 @@ def test_moe_dataset_stays_under_its_ceilings():
     assert set(mape) == set(moe_report.CEILINGS)
     over = {k: round(v, 2) for k, v in mape.items() if v > moe_report.CEILINGS[k]}
     assert over == {}
+
+
+def test_graphs_harness_static_cache_survives_more_steps_than_its_position_span():
+    """validation/harness/graphs_decode.py: transformers 5.x StaticLayer writes at its own fill level, so the
+    harness rewinds it each step (the H100 run crashed with index_copy_ out of bounds after 16 steps)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from aisim.validation.harness.graphs_decode import POSITION_SPAN, Decoder
+
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=100)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    decoder = Decoder(model, 2, 32, torch.device("cpu"), 0)
+    for _ in range(3 * POSITION_SPAN + 2):
+        decoder.step()
+    # the last step rewound to 31 + (3 * 16 + 1) % 16 = 32 and wrote one token
+    assert [int(layer.cumulative_length) for layer in decoder.cache.layers] == [33, 33]

@@ -56,13 +56,26 @@ class Decoder:
                 model(input_ids=ids, past_key_values=self.cache, use_cache=True,
                         cache_position=torch.arange(start, start + ids.shape[1], device=device), logits_to_keep=1)
         self.tokens = torch.randint(0, vocab, (batch, 1), generator=g, device=device)
+        self.start = context - 1
         self.positions = [torch.tensor([context - 1 + i], device=device) for i in range(POSITION_SPAN)]
         self.i = 0
         self.compiled = False
 
+    def _rewind(self, position: int) -> None:
+        """Set every static layer's fill level to ``position`` (in place: the CUDA graphs keep its address).
+        transformers 5.x StaticLayer.update ignores the caller's cache_position and writes at its own
+        cumulative_length, which grows by one per step: the harness's positions cycle over POSITION_SPAN, so
+        without the rewind the 17th step wrote past max_cache_len (the index_copy_ out-of-bounds crash of the
+        2026-11-26 H100 run)."""
+        for layer in getattr(self.cache, "layers", ()):
+            length = getattr(layer, "cumulative_length", None)
+            if getattr(layer, "is_initialized", False) and length is not None:
+                length.fill_(position)
+
     def step(self) -> None:
         import torch
 
+        self._rewind(self.start + self.i % POSITION_SPAN)
         if self.compiled and self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()
         with torch.no_grad():
