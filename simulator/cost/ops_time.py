@@ -47,7 +47,7 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
     if cost.kind == "comm":
         seconds = comm.collective_time_s(op, cost, device, cal)
         return OpTime(seconds, 0.0, 0.0, "network")
-    if cost.kind in ("none", "sync"):
+    if cost.kind in ("none", "sync", "module"):   # no kernel: an nn.Module call costs CPU time only
         return OpTime(0.0, 0.0, 0.0, "none")
     dtype = compute_dtype(op, workload_dtype)
     peak = gpu.peak_for(dtype) if cost.kind in ("gemm", "attention") else gpu.peak_for("fp32")
