@@ -139,5 +139,30 @@ def moe_section(path: Path = DATA) -> list[str]:
     return lines
 
 
+ENGINE_CASE = {"model": "Meta-Llama-3-8B", "device": "h100", "workload": "decode", "batch": 32, "seq": 7512,
+               "dtype": "bf16"}
+
+
+def engines_section() -> list[str]:
+    """Markdown lines for the engine profiles: no measured graphs/vLLM data yet, and the decode op table of each
+    runtime for the issue's case (no whole-cache copy under vllm or graphs)."""
+    from aisim.api import estimate
+
+    lines = ["## Engine profiles (vllm, graphs)", "",
+             "No measured data: the static-cache + torch.compile harness (validation/harness/graphs_decode.py) crashed "
+             "on the 2026-11-26 H100 run (transformers 5.x StaticLayer ignores cache_position; fixed, not rerun), "
+             "and no vLLM run was made. The graphs decode goal (MAPE <= 10%) is not evaluated. Op tables of "
+             f"{ENGINE_CASE['model']} decode, batch {ENGINE_CASE['batch']} at context {ENGINE_CASE['seq']}, bf16, "
+             "one H100:", ""]
+    for runtime in ("eager", "graphs", "vllm"):
+        est = estimate(**ENGINE_CASE, runtime=runtime, top_ops=8)
+        lines += [f"**{runtime}**: {est.runtime_ms:.2f} ms per step", "", "| op | count | GB moved | ms | % of step |",
+                  "|---|---:|---:|---:|---:|"]
+        lines += [f"| {r.name} | {r.count} | {r.bytes / GB:.2f} | {r.time_ms:.3f} | {100 * r.share:.1f} |"
+                  for r in est.top_ops]
+        lines.append("")
+    return lines
+
+
 if __name__ == "__main__":
-    print("\n".join(moe_section()))
+    print("\n".join(moe_section() + engines_section()))
