@@ -319,6 +319,69 @@ def plan_serve_cmd(
         report.print_plan(result)
 
 
+@plan_app.command("train")
+def plan_train_cmd(
+    model: str = typer.Option(..., "--model", "-m"),
+    tokens: float = typer.Option(..., "--tokens", help="tokens to train on, e.g. 1e12"),
+    seq: int = typer.Option(4096, "--seq", help="sequence length"),
+    global_batch: int = typer.Option(1024, "--global-batch", help="sequences per optimizer step"),
+    devices: str = typer.Option("h100,a100", help="comma-separated GPUs or multi-node systems"),
+    gpus: str = typer.Option("64,256,1024", help="comma-separated GPU counts (whole nodes beyond one node)"),
+    tp: str = typer.Option("1,2,4,8", help="tensor parallel degrees to try"),
+    pp: str = typer.Option("1,2,4,8", help="pipeline parallel degrees to try"),
+    zero: str = typer.Option("0,1,2,3", help="ZeRO stages to try"),
+    recompute: str = typer.Option("none,full", help="activation checkpointing modes to try"),
+    micro_batch: str = typer.Option("1,2,4", "--micro-batch", help="micro-batch sizes to try"),
+    precision: str = typer.Option("bf16-mixed", help="bf16-mixed | 16-mixed | bf16-true | 16-true | 32-true"),
+    price: list[str] = typer.Option([], "--price", help="GPU=USD per GPU-hour (repeatable)"),
+    electricity: float = typer.Option(0.10, "--electricity-usd-per-kwh"),
+    pue: float = typer.Option(1.2, "--pue"),
+    top: int = typer.Option(15, "--top", help="rows of the ranked table to print"),
+    csv_out: Optional[Path] = typer.Option(None, "--csv", help="write every plan that fits as CSV"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="write time to train vs $ as a PNG (needs matplotlib)"),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """The fastest training plans (TP x PP x DP x ZeRO x recompute x micro-batch) per device and GPU count."""
+    from .studies.plan_train import COLUMNS, plan_train, plan_train_request, table_rows
+
+    def go():
+        req = plan_train_request(model=model, tokens=tokens, seq=seq, global_batch=global_batch,
+                                 devices=[d.strip() for d in devices.split(",") if d.strip()],
+                                 gpus=_ints(gpus, "--gpus"), tp=_ints(tp, "--tp"), pp=_ints(pp, "--pp"),
+                                 zero=[int(z) for z in zero.split(",") if z.strip().isdigit()], recompute=[r.strip() for r in recompute.split(",")],
+                                 micro_batch=_ints(micro_batch, "--micro-batch"), precision=precision,
+                                 prices=_prices(price), electricity_usd_per_kwh=electricity, pue=pue)
+        return plan_train(req, progress=None if as_json else lambda m: typer.echo(m, err=True))
+
+    result, _ = _run(go)
+    if csv_out:
+        import csv
+
+        with open(csv_out, "w", newline="") as f:
+            csv.writer(f).writerows([COLUMNS, *table_rows(result.ranked)])
+    if plot:
+        from .plots import train_plan_png
+        _run(train_plan_png, result, plot)
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{result.model}: {result.considered} candidates, {sum(result.pruned.values())} pruned, "
+                        f"{result.evaluated} costed, {len(result.ranked)} fit; fastest first")
+    for col in ("device", "GPUs", "tp.pp.dp", "ZeRO", "recomp", "mb x acc", "MFU", "days", "GB/GPU", "$", "MWh"):
+        table.add_column(col, justify="right")
+    for c in result.ranked[:top]:
+        table.add_row(c.device, str(c.gpus), f"{c.tp}.{c.pp}.{c.dp}", str(c.zero), c.recompute,
+                      f"{c.micro_batch} x {c.grad_accum}", f"{c.mfu:.0%}", f"{c.time_to_train_days:.3g}",
+                      f"{c.memory_per_gpu_gb:.1f}", f"{c.usd:,.0f}" if c.usd is not None else "-",
+                      f"{c.energy_mwh:.3g}")
+    Console().print(table)
+    for key, why in result.not_feasible.items():
+        typer.echo(f"{key}: {why}")
+
+
 @app.command("list")
 def list_(what: str = typer.Argument(..., help="models|devices|runtimes")):
     """List shipped models, devices (GPUs and systems) or runtimes."""

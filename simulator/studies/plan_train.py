@@ -1,0 +1,319 @@
+"""`aisim plan train`: the fastest and cheapest ways to train a model on a token budget, over devices and GPU counts.
+
+Search space per (device, GPU count): TP x PP x ZeRO stage x recompute x micro-batch, with DP = GPUs / (TP x PP).
+Every candidate is counted; each is either pruned without a trace or costed by aisim.studies.train:
+  - shape: TP x PP must divide the GPUs, TP must divide the heads (aisim.plan.check_tp) and stay inside a node, PP
+    must divide the layers, DP x micro-batch must divide the global batch;
+  - states: a lower bound of the persistent bytes per GPU (N / (TP x PP) parameters; weights, AdamW's two states and
+    sharded gradients at the precision's bytes, each divided by DP from its ZeRO stage on) above the GPU's memory;
+  - activations: a micro-batch larger than one that did not fit (activation memory grows with the micro-batch).
+The traced per-GPU graph of one micro-batch depends on (model, micro-batch, seq, TP, PP, precision, recompute,
+ZeRO's tracing options), not on DP: it is traced once at DP = 1 and shared by every GPU count and device
+(aisim.graph.extract's memory cache; the disk cache keeps it between runs), and step costs are memoised.
+
+Costs: time to train = tokens / (tokens per step / step time); GPU-hours = GPUs x time; $ = GPU-hours x price per
+GPU-hour (the GPU spec's default or ``prices``); energy per step = GPUs x (busy power x compute time + waiting power
+x (step - compute time)), busy power from the traced micro-batch's kernels (aisim.cost.energy), times PUE; MWh =
+energy x steps. Known inaccuracies: communication and the optimizer are charged at the waiting power; hosts,
+network switches and storage draw nothing here.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import AisimError
+from ..plan import check_tp
+from ..scenario import Scenario, scenario
+from ..specs import all_systems
+from ..step import step_cost
+from ..workload import MAX_BATCH, MAX_TOKENS, ParallelPlan, Precision, Recompute, StepShape, TrainPlan
+from .train import PRECISION_DTYPE, TrainRequest, model_flops_per_token, multi_node_device, traced_options, train
+
+J_PER_MWH = 3.6e9
+S_PER_HOUR = 3600.0
+
+
+class PlanTrainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model: str
+    tokens: float = Field(gt=0, description="tokens to train on")
+    seq: int = Field(ge=1, le=MAX_TOKENS)
+    global_batch: int = Field(ge=1, le=MAX_BATCH, description="sequences per optimizer step")
+    devices: list[str] = Field(min_length=1, description="GPU names (h100, a100) or multi-node systems")
+    gpus: list[int] = Field(min_length=1, description="GPU counts to try")
+    tp: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])
+    pp: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])
+    zero: list[Literal[0, 1, 2, 3]] = Field(default_factory=lambda: [0, 1, 2, 3], min_length=1)
+    recompute: list[Recompute] = Field(default_factory=lambda: ["none", "full"], min_length=1)
+    micro_batch: list[int] = Field(default_factory=lambda: [1, 2, 4])
+    precision: Precision = "bf16-mixed"
+    prices: dict[str, float] = Field(default_factory=dict, description="GPU name -> USD per GPU-hour")
+    electricity_usd_per_kwh: float = Field(0.10, ge=0)
+    pue: float = Field(1.2, ge=1.0, le=3.0)
+
+
+class TrainCandidate(BaseModel):
+    device: str
+    system: str
+    gpus: int
+    tp: int
+    pp: int
+    dp: int
+    zero: int
+    recompute: str
+    micro_batch: int
+    grad_accum: int
+    step_ms: float
+    tokens_per_s: float
+    mfu: float
+    time_to_train_s: float
+    time_to_train_days: float
+    memory_per_gpu_gb: float
+    capacity_gb: float
+    price_usd_per_gpu_hour: float | None
+    gpu_hours: float
+    usd: float | None
+    energy_mwh: float
+    electricity_usd: float
+
+
+class PlanTrainResult(BaseModel):
+    model: str
+    tokens: float
+    seq: int
+    global_batch: int
+    considered: int = Field(description="candidate configurations, pruned ones included")
+    pruned: dict[str, int] = Field(description="candidates pruned without a trace, by reason")
+    evaluated: int
+    not_fit: int = Field(description="evaluated candidates whose traced memory exceeds the GPU's")
+    traces: int = Field(description="distinct micro-batch graphs traced (shared across DP and devices)")
+    ranked: list[TrainCandidate] = Field(description="every plan that fits, fastest first")
+    best_per_gpus: list[TrainCandidate] = Field(description="the fastest plan per (device, GPU count)")
+    cheapest_per_device: dict[str, TrainCandidate]
+    pareto: list[TrainCandidate] = Field(description="time to train vs $, non-dominated")
+    not_feasible: dict[str, str] = Field(default_factory=dict)
+    assumptions: list[str] = Field(default_factory=list)
+
+
+def plan_train_request(**fields) -> PlanTrainRequest:
+    from .serve import validated
+
+    return validated(PlanTrainRequest, fields)
+
+
+def plan_train(req: PlanTrainRequest, progress: Callable[[str], None] | None = None) -> PlanTrainResult:
+    counts = {"considered": 0, "evaluated": 0, "not_fit": 0}
+    pruned: dict[str, int] = {}
+    traced: set = set()
+    found: list[TrainCandidate] = []
+    infeasible: dict[str, str] = {}
+    for name in req.devices:
+        for gpus in sorted(set(req.gpus)):
+            try:
+                dev = cluster(name, gpus)
+            except AisimError as exc:
+                infeasible[f"{name} x {gpus}"] = str(exc)
+                counts["considered"] += _space(req)
+                pruned["no such cluster"] = pruned.get("no such cluster", 0) + _space(req)
+                continue
+            sc = scenario(req.model, dev, dtype=PRECISION_DTYPE[req.precision], tp=1, pp=1, dp=gpus)
+            mine = _search(req, sc, counts, pruned, traced)
+            if not mine:
+                infeasible[f"{dev.gpu.name} x {gpus}"] = "no plan fits in memory"
+            found += mine
+            if progress:
+                progress(f"{dev.gpu.name} x {gpus}: {counts['considered']} candidates, {len(found)} fit")
+    ranked = sorted(found, key=lambda c: (c.time_to_train_s, c.usd or math.inf))
+    best: dict[tuple, TrainCandidate] = {}
+    cheapest: dict[str, TrainCandidate] = {}
+    for c in ranked:
+        best.setdefault((c.device, c.gpus), c)
+        if c.device not in cheapest or (c.usd or math.inf) < (cheapest[c.device].usd or math.inf):
+            cheapest[c.device] = c
+    return PlanTrainResult(model=sc.model, tokens=req.tokens, seq=req.seq, global_batch=req.global_batch,
+                           considered=counts["considered"], pruned=pruned, evaluated=counts["evaluated"],
+                           not_fit=counts["not_fit"], traces=len(traced), ranked=ranked,
+                           best_per_gpus=sorted(best.values(), key=lambda c: (c.device, c.gpus)),
+                           cheapest_per_device=cheapest, pareto=pareto(ranked), not_feasible=infeasible,
+                           assumptions=_assumptions(req))
+
+
+def _space(req: PlanTrainRequest) -> int:
+    return len(req.tp) * len(req.pp) * len(req.zero) * len(req.recompute) * len(req.micro_batch)
+
+
+def cluster(name: str, gpus: int):
+    """``gpus`` GPUs of kind ``name``: one node's device up to a node, else nodes of the multi-node system (one with
+    a network) built from that GPU (aisim.studies.train.multi_node_device)."""
+    from ..catalog import gpu_device, resolve_device, resolve_gpu
+
+    try:
+        base = resolve_device(name)
+    except AisimError:
+        base = None
+    if base is None or base.system is None or base.system.network is None:
+        gpu = resolve_gpu(name)
+        systems = [s for s in all_systems().values() if s.gpu == gpu.name and s.network and s.gpus_per_node]
+        if not systems:
+            if gpus <= 8:
+                return gpu_device(gpu, gpus)
+            names = sorted(s.name for s in all_systems().values() if s.network)
+            raise AisimError(f"{gpu.name}: no multi-node system spec (one with a network) for more than 8 GPUs; "
+                             f"the shipped ones: {', '.join(names)}; add one under hardware_specs/systems/")
+        base = resolve_device(systems[0].name)
+    per_node = base.system.gpus_per_node
+    if gpus < per_node:
+        return gpu_device(base.gpu, gpus)
+    if gpus % per_node:
+        raise AisimError(f"{gpus} GPUs are not whole nodes of {base.system.name} ({per_node} GPUs per node)")
+    return multi_node_device(base, gpus // per_node)
+
+
+def _search(req: PlanTrainRequest, sc: Scenario, counts: dict, pruned: dict, traced: set) -> list[TrainCandidate]:
+    gpus = sc.device.count
+    per_node = (sc.device.system.gpus_per_node if sc.device.system and sc.device.system.gpus_per_node
+                else sc.device.count)
+    params = (model_flops_per_token(sc.config, 0) / 6.0)
+    out = []
+    for tp in req.tp:
+        for pp in req.pp:
+            for zero in req.zero:
+                for recompute in req.recompute:
+                    why = _shape_reason(sc, gpus, per_node, tp, pp)
+                    plan = TrainPlan(precision=req.precision, zero=zero, recompute=recompute)
+                    dp = gpus // (tp * pp) if not why else 1
+                    why = why or _states_reason(params, tp, pp, dp, plan, sc.device.gpu.memory_bytes)
+                    out += _micro_batches(req, sc, tp, pp, dp, plan, why, counts, pruned, traced)
+    return out
+
+
+def _micro_batches(req, sc, tp, pp, dp, plan, why, counts, pruned, traced) -> list[TrainCandidate]:
+    """Micro-batches in increasing size; once one does not fit, the larger ones are pruned."""
+    out = []
+    for mb in sorted(req.micro_batch):
+        counts["considered"] += 1
+        reason = why or (f"dp {dp} x micro-batch {mb} does not divide the global batch"
+                         if req.global_batch % (dp * mb) else None)
+        if reason:
+            key = reason.split(":")[0] if ":" in reason else reason.split(" ")[0]
+            key = {"dp": "batch split"}.get(key, key)
+            pruned[key] = pruned.get(key, 0) + 1
+            continue
+        cand = _evaluate(req, sc, tp, pp, dp, plan.model_copy(update={"micro_batch": mb}), counts, traced)
+        if cand is None:
+            why = "activations: a smaller micro-batch does not fit"
+            continue
+        out.append(cand)
+    return out
+
+
+def _shape_reason(sc: Scenario, gpus: int, per_node: int, tp: int, pp: int) -> str | None:
+    from ..graph.build import layer_count
+
+    if gpus % (tp * pp):
+        return "shape: tp x pp does not divide the GPUs"
+    if tp > per_node:
+        return "shape: tensor parallel beyond a node"
+    if layer_count(sc.config) % pp:
+        return "shape: pp does not divide the layers"
+    try:
+        check_tp(sc.config, tp, "all")
+    except AisimError:
+        return "shape: tp does not divide the heads"
+    return None
+
+
+def _states_reason(params: float, tp: int, pp: int, dp: int, plan: TrainPlan, capacity_bytes: float) -> str | None:
+    """Lower bound of the persistent training state per GPU (see aisim.cost.memory.train_breakdown)."""
+    from ..cost.memory import ADAM_STATES, TRAIN_STATE_BYTES
+
+    weight_b, grad_b, compute_b = TRAIN_STATE_BYTES[plan.precision]
+    p = params / (tp * pp)
+    shard = lambda s: dp if plan.stage >= s else 1  # noqa: E731
+    low = p * min(weight_b, compute_b) / shard(3) + ADAM_STATES * weight_b * p / shard(1)
+    low += p * min(grad_b, compute_b) / dp if plan.stage >= 2 else 0.0
+    return "states: weights and optimizer states alone exceed the GPU memory" if low > capacity_bytes else None
+
+
+def _evaluate(req, sc, tp, pp, dp, plan, counts, traced) -> TrainCandidate | None:
+    sc = sc.with_plan(ParallelPlan(tp=tp, pp=pp, dp=dp))
+    shape = StepShape(phase="forward-backward", batch=plan.micro_batch * dp, seq=req.seq)
+    w = sc.workload(shape, **traced_options(plan))
+    traced.add(share_trace(sc, w))
+    counts["evaluated"] += 1
+    r = train(sc, TrainRequest(batch=req.global_batch, seq=req.seq, plan=plan, token_budget=req.tokens))
+    if not r.fits:
+        counts["not_fit"] += 1
+        return None
+    energy_step_j = _step_energy_j(sc, shape, plan, r.step_ms / 1e3, r.grad_accum)
+    steps = req.tokens / r.tokens_per_step
+    time_s = r.time_to_train_s
+    gpus = sc.plan.gpus
+    price = req.prices.get(sc.device.gpu.name, sc.device.gpu.price_usd_per_gpu_hour)
+    gpu_hours = gpus * time_s / S_PER_HOUR
+    mwh = energy_step_j * steps * req.pue / J_PER_MWH
+    return TrainCandidate(device=sc.device.gpu.name, system=sc.device.name, gpus=gpus, tp=tp, pp=pp, dp=dp,
+                          zero=plan.stage, recompute=plan.recompute, micro_batch=r.micro_batch,
+                          grad_accum=r.grad_accum, step_ms=r.step_ms, tokens_per_s=r.tokens_per_s, mfu=r.mfu,
+                          time_to_train_s=time_s, time_to_train_days=time_s / 86400.0,
+                          memory_per_gpu_gb=r.memory.total_gb, capacity_gb=r.memory.capacity_gb,
+                          price_usd_per_gpu_hour=price, gpu_hours=gpu_hours,
+                          usd=gpu_hours * price if price else None, energy_mwh=mwh,
+                          electricity_usd=mwh * 1e3 * req.electricity_usd_per_kwh)
+
+
+def _step_energy_j(sc: Scenario, shape: StepShape, plan: TrainPlan, step_s: float, grad_accum: int) -> float:
+    """GPUs x (busy power x m x t_mb + waiting power x (step - m x t_mb)); the busy power from the micro-batch's
+    step cost (its energy less the pipeline's waiting stages: aisim.step._device_half)."""
+    from ..cost.energy import waiting_power_w
+
+    mb = step_cost(sc, shape, **traced_options(plan))
+    gpus, pp = sc.plan.gpus, sc.plan.pp
+    stage_s = mb.runtime_s / pp
+    wait_w = waiting_power_w(sc.device.gpu, sc.calibration)
+    busy_w = (mb.energy_j - wait_w * (pp - 1) * stage_s * gpus) / (stage_s * gpus) if stage_s else 0.0
+    compute_s = min(grad_accum * stage_s, step_s)
+    return gpus * (busy_w * compute_s + wait_w * (step_s - compute_s))
+
+
+def share_trace(sc: Scenario, w) -> str:
+    """Trace the per-GPU graph once at DP = 1 (a replica traces batch / DP sequences) and file it under this plan's
+    key as well, so every DP (GPU count) shares it. Returns the DP-free key."""
+    from ..graph import cache, extract
+
+    one_plan = sc.plan.model_copy(update={"dp": 1})
+    one = w.model_copy(update={"batch": w.batch // sc.plan.dp})
+    graph = extract.trace_workload(sc.config, one, one_plan)
+    inputs = cache.key_inputs(sc.config, w.model_dump(exclude=extract.TRANSCRIPT_FIELDS), sc.plan.model_dump())
+    extract._MEMORY.setdefault(cache.cache_key(inputs), graph)
+    return cache.cache_key(cache.key_inputs(sc.config, one.model_dump(exclude=extract.TRANSCRIPT_FIELDS),
+                                            one_plan.model_dump()))
+
+
+def pareto(cands: list[TrainCandidate]) -> list[TrainCandidate]:
+    """Non-dominated plans on (time to train, $), both lower is better (GPU-hours where no price is known)."""
+    cost = lambda c: c.usd if c.usd is not None else c.gpu_hours  # noqa: E731
+    front = [c for c in cands if not any(o.time_to_train_s <= c.time_to_train_s and cost(o) <= cost(c)
+                                         and (o.time_to_train_s, cost(o)) != (c.time_to_train_s, cost(c))
+                                         for o in cands)]
+    unique = {(c.time_to_train_s, cost(c)): c for c in front}
+    return sorted(unique.values(), key=lambda c: c.time_to_train_s)
+
+
+def _assumptions(req: PlanTrainRequest) -> list[str]:
+    return [f"training: {req.precision}, AdamW, 1F1B pipeline schedule, TP inside a node, DP = GPUs / (TP x PP); "
+            "ZeRO stage 3 is FSDP FULL_SHARD's memory and traffic (aisim.studies.train)",
+            f"$ = GPU-hours x price per GPU-hour (spec default or --price); MWh: GPU energy x PUE {req.pue}; "
+            "communication and the optimizer at the waiting power; hosts and network not counted"]
+
+
+COLUMNS = ("device", "gpus", "tp", "pp", "dp", "zero", "recompute", "micro_batch", "grad_accum", "step_ms",
+           "mfu", "time_to_train_days", "memory_per_gpu_gb", "usd", "energy_mwh")
+
+
+def table_rows(cands: list[TrainCandidate]) -> list[list]:
+    """The ranked plans as rows of COLUMNS (for CSV and the CLI's table)."""
+    return [[getattr(c, k) for k in COLUMNS] for c in cands]
