@@ -107,3 +107,20 @@ def test_graphs_harness_static_cache_survives_more_steps_than_its_position_span(
         decoder.step()
     # the last step rewound to 31 + (3 * 16 + 1) % 16 = 32 and wrote one token
     assert [int(layer.cumulative_length) for layer in decoder.cache.layers] == [33, 33]
+
+
+def test_fp8_kv_cache_halves_kv_memory_and_attention_reads():
+    kw = {"model": "Meta-Llama-3-8B", "device": "h100", "workload": "decode", "batch": 8, "seq": 4096,
+          "runtime": "vllm"}
+    bf16, fp8 = _estimate(**kw), _estimate(kv_dtype="fp8", **kw)
+    assert fp8.memory.kv_cache_gb == pytest.approx(bf16.memory.kv_cache_gb / 2)
+    attn = {k: next(r for r in e.top_ops if r.name.startswith("attention")) for k, e in (("bf16", bf16), ("fp8", fp8))}
+    assert attn["fp8"].bytes < 0.55 * attn["bf16"].bytes
+
+
+def test_expert_parallel_over_data_parallel_ranks_uses_all_to_all():
+    est = _estimate(model="Mixtral-8x7B-v0.1", device="h100x2", workload="decode", batch=8, seq=1024, tp=1, dp=2,
+                    ep=2)
+    rows = {r.name: r for r in est.top_ops}
+    assert rows["nccl.all_to_all"].count == 2 * 32                      # dispatch and combine per MoE layer
+    assert "nccl.all_reduce" not in rows
