@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Phase = Literal["forward", "prefill", "decode", "generate", "encode", "forward-backward", "train", "transcribe"]
 StepPhase = Literal["forward", "prefill", "decode", "encode", "forward-backward", "train"]
@@ -79,6 +79,13 @@ class TrainPlan(BaseModel):
     attention: Literal["fused", "explicit"] = Field("fused", description="fused: one flash/SDPA kernel; explicit: "
                                                     "QK^T, softmax and PV as separate kernels (frameworks before "
                                                     "FlashAttention, e.g. Megatron-LM 2021)")
+
+    @model_validator(mode="after")
+    def _one_sharding(self) -> "TrainPlan":
+        implied = {"none": self.zero, "full": 3, "hybrid": 3, "grad-op": 2}[self.fsdp]
+        if self.zero not in (0, implied):
+            raise ValueError(f"zero {self.zero} contradicts fsdp {self.fsdp} (ZeRO stage {implied}); give one of them")
+        return self
 
     @property
     def stage(self) -> int:

@@ -152,3 +152,12 @@ def test_published_megatron_table_stays_under_its_ceiling():
     table = published_train.rows()
     assert all(r["fits"] for r in table)
     assert published_train.throughput_mape(table) <= published_train.THROUGHPUT_CEILING_PCT
+
+
+def test_multi_node_hybrid_shard_all_reduces_across_nodes(tiny):
+    dev = multi_node_device("a100x8-hdrx2")
+    sc = scenario(tiny, dev, dtype="bf16", tp=1, dp=16, batch=32)
+    hybrid = train(sc, TrainRequest(batch=32, seq=64, plan=TrainPlan(fsdp="hybrid", precision="bf16-mixed")))
+    assert any(r.name.startswith("nccl.all_reduce (HSDP") for r in hybrid.top_ops)
+    with pytest.raises(Exception, match="contradicts"):
+        TrainPlan(zero=1, fsdp="full")

@@ -68,6 +68,8 @@ class TrainResult(BaseModel):
     mfu: float | None
     hardware_tflops_per_gpu: float | None
     time_to_train_s: float | None = None
+    flops_per_gpu: float = Field(0.0, description="traced FLOPs of the step's micro-batches on one GPU")
+    bytes_per_gpu: float = Field(0.0, description="bytes they move")
     energy_j: float | None = Field(None, description="every GPU of the plan over the step: the micro-batches' "
                                    "kernels, waiting power through the bubble and exposed communication")
     phases: dict[str, float] = Field(default_factory=dict)
@@ -161,6 +163,7 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
         model_tflops_per_gpu=per_gpu / 1e12, mfu=per_gpu / peak,
         hardware_tflops_per_gpu=mb.flops * m / step_s / 1e12,
         time_to_train_s=req.token_budget / (tokens / step_s) if req.token_budget else None, energy_j=energy_j,
+        flops_per_gpu=mb.flops * m, bytes_per_gpu=mb.bytes * m,
         phases=phases, top_ops=rows, unknown_ops=list(mb.unknown), assumptions=notes)
 
 
@@ -280,6 +283,6 @@ def train_estimate(sc: Scenario, req: TrainRequest):
                     power_w=r.energy_j / (step_s * sc.plan.gpus) if r.fits and step_s else None,
                     throughput_tokens_per_s=r.tokens_per_s,
                     tokens=r.tokens_per_step, fits=r.fits,
-                    flops=(r.hardware_tflops_per_gpu or 0.0) * 1e12 * step_s, bytes=0.0, phases=r.phases,
+                    flops=r.flops_per_gpu, bytes=r.bytes_per_gpu, phases=r.phases,
                     top_ops=r.top_ops, unknown_ops=r.unknown_ops, calibrated=sc.calibration.measured,
                     assumptions=notes, not_fit_reason=r.not_fit_reason)

@@ -99,14 +99,17 @@ def dp_comm(sc: Scenario, graph, plan: TrainPlan, m: int, fwd_s: float, bwd_s: f
     exposed = ag / units + max(0.0, ag - fwd_s) + max(0.0, ag + rs - bwd_s) + rs / units
     # FSDP2 kernels around the collectives: all-gather copy-in (cast of the shard) and copy-out into the unsharded
     # params, twice per micro-batch; the gradients cast to the reduce dtype and copied into the reduce-scatter input
-    kernels = 2 * (_memory_op_s(sc, p / group * (weight_b + compute_b)) + _memory_op_s(sc, 2 * params))
-    kernels += _memory_op_s(sc, p * (compute_b + grad_reduce_b)) + _memory_op_s(sc, 2 * grads)
+    moved = [p / group * (weight_b + compute_b), 2 * params, 2 * params + p / group * (weight_b + compute_b),
+             p * (compute_b + grad_reduce_b), 2 * grads]
+    kernels = 2 * (_memory_op_s(sc, moved[0]) + _memory_op_s(sc, moved[1]))
+    kernels += _memory_op_s(sc, moved[3]) + _memory_op_s(sc, moved[4])
+    kernel_bytes = 2 * (moved[0] + moved[1]) + moved[3] + moved[4]
     out.total_s = m * (2 * ag + rs)
     out.exposed_s = m * (exposed + kernels)
     out.rows += [_row("nccl.all_gather (FSDP parameters, fwd + bwd)", 2 * m * units, 2 * m * params, 2 * m * ag,
                       "network"),
                  _row("nccl.reduce_scatter (FSDP gradients)", m * units, m * grads, m * rs, "network"),
-                 _row("fsdp.copy_in_out_cast", 4 * m * units, 0.0, m * kernels, "memory")]
+                 _row("fsdp.copy_in_out_cast", 4 * m * units, m * kernel_bytes, m * kernels, "memory")]
     if group < dp:   # HYBRID_SHARD: the shards' gradients all-reduced across the replicas, once per step
         ar = _coll(sc, "all_reduce", grads / group, dp // group)
         out.total_s += ar
