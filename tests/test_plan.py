@@ -1,0 +1,128 @@
+"""Capacity planning (aisim plan serve / plan train): properties that must hold of any answer, and the plots."""
+import functools
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from aisim.cli import app
+from aisim.scenario import scenario
+from aisim.step import step_cost
+from aisim.studies.plan_serve import plan_request, plan_serve
+from aisim.studies.plan_train import plan_train, plan_train_request
+from aisim.workload import StepShape
+
+SERVE = dict(model="opt-125m", devices=["h100", "l4"], input_len="256", output_len="32", num_requests=30,
+             max_gpus=8, max_num_seqs=[None, 8])
+
+
+@functools.cache
+def served(rate: float, ttft_ms: float = 150.0):
+    return plan_serve(plan_request(rate_per_s=rate, slo={"median_tpot_ms": 70.0, "p90_ttft_ms": ttft_ms}, **SERVE))
+
+
+@functools.cache
+def trained(gpus: tuple[int, ...] = (8, 16)):
+    return plan_train(plan_train_request(model="opt-125m", tokens=1e9, seq=512, global_batch=64, devices=["h100"],
+                                         gpus=list(gpus), tp=[1, 2], pp=[1, 2], zero=[0, 1, 3],
+                                         recompute=["none", "full"], micro_batch=[1, 2]))
+
+
+def test_more_load_never_needs_fewer_gpus():
+    low, high = served(2.0), served(12.0)
+    assert high.min_gpus_per_device
+    for device, gpus in high.min_gpus_per_device.items():
+        assert low.min_gpus_per_device.get(device, math.inf) <= gpus, device
+    assert set(high.min_gpus_per_device) <= set(low.min_gpus_per_device)
+
+
+def test_a_looser_slo_never_costs_more():
+    tight, loose = served(6.0, 100.0), served(6.0, 400.0)
+    assert tight.cheapest_per_device
+    for device, c in tight.cheapest_per_device.items():
+        assert loose.cheapest_per_device[device].usd_per_million_output_tokens <= c.usd_per_million_output_tokens
+
+
+def test_usd_per_million_tokens_is_price_times_gpus_over_tokens_per_hour():
+    r = served(6.0, 400.0)
+    assert r.ranked
+    for c in r.ranked:
+        tokens_per_hour = c.output_tokens_per_s_per_gpu * c.gpus * 3600
+        assert c.usd_per_hour == pytest.approx(c.price_usd_per_gpu_hour * c.gpus)
+        assert c.usd_per_million_output_tokens == pytest.approx(c.usd_per_hour / tokens_per_hour * 1e6)
+
+
+def test_every_reported_serving_configuration_fits():
+    r = served(6.0, 400.0)
+    for c in r.ranked:
+        sc = scenario("opt-125m", f"{c.device}x{c.tp}" if c.tp > 1 else c.device, dtype="bf16", tp=c.tp)
+        mem = step_cost(sc, StepShape(phase="prefill", batch=1, seq=256)).memory
+        assert mem.total_gb <= mem.capacity_gb
+        assert c.meets_slo and c.metrics["median_tpot_ms"] <= 70.0 and c.metrics["p90_ttft_ms"] <= 400.0
+
+
+def test_every_reported_training_plan_fits_and_is_ranked():
+    r = trained()
+    assert r.ranked and r.considered == sum(r.pruned.values()) + r.evaluated
+    assert r.considered == 2 * 2 * 2 * 3 * 2 * 2   # gpus x tp x pp x zero x recompute x micro-batch
+    for c in r.ranked:
+        assert c.memory_per_gpu_gb <= c.capacity_gb
+        assert c.tp * c.pp * c.dp == c.gpus and 64 % (c.dp * c.micro_batch) == 0
+        assert c.usd == pytest.approx(c.gpus * c.time_to_train_s / 3600 * c.price_usd_per_gpu_hour)
+        assert c.energy_mwh > 0 and 0 < c.mfu < 1
+    times = [c.time_to_train_s for c in r.ranked]
+    assert times == sorted(times)
+
+
+def test_more_gpus_never_slow_the_best_training_plan_much():
+    """With a fixed global batch, twice the GPUs can run every plan of the smaller count at twice the DP; only the
+    longer data-parallel collectives can slow it: the best plan gets no more than 10 % slower."""
+    best = {c.gpus: c.time_to_train_s for c in trained().best_per_gpus}
+    assert best[16] <= 1.10 * best[8]
+
+
+def test_the_pareto_front_is_not_dominated():
+    r = trained()
+    for c in r.pareto:
+        assert not any(o.time_to_train_s < c.time_to_train_s and o.usd < c.usd for o in r.ranked)
+
+
+@pytest.mark.xfail(strict=True, reason="aisim.studies.train: full recompute costs less compute than none (the "
+                   "traced checkpointed backward looks incomplete); remove this mark once fixed")
+def test_recompute_never_makes_a_step_faster():
+    r = trained()
+    by = {}
+    for c in r.ranked:
+        by.setdefault((c.gpus, c.tp, c.pp, c.zero, c.micro_batch), {})[c.recompute] = c.step_ms
+    pairs = [v for v in by.values() if len(v) == 2]
+    assert pairs and all(v["full"] >= v["none"] for v in pairs)
+
+
+def test_plan_train_cli_json_csv_and_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = CliRunner().invoke(app, ["plan", "train", "-m", "opt-125m", "--tokens", "1e9", "--seq", "512",
+                                   "--global-batch", "32", "--devices", "h100", "--gpus", "8", "--tp", "1,2",
+                                   "--pp", "1", "--zero", "0,3", "--micro-batch", "1", "--json",
+                                   "--csv", str(tmp_path / "p.csv"), "--plot", str(tmp_path / "p.png")])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["considered"] == 8 and data["ranked"][0]["time_to_train_s"] > 0
+    assert (tmp_path / "p.csv").read_text().startswith("device,gpus,tp,pp,dp,zero")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plots_write_pngs(tmp_path):
+    pytest.importorskip("matplotlib")
+    from aisim import plots
+    from aisim.api import estimate
+    from aisim.catalog import resolve_gpu
+
+    est = estimate(model="opt-125m", device="h100", workload="prefill", batch=4, seq=256, dtype="bf16")
+    paths = [plots.pareto_png(served(6.0, 400.0), tmp_path / "pareto.png"),
+             plots.roofline_png(est, resolve_gpu("h100"), tmp_path / "roof.png", "bf16"),
+             plots.latency_throughput_png({"h100": [(1, 5.0, 200.0), (8, 9.0, 900.0)]}, tmp_path / "lt.png"),
+             plots.estimated_vs_measured_png([("prefill", 1.0, 1.1), ("decode", 2.0, 1.8)], tmp_path / "evm.png"),
+             plots.train_plan_png(trained(), tmp_path / "train.png")]
+    for p in paths:
+        assert p.read_bytes()[:4] == b"\x89PNG"
