@@ -240,8 +240,8 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
                    "matmul; aisim.graph.engine); the LM head stays 16-bit")
     elif quant == "fp8" and dev.gpu.peak_flops_per_s.fp8:
         out.append(f"--quant fp8 on {dev.gpu.name}: W8A8 linears (vLLM's Fp8LinearMethod: dynamic per-tensor "
-                   "activation quantization, 2 kernels, then an fp8 x fp8 GEMM at the fp8 rate); MoE expert weights, "
-                   "embeddings and the LM head stay 16-bit")
+                   "activation quantization, 2 kernels, then an fp8 x fp8 GEMM at the fp8 rate); MoE expert weights "
+                   "stored fp8 (their grouped GEMMs costed at the 16-bit rate); embeddings and the LM head 16-bit")
     elif quant == "fp8":
         out.append(f"--quant fp8: {dev.gpu.name} has no fp8 tensor cores: weight-only fallback (fp8 weights "
                    "dequantized to 16-bit inside the GEMM, as vLLM's FP8 Marlin kernel on Ampere); GEMMs run at the "

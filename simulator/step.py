@@ -89,7 +89,7 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
     graph = trace_workload(sc.config, w, sc.plan)
     rt = sc.runtime
     ops, repeats = expand(graph.ops, graph.repeats, w, rt, graph.meta.get("vocab_size") or 0, w.batch // sc.plan.dp,
-                          moe_routing(sc.config, sc.plan), bool(sc.device.gpu.peak_flops_per_s.fp8))
+                          moe_routing(sc.config, sc.plan, w.quant), bool(sc.device.gpu.peak_flops_per_s.fp8))
     ops, repeats = fuse(ops, repeats, rt.fusions, rt.kv_cache == "preallocated")
     if rt.fusions or sc.kv_dtype != "auto":   # engines with their own KV cache and attention kernels
         ops = kv_rewrite(ops, None if sc.kv_dtype == "auto" else sc.kv_dtype,
@@ -163,13 +163,13 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
 
 
 def expert_memory(mem: MemoryBreakdown, sc: Scenario, dtype: str) -> MemoryBreakdown:
-    """The breakdown with quantized expert weights (gpt-oss MXFP4): the gate/up and down expert tensors, E x 3 x
+    """The breakdown with quantized expert weights (gpt-oss MXFP4, or --quant): the gate/up and down expert tensors, E x 3 x
     hidden x moe width per MoE layer, at their stored width; per GPU over max(tp, ep) (experts and their widths
     are split over both)."""
     from .graph.engine import expert_weight_bytes
     from .units import DTYPE_BYTES
 
-    element = expert_weight_bytes(sc.config)
+    element = expert_weight_bytes(sc.config, sc.quant)
     cfg = sc.config
     experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
     if element is None or not experts:

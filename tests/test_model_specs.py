@@ -54,6 +54,7 @@ PUBLISHED: dict[str, tuple[float, str]] = {
     "Qwen1.5-MoE-A2.7B": (14.3e9, "Qwen/Qwen1.5-MoE-A2.7B model card: 14.3B parameters in total, 2.7B activated"),
     "Qwen3-30B-A3B": (30.5e9, "Qwen/Qwen3-30B-A3B model card: 30.5B in total and 3.3B activated"),
     "gpt-oss-20b": (21e9, "OpenAI gpt-oss-120b & gpt-oss-20b model card (2025-08-05): 21B total, 3.6B active parameters"),
+    "DeepSeek-V3": (671e9, "DeepSeek-V3 technical report (arXiv:2412.19437): 671B total parameters, 37B activated"),
     "DeepSeek-V2-Lite": (15.7e9, "deepseek-ai/DeepSeek-V2-Lite model card: 15.7B total parameters, 2.4B activated"),
     "whisper-tiny": (37.8e6, f"{HF} openai/whisper-tiny: 37.8M (the paper's 39M counts differently)"),
     "whisper-base": (72.6e6, f"{HF} openai/whisper-base: 72.6M"),

@@ -85,7 +85,7 @@ EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_top_k")
 
 
-def moe_routing(config: dict, plan=None) -> dict | None:
+def moe_routing(config: dict, plan=None, quant: str = "none") -> dict | None:
     """{'experts': E, 'top_k': k, 'token_groups': g} of a mixture-of-experts config (Mixtral, Qwen-MoE, OLMoE,
     DeepSeek, gpt-oss key names), else None; g = ep / tp ranks send their tokens to each expert-parallel rank."""
     experts = next((config[k] for k in EXPERT_COUNT_KEYS if config.get(k)), None)
@@ -94,18 +94,24 @@ def moe_routing(config: dict, plan=None) -> dict | None:
         return None
     groups = max(plan.ep // plan.tp, 1) if plan is not None else 1
     out = {"experts": int(experts), "top_k": int(top_k), "token_groups": groups}
-    element = expert_weight_bytes(config)
+    element = expert_weight_bytes(config, quant)
     return out if element is None else {**out, "weight_element_bytes": element}
 
 
-def expert_weight_bytes(config: dict) -> float | None:
+def expert_weight_bytes(config: dict, quant: str = "none") -> float | None:
     """Bytes per expert weight element of a checkpoint whose experts are stored quantized (gpt-oss: MXFP4, 4-bit
     values with one 8-bit scale per 32, OCP Microscaling spec v1.0: 4.25 bits; transformers' Mxfp4 quantizer and
-    vLLM keep them packed and dequantize inside the MoE kernel), else None (the model dtype)."""
+    vLLM keep them packed and dequantize inside the MoE kernel), or at the --quant width (vLLM's fp8 MoE keeps
+    the experts fp8), else None (the model dtype)."""
+    from ..formulas import QUANT_BYTES_PER_WEIGHT
     from ..units import DTYPE_BYTES
 
     method = (config.get("quantization_config") or {}).get("quant_method")
-    return DTYPE_BYTES[method] if method in ("mxfp4",) else None
+    if method in ("mxfp4",):
+        return DTYPE_BYTES[method]
+    if quant in QUANT_BYTES_PER_WEIGHT and quant != "bitsandbytes-int8":   # --quant: experts stored like linears
+        return QUANT_BYTES_PER_WEIGHT[quant]
+    return None
 
 
 def routed(op: Op, moe: dict) -> Op:

@@ -59,6 +59,19 @@ def _trace_checked(config: dict, workload: Workload, plan: ParallelPlan) -> Grap
                          f"--dtype)") from None
 
 
+def _traced_layers(config: dict, layers: int) -> tuple[int, int]:
+    """The two depths traced: TRACED_LAYERS after the leading dense layers of a MoE model (DeepSeek's
+    first_k_dense_replace), the second one period of ``layer_types`` deeper (gpt-oss alternates sliding and full
+    attention: the increment is then the mean of one layer of each), so the increment is a typical layer."""
+    lead = int(config.get("first_k_dense_replace") or 0)
+    types = config.get("layer_types") or []
+    period = next((p for p in range(1, len(types) + 1)
+                   if all(t == types[i % p] for i, t in enumerate(types))), 1) if types else 1
+    k1 = TRACED_LAYERS[0] + lead
+    k2 = k1 + max(period, TRACED_LAYERS[1] - TRACED_LAYERS[0])
+    return (k1, k2) if layers >= k2 else (layers, layers)
+
+
 def _trace_scaled(config: dict, workload: Workload, plan: ParallelPlan) -> Graph:
     from .build import layer_count
 
@@ -70,7 +83,7 @@ def _trace_scaled(config: dict, workload: Workload, plan: ParallelPlan) -> Graph
     if plan.dp > 1 and workload.batch % plan.dp:
         raise AisimError(f"data parallel degree {plan.dp} does not divide batch {workload.batch}; "
                          f"choose --dp among the divisors of {workload.batch}")
-    k1, k2 = TRACED_LAYERS if layers >= TRACED_LAYERS[1] else (layers, layers)
+    k1, k2 = _traced_layers(config, layers)
     low = _trace_once(config, workload, plan, k1)
     high = _trace_once(config, workload, plan, k2) if k2 != k1 else low
     per_layer = (lambda a, b: (b - a) / (k2 - k1)) if k2 != k1 else (lambda a, b: 0.0)

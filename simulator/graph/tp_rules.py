@@ -8,7 +8,9 @@ GPT-2's Conv1D layers (c_attn, c_fc column; c_proj row) are named here too.
 """
 from __future__ import annotations
 
-COLUMN_ATTENTION = frozenset({"q_proj", "k_proj", "v_proj", "query_key_value", "qkv_proj", "Wqkv", "c_attn"})
+COLUMN_ATTENTION = frozenset({"q_proj", "k_proj", "v_proj", "query_key_value", "qkv_proj", "Wqkv", "c_attn",
+                              "q_b_proj", "kv_b_proj"})  # MLA (DeepSeek): per-head up-projections; the
+# low-rank down-projections (q_a_proj, kv_a_proj_with_mqa) stay replicated, as vLLM shards them
 ROW_ATTENTION = frozenset({"o_proj", "out_proj", "dense", "Wo"})
 COLUMN_MLP = frozenset({"gate_proj", "up_proj", "fc1", "dense_h_to_4h", "w1", "w3", "gate_up_proj", "c_fc"})
 ROW_MLP = frozenset({"down_proj", "fc2", "dense_4h_to_h", "w2"})
