@@ -218,10 +218,10 @@ def _notes(plan: TrainPlan, par, b: int, m: int) -> list[str]:
         out.append("recompute selective (Megatron: the attention core) saves nothing over none with a fused "
                    "attention kernel, which never stores the score matrix: traced as none")
     if par.pp > 1:
+        v = plan.virtual_stages if plan.pp_schedule == "interleaved" else 1
         out.append(f"pipeline {par.pp} stages, {plan.pp_schedule}"
                    + (f" (v = {plan.virtual_stages})" if plan.pp_schedule == "interleaved" else "")
-                   + f": bubble (pp - 1) / m = {(par.pp - 1) / m:.1%} of the work"
-                   + ("" if plan.pp_schedule == "1f1b" else f" / v"))
+                   + f": bubble (pp - 1) / (m v) = {(par.pp - 1) / (m * v):.1%} of the work")
     return out
 
 
