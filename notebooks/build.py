@@ -30,6 +30,7 @@ SERVING = [
          "            rows.append((model, rate, d, c.tp, c.replicas, c.gpus, round(c.usd_per_hour, 2),\n"
          "                         round(c.usd_per_million_output_tokens, 2), round(c.joules_per_output_token, 2),\n"
          "                         round(c.kwh_per_day, 1)))\n"
+         "for r in results.values():\n    for k, why in r.not_feasible.items():\n        print(f'{r.model} at {r.rate_per_s:g} req/s, {k}: {why[:160]}')\n"
          "print(f\"{'model':12} {'req/s':>5} {'device':14} tp rep GPUs  $/h  $/Mtok  J/tok kWh/day\")\n"
          "for r in rows:\n"
          "    print(f'{r[0]:12} {r[1]:5.1f} {r[2]:14} {r[3]:2} {r[4]:3} {r[5]:4} {r[6]:5} {r[7]:7} {r[8]:6} {r[9]:7}')"),
@@ -50,14 +51,13 @@ TRAINING = [
     md("# A training plan: Llama-2-70B on 2T tokens, 256 to 1024 GPUs\n\n`aisim.studies.plan_train` searches "
        "TP x PP x DP x ZeRO stage x recompute x micro-batch on H100 (h100x8-ndr nodes) and A100 (a100x8-hdr "
        "nodes) and ranks the plans that fit by time to train, with MFU, memory per GPU, $ and MWh. A reduced "
-       "space keeps this near a minute on a CPU; the CLI's defaults search more (`aisim plan train`).\n\n"
-       "Caveat: aisim.studies.train currently costs full recompute below no recompute (a known bug, see "
-       "tests/test_plan.py), so the plans below search recompute none only."),
+       "space keeps this near a minute on a CPU; the CLI's defaults search more (`aisim plan train`). Full "
+       "recompute is costed only where no recompute does not fit (it adds a forward and only saves memory)."),
     code("from IPython.display import Image\nfrom aisim import plots\n"
          "from aisim.studies.plan_train import plan_train, plan_train_request\n"
          "req = plan_train_request(model='llama-2-70b', tokens=2e12, seq=4096, global_batch=1024,\n"
          "                         devices=['h100', 'a100'], gpus=[256, 512, 1024], tp=[4, 8], pp=[2, 4],\n"
-         "                         zero=[1, 3], recompute=['none'], micro_batch=[1])\n"
+         "                         zero=[1, 3], recompute=['none', 'full'], micro_batch=[1, 2])\n"
          "r = plan_train(req)\n"
          "print(r.considered, 'candidates;', r.pruned, 'pruned;', r.evaluated, 'costed;', r.traces, 'traces')"),
     code("print(f\"{'device':10} GPUs tp pp   dp ZeRO  MFU  days   GB/GPU        $    MWh\")\n"

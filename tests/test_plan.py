@@ -66,6 +66,7 @@ def test_every_reported_training_plan_fits_and_is_ranked():
     r = trained()
     assert r.ranked and r.considered == sum(r.pruned.values()) + r.evaluated
     assert r.considered == 2 * 2 * 2 * 3 * 2 * 2   # gpus x tp x pp x zero x recompute x micro-batch
+    assert r.pruned.get("dominated", 0) > 0
     for c in r.ranked:
         assert c.memory_per_gpu_gb <= c.capacity_gb
         assert c.tp * c.pp * c.dp == c.gpus and 64 % (c.dp * c.micro_batch) == 0
@@ -91,12 +92,14 @@ def test_the_pareto_front_is_not_dominated():
 @pytest.mark.xfail(strict=True, reason="aisim.studies.train: full recompute costs less compute than none (the "
                    "traced checkpointed backward looks incomplete); remove this mark once fixed")
 def test_recompute_never_makes_a_step_faster():
-    r = trained()
-    by = {}
-    for c in r.ranked:
-        by.setdefault((c.gpus, c.tp, c.pp, c.zero, c.micro_batch), {})[c.recompute] = c.step_ms
-    pairs = [v for v in by.values() if len(v) == 2]
-    assert pairs and all(v["full"] >= v["none"] for v in pairs)
+    """The planner prunes a heavier recompute where a lighter one fits; this is why that is sound."""
+    from aisim.studies.train import TrainRequest, train
+    from aisim.workload import TrainPlan
+
+    sc = scenario("opt-125m", "h100x8", dtype="bf16", tp=1, pp=1, dp=8)
+    step = {rc: train(sc, TrainRequest(batch=16, seq=512, plan=TrainPlan(recompute=rc, micro_batch=2))).step_ms
+            for rc in ("none", "full")}
+    assert step["full"] >= step["none"]
 
 
 def test_plan_train_cli_json_csv_and_plot(tmp_path):

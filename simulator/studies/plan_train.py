@@ -6,7 +6,9 @@ Every candidate is counted; each is either pruned without a trace or costed by a
     must divide the layers, DP x micro-batch must divide the global batch;
   - states: a lower bound of the persistent bytes per GPU (N / (TP x PP) parameters; weights, AdamW's two states and
     sharded gradients at the precision's bytes, each divided by DP from its ZeRO stage on) above the GPU's memory;
-  - activations: a micro-batch larger than one that did not fit (activation memory grows with the micro-batch).
+  - activations: a micro-batch larger than one that did not fit with the same recompute (activation memory grows
+    with the micro-batch);
+  - dominated: a heavier recompute where a lighter one fits at the same micro-batch (recompute adds a forward).
 The traced per-GPU graph of one micro-batch depends on (model, micro-batch, seq, TP, PP, precision, recompute,
 ZeRO's tracing options), not on DP: it is traced once at DP = 1 and shared by every GPU count and device
 (aisim.graph.extract's memory cache; the disk cache keeps it between runs), and step costs are memoised.
@@ -33,6 +35,7 @@ from ..workload import MAX_BATCH, MAX_TOKENS, ParallelPlan, Precision, Recompute
 from .train import PRECISION_DTYPE, TrainRequest, model_flops_per_token, multi_node_device, traced_options, train
 
 J_PER_MWH = 3.6e9
+RECOMPUTE_ORDER = ("none", "selective", "full")   # work added, lightest first; memory saved, least first
 S_PER_HOUR = 3600.0
 
 
@@ -181,32 +184,42 @@ def _search(req: PlanTrainRequest, sc: Scenario, counts: dict, pruned: dict, tra
     for tp in req.tp:
         for pp in req.pp:
             for zero in req.zero:
-                for recompute in req.recompute:
-                    why = _shape_reason(sc, gpus, per_node, tp, pp)
-                    plan = TrainPlan(precision=req.precision, zero=zero, recompute=recompute)
-                    dp = gpus // (tp * pp) if not why else 1
-                    why = why or _states_reason(params, tp, pp, dp, plan, sc.device.gpu.memory_bytes)
-                    out += _micro_batches(req, sc, tp, pp, dp, plan, why, counts, pruned, traced)
+                why = _shape_reason(sc, gpus, per_node, tp, pp)
+                dp = gpus // (tp * pp) if not why else 1
+                plan = TrainPlan(precision=req.precision, zero=zero)
+                why = why or _states_reason(params, tp, pp, dp, plan, sc.device.gpu.memory_bytes)
+                out += _micro_batches(req, sc, tp, pp, dp, plan, why, counts, pruned, traced)
     return out
 
 
 def _micro_batches(req, sc, tp, pp, dp, plan, why, counts, pruned, traced) -> list[TrainCandidate]:
-    """Micro-batches in increasing size; once one does not fit, the larger ones are pruned."""
+    """Micro-batches in increasing size, each with the lightest recompute first. Pruned without a trace: a heavier
+    recompute where a lighter one fits at this micro-batch (recomputing only adds work; it saves memory), and a
+    recompute mode at a micro-batch larger than one where it did not fit (activations grow with the micro-batch)."""
     out = []
+    modes = [r for r in RECOMPUTE_ORDER if r in req.recompute]
+    too_big: set[str] = set()
     for mb in sorted(req.micro_batch):
-        counts["considered"] += 1
-        reason = why or (f"dp {dp} x micro-batch {mb} does not divide the global batch"
-                         if req.global_batch % (dp * mb) else None)
-        if reason:
-            key = reason.split(":")[0] if ":" in reason else reason.split(" ")[0]
-            key = {"dp": "batch split"}.get(key, key)
-            pruned[key] = pruned.get(key, 0) + 1
-            continue
-        cand = _evaluate(req, sc, tp, pp, dp, plan.model_copy(update={"micro_batch": mb}), counts, traced)
-        if cand is None:
-            why = "activations: a smaller micro-batch does not fit"
-            continue
-        out.append(cand)
+        fitted = None
+        for recompute in modes:
+            counts["considered"] += 1
+            reason = why or (f"batch split: dp {dp} x micro-batch {mb} does not divide the global batch"
+                             if req.global_batch % (dp * mb) else None)
+            if reason is None and fitted is not None:
+                reason = f"dominated: recompute {fitted} fits with less work"
+            if reason is None and recompute in too_big:
+                reason = "activations: a smaller micro-batch does not fit"
+            if reason:
+                key = reason.split(":")[0]
+                pruned[key] = pruned.get(key, 0) + 1
+                continue
+            cand = _evaluate(req, sc, tp, pp, dp,
+                             plan.model_copy(update={"micro_batch": mb, "recompute": recompute}), counts, traced)
+            if cand is None:
+                too_big.add(recompute)
+            else:
+                fitted = recompute
+                out.append(cand)
     return out
 
 
