@@ -100,7 +100,8 @@ def quantized(cost: Cost, op: Op, quant: str) -> Cost:
     """A GEMM that reads its weight in a weight-only quantized format: fewer weight bytes read (dequantization
     inside the kernel taken as free; bitsandbytes LLM.int8 is expanded into its own ops by graph.engine)."""
     weight = op.attrs.get("weight_bytes", 0.0)
-    if quant not in QUANT_BYTES_PER_WEIGHT or cost.kind != "gemm" or not weight:
+    # routed expert GEMMs price their stored width themselves (_grouped_mm, moe weight_element_bytes)
+    if quant not in QUANT_BYTES_PER_WEIGHT or cost.kind != "gemm" or not weight or "moe" in op.attrs:
         return cost
     element = op.inputs[0].nbytes / max(op.inputs[0].numel, 1) if op.inputs else 2.0
     saved = weight * (1.0 - QUANT_BYTES_PER_WEIGHT[quant] / element)

@@ -83,7 +83,7 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
     if found is not None:
         return found
     from .formulas import is_known, kv_append_in_place, op_cost, quantized
-    from .graph.engine import expand, fuse, kv_rewrite, moe_routing, sliding_windows
+    from .graph.engine import expand, fuse, kv_rewrite, mla_absorb, moe_routing, sliding_windows
     from .graph.extract import trace_workload
 
     graph = trace_workload(sc.config, w, sc.plan)
@@ -91,6 +91,8 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
     ops, repeats = expand(graph.ops, graph.repeats, w, rt, graph.meta.get("vocab_size") or 0, w.batch // sc.plan.dp,
                           moe_routing(sc.config, sc.plan, w.quant), bool(sc.device.gpu.peak_flops_per_s.fp8))
     ops, repeats = fuse(ops, repeats, rt.fusions, rt.kv_cache == "preallocated")
+    if rt.fusions and w.phase == "decode":
+        ops, repeats = mla_absorb(ops, repeats, sc.config)
     if rt.fusions or sc.kv_dtype != "auto":   # engines with their own KV cache and attention kernels
         ops = kv_rewrite(ops, None if sc.kv_dtype == "auto" else sc.kv_dtype,
                          sliding_windows(sc.config) if rt.fusions else None)

@@ -407,3 +407,39 @@ def _kv_meta(t, i: int, name: str, kv_dtype: str | None, window: int | None):
         return t
     shape = t.shape if window is None else (*t.shape[:2], min(t.shape[2], window), t.shape[3])
     return TensorMeta(shape, kv_dtype or t.dtype)
+
+
+def mla_absorb(ops: list[Op], repeats: list[float], config: dict) -> tuple[list[Op], list[float]]:
+    """Decode of multi-head latent attention as serving engines run it (vLLM's MLA backends; DeepSeek-V2 paper,
+    arXiv:2405.04434, section 2.1.3, absorbed up-projections): attention runs over the cached latent (kv_lora_rank
+    + qk_rope_head_dim wide, one shared head) with the queries projected into it, instead of HF's per-step
+    up-projection of the whole cache through kv_b_proj and the copies that assemble per-head K and V. The
+    kv_b_proj GEMM keeps its weight read for the step's tokens only (q absorption and the output projection);
+    the cache-wide copies go; the attention reads (B, 1, S, r + rope) keys and (B, 1, S, r) values."""
+    rank, rope = config.get("kv_lora_rank"), config.get("qk_rope_head_dim") or 0
+    if not rank:
+        return ops, repeats
+    out, rep, tokens = [], [], None
+    for op, r in zip(ops, repeats):
+        if op.name in ("aten.mm", "fp8.quantize") and _leaf(op.scope) == "kv_b_proj":
+            attn = [o for o in ops if o.name in ATTENTION_OPS and o.scope == op.scope.rpartition(".")[0]]
+            q = attn[0].inputs[0] if attn else None
+            if q is not None and q.shape[-2] < attn[0].inputs[1].shape[-2]:      # decode: fewer queries than keys
+                tokens = q.shape[0] * q.shape[-2]
+                a, o = op.inputs[0], op.outputs[0]
+                op = Op(name=op.name, args=(TensorMeta((tokens, a.shape[1]), a.dtype), *op.args[1:]),
+                        kwargs=op.kwargs, outputs=(TensorMeta((tokens, o.shape[1]), o.dtype), *op.outputs[1:]),
+                        alias=op.alias, phase=op.phase, scope=op.scope, attrs=op.attrs)
+        elif tokens and op.name == "aten.copy_" and "attn" in _leaf(op.scope) and len(op.inputs[0].shape) == 4:
+            continue                                             # per-head K/V assembled from the whole cache
+        elif tokens and op.name in ATTENTION_OPS:
+            q, k, v = op.inputs[:3]
+            b, h, s = q.shape[0], q.shape[1], k.shape[-2]
+            args = (TensorMeta((b, h, q.shape[-2], rank + rope), q.dtype), TensorMeta((b, 1, s, rank + rope), k.dtype),
+                    TensorMeta((b, 1, s, rank), v.dtype), *op.args[3:])
+            op = Op(name=op.name, args=args, kwargs=op.kwargs, outputs=op.outputs, alias=op.alias, phase=op.phase,
+                    scope=op.scope, attrs=op.attrs)
+            tokens = None
+        out.append(op)
+        rep.append(r)
+    return out, rep
