@@ -268,10 +268,14 @@ def _training_options(model, params, w: Workload) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         func = functools.partial(ckpt.checkpoint, use_reentrant=False,
                                  context_fn=lambda: (contextlib.nullcontext(), recompute_modes()))
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
         for module in model.modules():
             if getattr(module, "gradient_checkpointing", False):
-                module.training = True
                 module._gradient_checkpointing_func = func
+                # only the checkpointed layers train (a container in training mode would run e.g. OPT's LayerDrop,
+                # whose meta-device coin flip skips every layer); the layers' own dropout then traces, as it runs
+                module.training = isinstance(module, GradientCheckpointingLayer)
     if w.grad_release:
         def drop(p):
             p.grad = None
