@@ -89,8 +89,6 @@ def test_the_pareto_front_is_not_dominated():
         assert not any(o.time_to_train_s < c.time_to_train_s and o.usd < c.usd for o in r.ranked)
 
 
-@pytest.mark.xfail(strict=True, reason="aisim.studies.train: full recompute costs less compute than none (the "
-                   "traced checkpointed backward looks incomplete); remove this mark once fixed")
 def test_recompute_never_makes_a_step_faster():
     """The planner prunes a heavier recompute where a lighter one fits; this is why that is sound."""
     from aisim.studies.train import TrainRequest, train
