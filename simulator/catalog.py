@@ -84,9 +84,9 @@ def resolve_device(name) -> Device:
 
 def gpu_device(gpu: HardwareSpec, count: int) -> Device:
     """``count`` GPUs of one kind: a system spec file for that pair if one is shipped, else default links."""
-    for spec in all_systems().values():
-        if spec.gpu == gpu.name and spec.gpu_count == count:
-            return _system_device(spec)
+    matches = [spec for spec in all_systems().values() if spec.gpu == gpu.name and spec.gpu_count == count]
+    for spec in sorted(matches, key=lambda spec: spec.network is not None):   # one host before a cluster's node
+        return _system_device(spec)
     if count == 1:
         ic = InterconnectSpec(kind="none", algorithm="ring", link_bw_bytes_per_s=0.0, latency_s=0.0,
                               source="single GPU")

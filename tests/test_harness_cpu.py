@@ -112,7 +112,8 @@ def test_start_train_subprocess(train_run):
 
 
 EXPECTED_PARAMS_B = {"llama-1b": 1.24, "llama-3b": 3.21, "qwen2.5-1.5b": 1.54, "olmoe-1b-7b": 6.92,
-                     "qwen1.5-moe-a2.7b": 14.3, "qwen3-30b-a3b": 30.5}
+                     "qwen1.5-moe-a2.7b": 14.3, "qwen3-30b-a3b": 30.5,
+                     "cbhost-llama": 0.0668}
 
 
 def test_configs_cite_sources_and_have_published_sizes():
