@@ -338,7 +338,7 @@ class RuntimeSpec(Spec):
     prefill_logits: Literal["last", "all"] = Field("last", description="logits at prefill: last position only "
                                                    "(HF generate, logits_to_keep=1) or every position")
     request_loop: RequestLoopSpec | None = None
-    fusions: list[Literal["add_rms_norm", "silu_and_mul", "rotary"]] = Field(
+    fusions: list[Literal["add_rms_norm", "silu_and_mul", "rotary", "native_gqa"]] = Field(
         default_factory=list, description="the engine's fused kernels replacing HF's chains of small ones "
         "(aisim.graph.engine.fuse): residual add + RMSNorm, SiLU-and-mul, rotary embedding of q and k")
     serving: ServingSpec | None = Field(None, description="continuous-batching engine defaults (aisim serve)")

@@ -184,7 +184,7 @@ def expand(ops: list[Op], repeats: list[float], w: Workload, rt: RuntimeSpec, vo
 # silu_and_mul, csrc/pos_encoding_kernels.cu rotary_embedding) or compiles the model (torch.compile's Inductor fuses
 # a chain of pointwise ops and a reduction into one kernel) replaces the HF module's chain of small kernels by one
 # kernel that reads the chain's inputs once and writes its outputs once. RuntimeSpec.fusions names the fusions.
-FUSIONS = ("add_rms_norm", "silu_and_mul", "rotary")
+FUSIONS = ("add_rms_norm", "silu_and_mul", "rotary", "native_gqa")   # native_gqa: no repeat_kv copies
 ROPE_OPS = frozenset({"aten.mul.Tensor", "aten.neg", "aten.add.Tensor", "aten.cat"})
 ACTIVATIONS = frozenset({"aten.silu", "aten.gelu", "aten.gelu_tanh"})
 
@@ -261,7 +261,7 @@ def fuse(ops: list[Op], repeats: list[float], fusions, kv_in_place: bool = False
             ops = [*ops[:j], _fused("fused.silu_and_mul", tuple(mul.inputs), mul.outputs, mul.scope), *ops[j + 1:]]
             i += 1
             continue
-        if kv_in_place and _is_repeat_kv(op):
+        if "native_gqa" in fusions and _is_repeat_kv(op):
             kv_heads = op.inputs[0].shape[1]                     # GQA read natively: no repeated K/V copy
             i += 1
             continue
