@@ -69,6 +69,16 @@ SUITE = [
     ("llama-1b", "bf16-true", False, 8, 1024, "ddp", 2),
     ("llama-3b", "bf16-mixed", False, 8, 2048, "fsdp2", 2),      # expected: oom
 ]
+# 4 GPUs (and 1-GPU cases that run out of memory on an 80 GB card): --suite4
+SUITE4 = [
+    ("llama-1b", "bf16-mixed", False, 4, 2048, "plain", 1),
+    ("llama-3b", "bf16-mixed", False, 8, 2048, "plain", 1),      # expected on 80 GB: oom
+    ("llama-1b", "bf16-mixed", False, 4, 2048, "ddp", 4),
+    ("llama-1b", "bf16-mixed", False, 4, 2048, "fsdp2", 4),
+    ("llama-3b", "bf16-mixed", True, 4, 2048, "fsdp2", 4),
+    ("llama-3b", "bf16-true", False, 4, 2048, "ddp", 4),
+    ("llama-3b", "bf16-mixed", False, 8, 2048, "ddp", 4),        # expected on 80 GB: oom (DDP keeps full states)
+]
 SMOKE = [
     ("tiny-llama", "bf16-mixed", True, 2, 32, "plain", 1),
     ("tiny-llama", "bf16-true", False, 2, 32, "plain", 1),
@@ -469,6 +479,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-minutes", type=float, default=None)
     parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU: plain, DDP and FSDP2 (gloo)")
     parser.add_argument("--suite", action="store_true", help="the predefined case list (module SUITE)")
+    parser.add_argument("--suite4", action="store_true", help="the 4-GPU case list (module SUITE4)")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs available; cases needing more are skipped")
     parser.add_argument("--model", default="llama-1b")
     parser.add_argument("--precision", default="bf16-mixed", choices=["bf16-mixed", "bf16-true"])
@@ -488,8 +499,8 @@ def main(argv=None) -> int:
         cases = [make_case(*c) for c in SMOKE]
         args.steps, args.warmup = 2, 1
         args.gpus = max(args.gpus, 2)
-    elif args.suite:
-        cases = [make_case(*c) for c in SUITE]
+    elif args.suite or args.suite4:
+        cases = [make_case(*c) for c in (SUITE4 if args.suite4 else SUITE)]
     else:
         strategy = args.strategy or ("plain" if args.gpus == 1 else "fsdp2")
         world = 1 if strategy == "plain" else args.gpus
