@@ -135,7 +135,7 @@ def test_cli_train_flags(tiny):
 
 
 def test_measured_training_steps_stay_under_their_ceilings():
-    """validation/data/train (2 x H200): runtime and peak-memory MAPE under the ceilings set beside the goals."""
+    """validation/data/train (2 x H200, 4 x H100): runtime and peak-memory MAPE under the ceilings set beside the goals."""
     from aisim.validation import train_report
 
     s = train_report.summary(train_report.rows())
