@@ -14,6 +14,15 @@ def new_app(help_text: str) -> typer.Typer:
     return typer.Typer(add_completion=False, help=help_text, pretty_exceptions_enable=False)
 
 
+def emit(text: str, out=None) -> int:
+    """Write a report to ``out`` (a path) or stdout; exit code 0."""
+    if out:
+        out.write_text(text)
+    else:
+        print(text, end="")
+    return 0
+
+
 def run(app: typer.Typer, argv: list[str] | None = None, prog: str | None = None) -> int:
     """Run ``app`` on ``argv`` (default sys.argv[1:]); return its exit code."""
     try:

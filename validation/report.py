@@ -21,7 +21,7 @@ from typing import Optional
 import typer
 
 from ..errors import AisimError
-from .cli import new_app, run
+from .cli import emit, new_app, run
 
 from .runner import read_jsonl
 from .suite import TRAINING_WORKLOADS
@@ -373,11 +373,7 @@ def _report(jsonl: list[Path] = typer.Argument(..., help="measured datasets (val
     if fmt not in FORMATS or order not in ORDERS or layout not in ("sections", "flat"):
         raise AisimError(f"--fmt is one of {FORMATS}, --order one of {list(ORDERS)}, --layout sections or flat")
     text = build_report([str(p) for p in jsonl], fmt, order=order, layout=layout)
-    if out:
-        out.write_text(text)
-    else:
-        print(text, end="")
-    return 0
+    return emit(text, out)
 
 
 def main(argv: list[str] | None = None) -> int:

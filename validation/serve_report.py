@@ -17,7 +17,7 @@ from typing import Optional
 import numpy as np
 import typer
 
-from .cli import new_app, run
+from .cli import emit, new_app, run
 
 DATA = Path(__file__).parent / "data" / "serve"
 MODELS = {"qwen2.5-1.5b": Path(__file__).parent / "harness" / "configs" / "qwen2.5-1.5b.json",
@@ -112,11 +112,7 @@ def _report(fmt: str = typer.Option("markdown", "--format", help="markdown|json"
             out: Optional[Path] = typer.Option(None, help="write here instead of stdout")) -> int:
     rows = compare_runs()
     text = json.dumps(rows, indent=1) if fmt == "json" else "\n".join(serve_section(rows)) + "\n"
-    if out:
-        out.write_text(text)
-    else:
-        print(text, end="")
-    return 0
+    return emit(text, out)
 
 
 def main(argv: list[str] | None = None) -> int:
