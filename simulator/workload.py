@@ -17,10 +17,6 @@ MAX_TOKENS = 10_000_000      # bounds on what a step can physically hold: beyond
 MAX_BATCH = 1_000_000
 MAX_AUDIO_S = 366 * 24 * 3600  # a year of audio
 
-MAX_TOKENS = 10_000_000      # bounds on what a step can physically hold: beyond any model's context x batch
-MAX_BATCH = 1_000_000
-MAX_AUDIO_S = 366 * 24 * 3600  # a year of audio
-
 
 class Workload(BaseModel):
     """One workload. ``seq`` is the input length (forward/prefill/encode/train) or the context length (decode)."""
@@ -93,7 +89,6 @@ class TrainPlan(BaseModel):
         return {"none": self.zero, "full": 3, "hybrid": 3, "grad-op": 2}[self.fsdp]
 
 
-
 class StepShape(BaseModel):
     """What one step computes, apart from the scenario: the phase, batch and sequence (the input length, or the
     context of a decode step), the new tokens per sequence of a decode call, and whether every new token gets
@@ -113,6 +108,8 @@ class ParallelPlan(BaseModel):
     pp: int = Field(1, ge=1, le=100_000)
     dp: int = Field(1, ge=1, le=100_000)
     tp_scope: TpScope = "all"
+    ep: int = Field(1, ge=1, le=100_000, description="expert parallel degree: MoE experts spread over ep of the "
+                    "tp x dp GPUs of a stage (vLLM --enable-expert-parallel); 1: experts tensor-parallel")
 
     @property
     def gpus(self) -> int:

@@ -236,12 +236,11 @@ def build(out: Path) -> str:
               "their efficiencies are the default rules, which were written for data-centre GPUs; (2) the x8 "
               "rows were measured with DTensor tensor parallelism, whose all-reduces are slower than the "
               "fitted link speed suggests (aisim's x8 estimates are 56-63% low on OPT, whose MLP all-reduces "
-              "dominate); (3) memory: the single-GPU rows are 18-84% above the measured peaks, by about the size of "
-              "one or two fp32 copies of the 16 x 1024 x vocab logits that the loss path of transformers 5.17 "
-              "(traced here) holds at once; TorchCAP ran transformers 4.48.2 and a different single-GPU script, "
-              "whose loss path evidently held less (which one, we could not establish without running it). The x8 "
-              "rows, from their multi-GPU script, are within 6% for the clm models; for OPT their DTensor "
-              "sharding keeps the full weights alive (x8 peaks above the single-GPU peaks), which aisim's "
+              "dominate); (3) memory: the single-GPU rows are modelled by the TorchCAP harness profile "
+              "(validation/harness_profiles/torchcap.yaml: its exported module under no_grad frees intermediates at "
+              "their last use; the peak is the weights plus the loss tail of transformers 4.48.2) and are within "
+              "0.5%; the x8 OPT rows remain off: their DTensor sharding keeps the full weights alive (x8 peaks above "
+              "the single-GPU peaks), which aisim's "
               "sharded-weights model does not reproduce.", "",
               "## CS336 (batch 4, fp32, forward and forward+backward)", "", "Command: `aisim validate --reference cs336`",
               "", compare_reference("cs336", fmt="markdown").split("\n", 2)[2], "",

@@ -138,8 +138,8 @@ def _trace_once(config: dict, workload: Workload, plan: ParallelPlan, layers: in
     model, attn = build_meta_model(config, weights_dtype, layers, workload.attn_impl)
     tracer = Tracer()
     shard_model(model, plan.tp, plan.tp_scope, tracer)
-    params = list(model.parameters())
     shard_experts(model, plan.tp, plan.ep, tracer)
+    params = list(model.parameters())
     batch = workload.batch // plan.dp
     driver = _DRIVERS[workload.phase]
     training = workload.phase in ("forward-backward", "train")
@@ -282,6 +282,7 @@ def _training_options(model, params, w: Workload) -> None:
         for p in params:
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(drop)
+
 
 def _encode(model, config, w: Workload, batch, tracer, tracing):
     """The encoder on one 30 s window; with ``encode_cross_kv`` also every decoder layer's cross-attention K and
