@@ -106,7 +106,8 @@ def write(path: Path, rows) -> None:
              "| what | wall time (s) |", "|---|---:|"]
     lines += [f"| {name} | {seconds:.3f} |" for name, seconds in rows]
     lines += ["", "A new process pays for importing torch and transformers when it must trace; graphs are cached on "
-              "disk (`~/.cache/aisim/graphs`, `AISIM_CACHE_DIR`) keyed by config, workload, plan and versions, so "
+              "disk (`~/.cache/aisim/graphs`, `AISIM_CACHE_DIR`) keyed by config, workload, plan, the torch and "
+              "transformers versions and a hash of the graph-building source (JSON: nothing read back can execute), so "
               "a repeated estimate in a new process does not import them.", ""]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
