@@ -262,16 +262,34 @@ plan_app = typer.Typer(no_args_is_help=True, help="Capacity planning: search con
 app.add_typer(plan_app, name="plan")
 
 
-def _prices(items: list[str]) -> dict[str, float]:
+def _prices(items: list[str], price_file: Optional[Path] = None) -> dict[str, float]:
+    """GPU -> USD per GPU-hour: a price file (YAML or JSON mapping of GPU names to prices), then --price items."""
     from .catalog import resolve_gpu
 
-    out = {}
-    for item in items:
-        name, _, value = item.partition("=")
+    pairs: list[tuple[str, object]] = []
+    if price_file is not None:
+        import yaml
+
         try:
-            out[resolve_gpu(name).name] = float(value)
-        except ValueError:
-            _fail(f"--price {item!r}: give GPU=USD_PER_GPU_HOUR, e.g. --price h100=2.5")
+            data = yaml.safe_load(price_file.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            _fail(f"--price-file {price_file}: not readable YAML/JSON ({type(exc).__name__})")
+        if not isinstance(data, dict):
+            _fail(f"--price-file {price_file}: give a mapping of GPU names to USD per GPU-hour, e.g. h100: 2.5")
+        pairs += list(data.items())
+    pairs += [tuple(item.partition("=")[::2]) for item in items]
+    out = {}
+    for name, value in pairs:
+        try:
+            price = float(value)
+        except (TypeError, ValueError):
+            _fail(f"price {name}={value!r}: give GPU=USD_PER_GPU_HOUR, e.g. --price h100=2.5")
+        if not 0 < price < 1e4:
+            _fail(f"price {name}={value!r}: a GPU-hour price must be positive (USD)")
+        try:
+            out[resolve_gpu(str(name)).name] = price
+        except AisimError as exc:
+            _fail(str(exc))
     return out
 
 
@@ -288,6 +306,7 @@ def plan_serve_cmd(
     dtype: str = typer.Option("bf16"),
     num_requests: int = typer.Option(400, "--num-requests", help="requests per simulation"),
     price: list[str] = typer.Option([], "--price", help="GPU=USD per GPU-hour (repeatable)"),
+    price_file: Optional[Path] = typer.Option(None, "--price-file", help="YAML/JSON mapping GPU -> USD per GPU-hour"),
     electricity: float = typer.Option(0.10, "--electricity-usd-per-kwh"),
     pue: float = typer.Option(1.2, "--pue"),
     grid: Optional[float] = typer.Option(None, "--grid-g-co2-per-kwh"),
@@ -303,9 +322,14 @@ def plan_serve_cmd(
         req = plan_request(model=model, devices=[d.strip() for d in devices.split(",") if d.strip()],
                            runtimes=[r.strip() for r in runtimes.split(",") if r.strip()], rate_per_s=rate,
                            input_len=input_len, output_len=output_len, slo=parse_slo(slo), max_gpus=max_gpus,
-                           dtype=dtype, num_requests=num_requests, prices=_prices(price),
+                           dtype=dtype, num_requests=num_requests, prices=_prices(price, price_file),
                            electricity_usd_per_kwh=electricity, pue=pue, grid_g_co2_per_kwh=grid)
-        return plan_serve(req)
+        if as_json:
+            return plan_serve(req)
+        from rich.console import Console
+
+        with Console(stderr=True).status("searching") as status:
+            return plan_serve(req, progress=lambda what: status.update(f"searching: {what}"))
 
     result, _ = _run(go)
     if csv_out:
@@ -334,6 +358,7 @@ def plan_train_cmd(
     micro_batch: str = typer.Option("1,2,4", "--micro-batch", help="micro-batch sizes to try"),
     precision: str = typer.Option("bf16-mixed", help="bf16-mixed | 16-mixed | bf16-true | 16-true | 32-true"),
     price: list[str] = typer.Option([], "--price", help="GPU=USD per GPU-hour (repeatable)"),
+    price_file: Optional[Path] = typer.Option(None, "--price-file", help="YAML/JSON mapping GPU -> USD per GPU-hour"),
     electricity: float = typer.Option(0.10, "--electricity-usd-per-kwh"),
     pue: float = typer.Option(1.2, "--pue"),
     top: int = typer.Option(15, "--top", help="rows of the ranked table to print"),
@@ -350,7 +375,7 @@ def plan_train_cmd(
                                  gpus=_ints(gpus, "--gpus"), tp=_ints(tp, "--tp"), pp=_ints(pp, "--pp"),
                                  zero=[int(z) for z in zero.split(",") if z.strip().isdigit()], recompute=[r.strip() for r in recompute.split(",")],
                                  micro_batch=_ints(micro_batch, "--micro-batch"), precision=precision,
-                                 prices=_prices(price), electricity_usd_per_kwh=electricity, pue=pue)
+                                 prices=_prices(price, price_file), electricity_usd_per_kwh=electricity, pue=pue)
         return plan_train(req, progress=None if as_json else lambda m: typer.echo(m, err=True))
 
     result, _ = _run(go)
