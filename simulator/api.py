@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from .results import Estimate
 from .scenario import ScenarioRequest, build_request, resolve_scenario

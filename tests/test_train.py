@@ -1,7 +1,6 @@
 """Training plans (aisim.studies.train): precision modes, ZeRO/FSDP memory, DDP/FSDP communication, pipeline
 bubble, hierarchical collectives, the CLI flags, and the measured 2 x H200 dataset's regression ceilings."""
 import json
-import math
 from pathlib import Path
 
 import pytest

@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..units import DTYPE_BYTES as ELEMENT_BYTES
-from ..units import FROM_TORCH_DTYPE as DTYPE_NAMES
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-from .ops import DTYPE_NAMES, Op, TensorMeta
+from ..units import FROM_TORCH_DTYPE as DTYPE_NAMES
+from .ops import Op, TensorMeta
 
 _ITEM = torch.ops.aten._local_scalar_dense.default
 

@@ -26,7 +26,6 @@ micro-batches a 1F1B stage holds are the traced peak less the gradients; energy 
 """
 from __future__ import annotations
 
-import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
