@@ -79,6 +79,9 @@ SUITE4 = [
     ("llama-3b", "bf16-true", False, 4, 2048, "ddp", 4),
     ("llama-3b", "bf16-mixed", False, 8, 2048, "ddp", 4),        # expected on 80 GB: oom (DDP keeps full states)
 ]
+# One GPU, every precision mode of a 1B model (Lightning's names; 16-mixed with a GradScaler): --suite-precision
+PRECISIONS = ("bf16-mixed", "bf16-true", "16-mixed", "32-true")
+SUITE_PRECISION = [("llama-1b", p, False, 4, 2048, "plain", 1) for p in PRECISIONS]
 SMOKE = [
     ("tiny-llama", "bf16-mixed", True, 2, 32, "plain", 1),
     ("tiny-llama", "bf16-true", False, 2, 32, "plain", 1),
@@ -144,10 +147,12 @@ def run_case(case: dict, rank: int, world: int, device, args) -> dict:
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    mixed = case["precision"] == "bf16-mixed"
-    if case["precision"] not in ("bf16-mixed", "bf16-true"):
-        raise ValueError(f"unknown precision {case['precision']!r}")
-    dtype = torch.float32 if mixed else torch.bfloat16
+    precision = case["precision"]
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}")
+    mixed = precision.endswith("-mixed")
+    half = torch.float16 if precision == "16-mixed" else torch.bfloat16
+    dtype = torch.float32 if mixed or precision == "32-true" else torch.bfloat16
     config = common.hf_config(case["model"], use_cache=False)
     model = common.build_causal_lm(config, dtype, device, attn_implementation="sdpa", seed=args.seed)
     model.train()
@@ -162,8 +167,8 @@ def run_case(case: dict, rank: int, world: int, device, args) -> dict:
             raise ValueError("plain runs on one GPU")
         wrapped = model
         if mixed:
-            autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16)  # noqa: E731
-            info["mixed_precision_impl"] = "torch.autocast(bf16), fp32 master weights"
+            autocast = lambda: torch.autocast(device.type, dtype=half)  # noqa: E731
+            info["mixed_precision_impl"] = f"torch.autocast({str(half)[6:]}), fp32 master weights"
     elif case["strategy"] == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -194,11 +199,20 @@ def run_case(case: dict, rank: int, world: int, device, args) -> dict:
     ids = torch.randint(0, int(config.vocab_size), (case["batch"], case["seq"]), generator=g, device=device)
     losses = []
 
+    scaler = torch.amp.GradScaler(device.type) if precision == "16-mixed" else None
+    if scaler is not None:
+        info["grad_scaler"] = "torch.amp.GradScaler (Lightning's 16-mixed)"
+
     def step():
         with autocast():
             loss = wrapped(input_ids=ids, labels=ids, use_cache=False).loss
-        loss.backward()
-        optimizer.step()
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach())
 
@@ -480,9 +494,10 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU: plain, DDP and FSDP2 (gloo)")
     parser.add_argument("--suite", action="store_true", help="the predefined case list (module SUITE)")
     parser.add_argument("--suite4", action="store_true", help="the 4-GPU case list (module SUITE4)")
+    parser.add_argument("--suite-precision", action="store_true", help="every precision mode on one GPU")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs available; cases needing more are skipped")
     parser.add_argument("--model", default="llama-1b")
-    parser.add_argument("--precision", default="bf16-mixed", choices=["bf16-mixed", "bf16-true"])
+    parser.add_argument("--precision", default="bf16-mixed", choices=list(PRECISIONS))
     parser.add_argument("--ckpt", action="store_true", help="activation checkpointing")
     parser.add_argument("--batch", type=int, default=4, help="per GPU")
     parser.add_argument("--seq", type=int, default=2048)
@@ -499,8 +514,9 @@ def main(argv=None) -> int:
         cases = [make_case(*c) for c in SMOKE]
         args.steps, args.warmup = 2, 1
         args.gpus = max(args.gpus, 2)
-    elif args.suite or args.suite4:
-        cases = [make_case(*c) for c in (SUITE4 if args.suite4 else SUITE)]
+    elif args.suite or args.suite4 or args.suite_precision:
+        chosen = SUITE4 if args.suite4 else SUITE_PRECISION if args.suite_precision else SUITE
+        cases = [make_case(*c) for c in chosen]
     else:
         strategy = args.strategy or ("plain" if args.gpus == 1 else "fsdp2")
         world = 1 if strategy == "plain" else args.gpus
