@@ -9,7 +9,6 @@ first, so it overlaps the in-process smoke runs.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -19,36 +18,12 @@ import types
 from pathlib import Path
 
 import pytest
+from aisim_path import ensure_aisim
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _ensure_aisim() -> bool:
-    """Import aisim; from a source tree that is not installed, map aisim -> simulator/, aisim.X -> X/.
-    Returns True if aisim is really installed (a subprocess can then import it too)."""
-    try:
-        import aisim.validation.harness  # noqa: F401 - only whether it imports
-        return True
-    except ImportError:
-        pass
-    for name in [m for m in sys.modules if m == "aisim" or m.startswith("aisim.")]:
-        del sys.modules[name]
-
-    def package(name: str, path: Path):
-        init = path / "__init__.py"
-        spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(path)])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        return module
-
-    root = package("aisim", ROOT / "simulator")
-    for sub in ("validation", "model_specs"):
-        setattr(root, sub, package(f"aisim.{sub}", ROOT / sub))
-    return False
-
-
-AISIM_INSTALLED = _ensure_aisim()
+AISIM_INSTALLED = ensure_aisim("aisim.validation.harness")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 

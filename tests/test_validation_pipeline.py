@@ -5,50 +5,18 @@ Tiny models (2 layers, hidden 64) keep this fast; no GPU is needed (energy and m
 from __future__ import annotations
 
 import csv
-import importlib.util
 import io
 import json
 import socket
-import sys
-import types
 from pathlib import Path
 
 import pytest
+from aisim_path import ensure_aisim
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _ensure_aisim() -> bool:
-    """Import aisim; from a source tree that is not installed, map aisim -> simulator/, aisim.X -> X/.
-    Returns True if aisim is really installed (spawned processes can then import it too)."""
-    try:
-        import aisim.validation  # noqa: F401
-        return True
-    except ImportError:
-        pass
-    for name in [m for m in sys.modules if m == "aisim" or m.startswith("aisim.")]:
-        del sys.modules[name]
-
-    def package(name: str, path: Path):
-        init = path / "__init__.py"
-        if init.exists():
-            spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(path)])
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-        else:
-            module = types.ModuleType(name)
-            module.__path__ = [str(path)]
-            sys.modules[name] = module
-        return module
-
-    root = package("aisim", ROOT / "simulator")
-    for sub in ("validation", "model_specs", "hardware_specs"):
-        setattr(root, sub, package(f"aisim.{sub}", ROOT / sub))
-    return False
-
-
-AISIM_INSTALLED = _ensure_aisim()
+AISIM_INSTALLED = ensure_aisim()
 
 from aisim.validation.report import (  # noqa: E402
     ComparisonRow, Pair, aisim_device_name, build_report, render_report, summarize,
@@ -294,7 +262,7 @@ def _tp_worker(rank: int, world: int, config_paths: list[str], port: int, out_di
     import torch
     import torch.distributed as dist
 
-    _ensure_aisim()
+    ensure_aisim()
     from aisim.validation.measure import build_model
 
     torch.set_num_threads(1)
