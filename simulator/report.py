@@ -174,7 +174,7 @@ def print_serve(r, notes: list[str] | None = None) -> None:
 
 PLAN_COLUMNS = ("device", "runtime", "tp", "replicas", "gpus", "max_num_seqs", "median_ttft_ms", "median_tpot_ms",
                 "p90_tpot_ms", "output_tokens_per_s_per_gpu", "usd_per_hour", "usd_per_million_output_tokens",
-                "joules_per_output_token", "kwh_per_day", "co2_kg_per_day")
+                "joules_per_output_token", "kwh_per_day", "electricity_usd_per_day", "co2_kg_per_day")
 
 
 def _plan_row(c) -> list:

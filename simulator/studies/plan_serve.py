@@ -65,6 +65,7 @@ class Candidate(BaseModel):
     usd_per_million_output_tokens: float | None
     joules_per_output_token: float
     kwh_per_day: float
+    electricity_usd_per_day: float
     co2_kg_per_day: float | None
     output_tokens_per_s_per_gpu: float
     output_tokens_per_s_per_user: float
@@ -237,6 +238,7 @@ def _candidate(req, sc, tp, replicas, max_num_seqs, r) -> Candidate:
                      usd_per_million_output_tokens=(usd_h / (tokens_per_s * 3600) * 1e6
                                                     if usd_h and tokens_per_s else None),
                      joules_per_output_token=j_per_tok, kwh_per_day=kwh_day,
+                     electricity_usd_per_day=kwh_day * req.electricity_usd_per_kwh,
                      co2_kg_per_day=(kwh_day * req.grid_g_co2_per_kwh / 1e3 if req.grid_g_co2_per_kwh is not None
                                      else None),
                      output_tokens_per_s_per_gpu=tokens_per_s / gpus,
