@@ -188,3 +188,32 @@ def test_transposed_operands_are_flagged_and_costed_on_their_curve():
     dev, cal = resolve_device("h200"), load_calibration("h200")
     slow, fast = (op_time(op, op_cost(op), dev, cal, "fp16").gpu_s for op in adds)
     assert slow > 2 * fast      # 0.1-0.3 of bandwidth against ~0.8 at this size (H200 microbenchmarks)
+
+
+def test_fp32_grouped_kv_heads_run_sdpa_math_and_keep_the_softmax_for_backward(tiny_llama):
+    """fp32 + grouped KV heads: flash wants 16-bit, memory-efficient refuses GQA (PyTorch sdp_utils.cpp), so the
+    math path runs and every layer keeps its (batch, heads, seq, seq) softmax for backward."""
+    batch, seq, heads, layers = 2, 128, 4, 4
+    fp32 = trace_workload(tiny_llama, Workload(phase="forward-backward", batch=batch, seq=seq, dtype="fp32"),
+                          ParallelPlan())
+    bf16 = trace_workload(tiny_llama, Workload(phase="forward-backward", batch=batch, seq=seq, dtype="bf16"),
+                          ParallelPlan())
+    mha = trace_workload(dict(tiny_llama, num_key_value_heads=heads),
+                         Workload(phase="forward-backward", batch=batch, seq=seq, dtype="fp32"), ParallelPlan())
+    assert not any(o.name.startswith("attention.efficient") for o in fp32.ops)
+    assert any(o.name == "attention.efficient" for o in mha.ops)
+    assert not any(o.name.startswith("attention.") for o in fp32.ops)
+    assert any(o.name == "aten._safe_softmax" for o in fp32.ops)
+    assert any(o.name == "attention.flash" for o in bf16.ops)
+    softmax_kept = layers * batch * heads * seq * seq * 4
+    assert fp32.peak_activation_bytes - mha.peak_activation_bytes > softmax_kept * 0.8
+
+
+def test_sdpa_backend_follows_pytorch_dispatch():
+    from aisim.graph.tracer import sdpa_backend
+    q32, k32 = torch.empty(1, 8, 4, 64, device="meta"), torch.empty(1, 2, 4, 64, device="meta")
+    mha32 = torch.empty(1, 8, 4, 64, device="meta")
+    assert sdpa_backend(q32, k32, None) == "math"
+    assert sdpa_backend(q32, mha32, None) == "efficient"
+    assert sdpa_backend(q32.bfloat16(), k32.bfloat16(), None) == "flash"
+    assert sdpa_backend(q32.bfloat16(), mha32.bfloat16(), torch.empty(1, 1, 4, 4, device="meta")) == "efficient"

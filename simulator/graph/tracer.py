@@ -143,6 +143,26 @@ def _tensors(args, kwargs):
     return found
 
 
+def sdpa_backend(query, key, attn_mask) -> str:
+    """The backend PyTorch's CUDA SDPA dispatcher picks (flash > efficient > math; cuDNN is last and wants 16-bit).
+
+    aten/src/ATen/native/transformers/cuda/sdp_utils.cpp (torch 2.5-2.11): flash needs fp16/bf16, head_dim <= 256 and
+    no explicit mask (check_for_attn_mask), and admits grouped KV heads (check_batch_size_and_num_heads_dense<true>);
+    memory-efficient takes fp32 too and a mask, but its dense constraints instantiate
+    check_batch_size_and_num_heads_dense<false /*supports_grouped_query_attention*/>, so KV heads fewer than query
+    heads rule it out. transformers passes enable_gqa=True exactly when the mask is None
+    (integrations/sdpa_attention.py use_gqa_in_sdpa, v5.17 line 36; otherwise repeat_kv expands K/V first), so an
+    fp32 model with grouped KV heads runs the math path: the full softmax(QK^T) matrix is materialised and, in
+    training, kept for backward per layer."""
+    head_dim = query.shape[-1]
+    grouped = key.dim() >= 3 and query.dim() >= 3 and key.shape[-3] != query.shape[-3]
+    if query.dtype in (torch.float16, torch.bfloat16) and head_dim <= 256 and attn_mask is None:
+        return "flash"
+    if not grouped and query.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        return "efficient"
+    return "math"
+
+
 class _Attention(torch.autograd.Function):
     """One fused attention kernel (flash or memory-efficient), recorded instead of its decomposition."""
 
@@ -185,9 +205,11 @@ class _Functions(TorchFunctionMode):
 
     def _attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                    enable_gqa=False):
-        head_dim = query.shape[-1]
-        fused_ok = query.dtype in (torch.float16, torch.bfloat16) and head_dim <= 256 and attn_mask is None
-        backend = "flash" if fused_ok else "efficient"
+        backend = sdpa_backend(query, key, attn_mask)
+        if backend == "math":   # traced as the aten ops PyTorch's math path runs (the meta device runs the same)
+            return torch.nn.functional.scaled_dot_product_attention(
+                query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                enable_gqa=enable_gqa)
         attrs = {"is_causal": bool(is_causal) and query.shape[-2] > 1, "has_mask": attn_mask is not None,
                  "backend": backend, "dropout_p": float(dropout_p)}
         return _Attention.apply(self.tracer, attrs, query, key, value, attn_mask)

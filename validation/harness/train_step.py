@@ -82,6 +82,17 @@ SUITE4 = [
 # One GPU, every precision mode of a 1B model (Lightning's names; 16-mixed with a GradScaler): --suite-precision
 PRECISIONS = ("bf16-mixed", "bf16-true", "16-mixed", "32-true")
 SUITE_PRECISION = [("llama-1b", p, False, 4, 2048, "plain", 1) for p in PRECISIONS]
+# One GPU, 32-true around the attention path (fp32 with grouped KV heads runs SDPA's math kernel, whose softmax
+# matrix is kept per layer): sizes that fit, one with checkpointing, and the 4 x 2048 that ran out of memory.
+# --suite-fp32
+SUITE_FP32 = [
+    ("llama-1b", "32-true", False, 1, 2048, "plain", 1),
+    ("llama-1b", "32-true", False, 2, 2048, "plain", 1),
+    ("llama-1b", "32-true", False, 8, 512, "plain", 1),
+    ("llama-1b", "32-true", True, 4, 2048, "plain", 1),
+    ("llama-3b", "32-true", False, 1, 2048, "plain", 1),
+    ("llama-1b", "32-true", False, 4, 2048, "plain", 1),        # expected: oom
+]
 SMOKE = [
     ("tiny-llama", "bf16-mixed", True, 2, 32, "plain", 1),
     ("tiny-llama", "bf16-true", False, 2, 32, "plain", 1),
@@ -495,6 +506,7 @@ def main(argv=None) -> int:
     parser.add_argument("--suite", action="store_true", help="the predefined case list (module SUITE)")
     parser.add_argument("--suite4", action="store_true", help="the 4-GPU case list (module SUITE4)")
     parser.add_argument("--suite-precision", action="store_true", help="every precision mode on one GPU")
+    parser.add_argument("--suite-fp32", action="store_true", help="32-true sizes on one GPU (SDPA math path)")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs available; cases needing more are skipped")
     parser.add_argument("--model", default="llama-1b")
     parser.add_argument("--precision", default="bf16-mixed", choices=list(PRECISIONS))
@@ -514,8 +526,9 @@ def main(argv=None) -> int:
         cases = [make_case(*c) for c in SMOKE]
         args.steps, args.warmup = 2, 1
         args.gpus = max(args.gpus, 2)
-    elif args.suite or args.suite4 or args.suite_precision:
-        chosen = SUITE4 if args.suite4 else SUITE_PRECISION if args.suite_precision else SUITE
+    elif args.suite or args.suite4 or args.suite_precision or args.suite_fp32:
+        chosen = (SUITE4 if args.suite4 else SUITE_PRECISION if args.suite_precision
+                  else SUITE_FP32 if args.suite_fp32 else SUITE)
         cases = [make_case(*c) for c in chosen]
     else:
         strategy = args.strategy or ("plain" if args.gpus == 1 else "fsdp2")
