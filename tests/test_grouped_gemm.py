@@ -45,7 +45,10 @@ def test_grouped_gemm_smoke(tmp_path):
     cases = [r for r in records if r["type"] == "case"]
     assert all(r["status"] == "ok" for r in cases), [r for r in cases if r["status"] != "ok"][:2]
     sections = {r["section"] for r in cases}
-    assert sections == {"host", "model", "grid", "residue"}
+    assert sections == {"host", "layers", "model", "grid", "residue"}
+    layers = [r for r in cases if r["section"] == "layers"]
+    assert sorted((r["model"], r["layers"]) for r in layers)[:2] == [("tiny-olmoe", 2), ("tiny-olmoe", 4)]
+    assert all(r["host_ms"] > 0 and r["median_ms"] > 0 for r in layers)
     model = [r for r in cases if r["section"] == "model"]
     ops = {r["op"] for r in model}
     assert {"grouped_gate_up", "grouped_down", "masked_fill_rows_", "masked_fill_gate_up", "mul_routing_weights",

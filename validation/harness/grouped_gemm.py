@@ -15,13 +15,16 @@ exact calls, dtypes, layouts and offsets, in four sections (each row has ``secti
   expert and sigmoid gate, Qwen3MoeSparseMoeBlock; one layer, random bf16 weights) called back to back on a decode
   input (1 and 8 tokens): host (CPU) time per call before the final synchronize, and device time per call. Runs
   first, in a process that has not run the profiler.
+- ``layers``: a decode step (batch 1, context 128) of each model cut to 2 and 4 decoder layers (random bf16
+  weights, moe_bench's DynamicCache setup): host time per step before the synchronize and the step's event time;
+  the difference of the two depths is the time per decoder layer, against aisim's eager dispatch per layer.
 - ``model``: each op above for each model's shapes (OLMoE-1B-7B E=64 k=8 H=2048 I=1024; Qwen1.5-MoE-A2.7B E=60 k=4
   I=1408; Qwen3-30B-A3B E=128 k=8 I=768) at T = --tokens, routing by top-k of random logits (near uniform, as random
   router weights give); ``experts`` is the whole grouped_mm_experts_forward for reference. Each row: shapes,
   ``bytes`` (operands read + result written, once), ``flop`` (grouped GEMMs), distinct experts touched.
 - ``grid``: grouped GEMM alone on a balanced grid (every one of --grid-experts experts gets m rows): m in --grid-m,
   N in --grid-n, K in --grid-k; weight stored (E, N, K) and passed transposed, as transformers does.
-- ``residue``: the host section again after one torch.profiler session (CPU + CUDA activities) in this process: a
+- ``residue``: the host section (and the deepest layers case) again after one torch.profiler session (CPU + CUDA activities) in this process: a
   check whether a profiler session slows the host's later kernel launches (moe_bench profiles its first model
   before it measures the others). Runs last.
 
@@ -317,6 +320,50 @@ def host_section(names, device, dtype, args, section: str, blocks: dict) -> list
     return rows
 
 
+def layers_case(name: str, layers: int, device, dtype, args) -> dict:
+    """Decode step (batch 1, context --layers-context) of the model cut to ``layers`` decoder layers, as moe_bench
+    times it (its prepare(): DynamicCache filled by a real prefill, cache cropped back untimed): host time of the
+    step before the GPU is waited for, and the step's event time. Two depths give the time per layer."""
+    import torch
+
+    from . import moe_bench
+
+    row = {"type": "case", "section": "layers", "model": name, "layers": layers, "batch": 1,
+           "context": args.layers_context, "op": "decode_step", "status": "ok"}
+    model = None
+    try:
+        model = common.build_causal_lm(common.hf_config(name, num_hidden_layers=layers), dtype, device,
+                                       seed=args.seed)
+        if hasattr(model, "set_experts_implementation"):
+            model.set_experts_implementation("grouped_mm")
+        row["experts_implementation"] = getattr(model.config, "_experts_implementation", None)
+        step, after, cleanup = moe_bench.prepare(model, "decode", 1, args.layers_context, device, args.seed)
+        try:
+            for _ in range(3):
+                step()
+                after()
+            common.sync(device)
+            host = []
+            for _ in range(args.layers_trials):
+                t0 = time.perf_counter()
+                step()
+                host.append((time.perf_counter() - t0) * 1e3)
+                common.sync(device)
+                after()
+            times = common.time_steps(step, device, warmup=1, min_trials=args.layers_trials,
+                                      max_trials=args.layers_trials, min_time_s=0.0, after=after)
+            row.update({"host_ms": round(statistics.median(host), 4), "host_min_ms": round(min(host), 4),
+                        "median_ms": round(statistics.median(times), 4), "min_ms": round(min(times), 4),
+                        "trials": len(times)})
+        finally:
+            cleanup()
+    except Exception as exc:  # noqa: BLE001
+        row["status"], row["error"] = common.classify_error(exc)
+    del model
+    common.free_memory()
+    return row
+
+
 def profile_once(blocks: dict, device, dtype) -> None:
     """One torch.profiler session (CPU + CUDA activities) over three calls of the first block, as moe_bench's
     --profile does between its models."""
@@ -340,15 +387,20 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, seconds on a CPU")
     parser.add_argument("--models", default=DEFAULT_MODELS, help="comma list of MoE config names / paths")
     parser.add_argument("--tokens", default=DEFAULT_TOKENS, help="tokens per step of the model section")
-    parser.add_argument("--sections", default="host,model,grid,residue")
+    parser.add_argument("--sections", default="host,layers,model,grid,residue")
     parser.add_argument("--grid-experts", type=int, default=64)
     parser.add_argument("--grid-m", default="16,64,256,1024,4096", help="rows per expert")
     parser.add_argument("--grid-n", default="1024,2048,4096")
     parser.add_argument("--grid-k", default="1024,2048,4096")
     parser.add_argument("--host-tokens", default="1,8")
     parser.add_argument("--host-calls", type=int, default=40)
+    parser.add_argument("--layers", default="2,4", help="decoder layers of the layers section's models")
+    parser.add_argument("--layers-context", type=int, default=128)
+    parser.add_argument("--layers-trials", type=int, default=15)
     parser.add_argument("--window-ms", type=float, default=12.0)
     parser.add_argument("--windows", type=int, default=5)
+    parser.add_argument("--residue-reserve-s", type=float, default=12.0,
+                        help="seconds of the budget the model and grid sections leave to the residue section")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     common.set_env()
@@ -358,6 +410,7 @@ def main(argv=None) -> int:
         args.models = "tiny-olmoe,tiny-qwen2_moe,tiny-qwen3_moe"
         args.tokens, args.grid_experts, args.grid_m, args.grid_n, args.grid_k = "1,8", 4, "4,16", "32", "16,32"
         args.host_tokens, args.host_calls, args.window_ms, args.windows = "1", 3, 1.0, 2
+        args.layers_context, args.layers_trials = 16, 2
     device = common.pick_device()
     if args.smoke:
         common.smoke_threads(device)
@@ -371,6 +424,7 @@ def main(argv=None) -> int:
     sections = [s for s in args.sections.split(",") if s]
     names = [m for m in args.models.split(",") if m]
     rows, stopped, blocks = [], False, {}
+    reserve = args.residue_reserve_s if "residue" in sections else 0.0   # seconds kept for the last section
 
     def emit(new):
         for row in new:
@@ -383,11 +437,17 @@ def main(argv=None) -> int:
             if "residue" not in sections:
                 blocks.clear()
                 common.free_memory()
+        if "layers" in sections:
+            for name in names:
+                for layers in common.parse_ints(args.layers):
+                    if budget.expired():
+                        break
+                    emit([layers_case(name, layers, device, dtype, args)])
         if "model" in sections:
             for name in names:
                 dims = moe_dims(common.config_dict(name))
                 for tokens in common.parse_ints(args.tokens):
-                    if budget.expired():
+                    if not budget.allows(reserve):
                         stopped = True
                         break
                     emit(model_cases(name, dims, tokens, device, dtype, args, grouped_mm))
@@ -398,19 +458,26 @@ def main(argv=None) -> int:
             for m in common.parse_ints(args.grid_m):
                 for n in common.parse_ints(args.grid_n):
                     for k in common.parse_ints(args.grid_k):
-                        if budget.expired():
+                        if not budget.allows(reserve):
                             stopped = True
                             break
                         emit([grid_case(args.grid_experts, m, n, k, device, dtype, args, grouped_mm)])
-        if "residue" in sections and blocks and budget.allows(3):
+        if "residue" in sections and blocks and budget.allows(1):
             profile_once(blocks, device, dtype)
             emit(host_section(names, device, dtype, args, "residue", blocks))
+            if "layers" in sections:
+                blocks.clear()
+                common.free_memory()
+                deepest = max(common.parse_ints(args.layers))
+                for name in names:
+                    if budget.allows(2):
+                        emit([dict(layers_case(name, deepest, device, dtype, args), section="residue")])
     except KeyboardInterrupt:
         stopped = True
     if stopped:
         out.write({"type": "stopped", "reason": "time budget or interrupt", "cases_done": len(rows)})
-    common.print_table([r for r in rows if r.get("section") in ("host", "residue")],
-                       ["section", "model", "tokens", "host_ms", "wall_ms", "median_ms", "status"],
+    common.print_table([r for r in rows if r.get("section") in ("host", "residue", "layers")],
+                       ["section", "model", "tokens", "layers", "host_ms", "wall_ms", "median_ms", "status"],
                        title=f"grouped_gemm host time per MoE block on {gpu_name}")
     common.print_table([r for r in rows if r.get("op", "").startswith("grouped") or r.get("section") == "grid"],
                        ["section", "model", "op", "tokens", "m", "n", "k", "touched", "median_ms", "tflops", "status"],
