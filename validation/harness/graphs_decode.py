@@ -1,6 +1,7 @@
 """Decode with HF's static KV cache and ``torch.compile(mode="reduce-overhead")`` (CUDA graphs), against eager.
 
     python3 -m aisim.validation.harness.graphs_decode --out OUT/graphs.jsonl [--max-minutes 3] [--smoke]
+        [--cache-lens 1039,4096]
 
 As transformers documents it (llm_optims: static cache + torch.compile): a ``StaticCache`` and
 ``model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)``; the decode loop calls the
@@ -11,14 +12,19 @@ mode reduce-overhead.) Models: a ~1.5B (Qwen2.5-1.5B config) and Meta-Llama-3-8B
 Per model and batch (context --context, default 1024):
 - the cache is filled by an eager prefill of context-1 tokens; the decode steps then write positions
   context-1 .. context-1+15 in turn (so every step attends over ~context tokens); max_cache_len = context + 15:
-  with a static cache, sdpa attends over the whole max_cache_len (masked), which is why it is kept tight
+  with a static cache, sdpa attends over the whole max_cache_len (masked), which is why it is kept tight;
+  --cache-lens L1,L2,...: each case runs at each of these max_cache_len instead (each >= context + 15; the
+  context and the decode positions stay the same, only the static cache, and so the masked keys, grows)
 - ``eager``: the same loop, uncompiled
 - ``compile``: the first three calls are timed one by one (compile_s = first call: dynamo + inductor + the
   cudagraph-trees warm-up run; the second records the graph), then the timed steps; dynamo counters (graph
   breaks, graphs, cudagraph skips) of those calls are recorded
-Timing: after warm-up, >= --steps steps, CUDA events per step (they include CPU launch gaps), median; the compile
-time is recorded separately and never enters the step time. Every batch size is a new static shape and compiles
-anew (automatic dynamic shapes off, as a fresh process serving that batch would compile it).
+Timing: after warm-up, >= --steps steps, CUDA events per step (they include CPU launch gaps and the compiled call's
+host work: guards, cudagraph-tree bookkeeping), median; the per-layer fill-level rewind runs between steps, untimed
+(row "timed": "forward"; earlier rows timed it with the step). The compile time is recorded separately and never
+enters the step time. --profile: torch.profiler over 3 compiled forwards, GPU kernel ms and launches per step.
+Every batch size is a new static shape and compiles anew (automatic dynamic shapes off, as a fresh process serving
+that batch would compile it).
 On a CPU (--smoke) torch.compile runs with backend="eager" and fullgraph=True: only dynamo's trace (no graph
 breaks) is checked, as reduce-overhead needs CUDA.
 """
@@ -34,15 +40,23 @@ DEFAULT_MODELS = "qwen2.5-1.5b,Meta-Llama-3-8B"
 POSITION_SPAN = 16
 
 
+def default_cache_len(context: int) -> int:
+    """The tightest static cache for the decode positions context-1 .. context-1+POSITION_SPAN-1."""
+    return context - 1 + POSITION_SPAN
+
+
 class Decoder:
     """A static cache of ``batch`` rows filled to context-1 tokens, and a one-token decode step."""
 
-    def __init__(self, model, batch: int, context: int, device, seed: int):
+    def __init__(self, model, batch: int, context: int, device, seed: int, max_cache_len: int | None = None):
         import torch
         from transformers import StaticCache
 
         self.model, self.device = model, device
-        self.max_cache_len = context - 1 + POSITION_SPAN
+        self.max_cache_len = max_cache_len or default_cache_len(context)
+        if self.max_cache_len < default_cache_len(context):
+            raise ValueError(f"max_cache_len {self.max_cache_len} < context - 1 + {POSITION_SPAN} = "
+                             f"{default_cache_len(context)}: the decode steps would write past the cache")
         self.cache = StaticCache(config=model.config, max_cache_len=self.max_cache_len)
         g = torch.Generator(device=device)
         g.manual_seed(seed + batch)
@@ -72,16 +86,24 @@ class Decoder:
             if getattr(layer, "is_initialized", False) and length is not None:
                 length.fill_(position)
 
-    def step(self) -> None:
+    def rewind(self) -> None:
+        """Set the fill level for the next step (run between steps, outside the timed region)."""
+        self._rewind(self.start + self.i % POSITION_SPAN)
+
+    def forward(self) -> None:
+        """One decode step from the current fill level (what is timed: HF's compiled forward alone)."""
         import torch
 
-        self._rewind(self.start + self.i % POSITION_SPAN)
         if self.compiled and self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()
         with torch.no_grad():
             self.model(input_ids=self.tokens, past_key_values=self.cache,
                        cache_position=self.positions[self.i % POSITION_SPAN], use_cache=True)
         self.i += 1
+
+    def step(self) -> None:
+        self.rewind()
+        self.forward()
 
 
 def _counters() -> dict:
@@ -108,7 +130,44 @@ def _configure_dynamo(limit: int = 64) -> dict:
     return {"automatic_dynamic_shapes": getattr(torch._dynamo.config, "automatic_dynamic_shapes", None)}
 
 
-def run_case(model, name: str, mode: str, batch: int, context: int, device, args, compile_kwargs: dict) -> dict:
+REWIND_KERNEL = "FillFunctor"   # the rewind's eager fill_ kernels, left out of the profiled forward
+
+
+def profile_steps(decoder, device, steps: int = 3) -> dict:
+    """torch.profiler over ``steps`` forwards (rewinds between them): GPU kernel time and launches per step (the
+    device's view, without the host's dispatch and the cudagraph replay's own host work) and the top kernels by
+    time (their names say which SDPA backend ran: fmha_cutlassF = memory-efficient, cudnn, flash)."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        common.sync(device)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            for _ in range(steps):
+                decoder.forward()
+                common.sync(device)
+                decoder.rewind()
+        totals = defaultdict(lambda: [0, 0.0])
+        for event in prof.events():
+            if not str(getattr(event, "device_type", "")).endswith("CUDA") or REWIND_KERNEL in event.name:
+                continue
+            entry = totals[event.name]
+            entry[0] += 1
+            entry[1] += float(event.time_range.elapsed_us())
+        kernels = sorted(totals.items(), key=lambda kv: -kv[1][1])
+        return {"steps": steps, "status": "ok",
+                "gpu_kernel_ms": round(sum(v[1] for _, v in kernels) / steps / 1e3, 4),
+                "kernels_per_step": round(sum(v[0] for _, v in kernels) / steps, 1),
+                "top_kernels": [{"kernel": name[:160], "calls": calls // steps, "ms": round(us / steps / 1e3, 4)}
+                                for name, (calls, us) in kernels[:15]]}
+    except Exception as exc:  # noqa: BLE001 - the timing stands without the profile
+        return {"status": common.classify_error(exc)[0], "error": str(exc)[:300]}
+
+
+def run_case(model, name: str, mode: str, batch: int, context: int, device, args, compile_kwargs: dict,
+             cache_len: int | None = None) -> dict:
     import torch
 
     row = {"type": "case", "model": name, "mode": mode, "batch": batch, "context": context,
@@ -117,7 +176,7 @@ def run_case(model, name: str, mode: str, batch: int, context: int, device, args
     decoder = None
     original_forward = model.forward
     try:
-        decoder = Decoder(model, batch, context, device, args.seed)
+        decoder = Decoder(model, batch, context, device, args.seed, cache_len)
         row["max_cache_len"] = decoder.max_cache_len
         common.reset_peak(device)
         if mode == "compile":
@@ -128,9 +187,10 @@ def run_case(model, name: str, mode: str, batch: int, context: int, device, args
             decoder.compiled = True
             first = []
             for _ in range(3):
+                decoder.rewind()
                 common.sync(device)
                 t = time.perf_counter()
-                decoder.step()
+                decoder.forward()
                 common.sync(device)
                 first.append(time.perf_counter() - t)
             row["first_calls_s"] = common.rounded(first, 4)
@@ -138,11 +198,18 @@ def run_case(model, name: str, mode: str, batch: int, context: int, device, args
             after = _counters()
             # cudagraph_skips > 0: inductor compiled but did not use CUDA graphs (reason in the log)
             row["dynamo_counters"] = {k: after[k] - counters_before.get(k, 0) for k in after}
-        times = common.time_steps(decoder.step, device, warmup=args.warmup, min_trials=args.steps,
-                                  max_trials=max(args.steps, args.max_steps), min_time_s=args.min_time_s)
+        # the fill-level rewind (one eager fill_ per layer) runs untimed between steps; until 2026-11-26 10:00 it
+        # ran inside the timed step (rows without "timed" carry its host time: L eager kernel launches)
+        decoder.rewind()
+        times = common.time_steps(decoder.forward, device, warmup=args.warmup, min_trials=args.steps,
+                                  max_trials=max(args.steps, args.max_steps), min_time_s=args.min_time_s,
+                                  after=decoder.rewind)
+        row["timed"] = "forward"
         row.update(common.summary(times))
         row["tokens_per_s"] = round(batch / (row["median_ms"] / 1e3), 2)
         row.update(common.memory(device))
+        if args.profile and mode == "compile":
+            row["profile"] = profile_steps(decoder, device)
     except Exception as exc:  # noqa: BLE001 - recorded per case
         row["status"], row["error"] = common.classify_error(exc)
         if common.is_fatal_device_error(exc):
@@ -164,7 +231,12 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--modes", default="eager,compile")
+    parser.add_argument("--cache-lens", default="",
+                        help="max_cache_len values of the static cache (comma-separated, each >= context + 15; "
+                             "default: context + 15 only)")
     parser.add_argument("--compile-mode", default="reduce-overhead")
+    parser.add_argument("--profile", action="store_true",
+                        help="compile cases: torch.profiler over 3 forwards (GPU kernel ms and launches per step)")
     parser.add_argument("--steps", type=int, default=20, help="timed decode steps (at least)")
     parser.add_argument("--max-steps", type=int, default=100)
     parser.add_argument("--min-time-s", type=float, default=0.2)
@@ -213,20 +285,23 @@ def main(argv=None) -> int:
                 common.free_memory()
             out.write(model_row)
             print(f"[graphs] {name}: {model_row['status']} build {model_row.get('build_s')} s", flush=True)
+        cache_lens = common.parse_ints(args.cache_lens) if args.cache_lens else [default_cache_len(args.context)]
         for batch in common.parse_ints(args.batches):
-            for name, model in models.items():
-                for mode in modes:
-                    need = args.compile_estimate_s if mode == "compile" else 5.0
-                    if not budget.allows(need):
-                        row = {"type": "case", "model": name, "mode": mode, "batch": batch,
-                               "context": args.context, "status": "skipped",
-                               "error": f"time budget: {budget.left():.0f} s left, {need:.0f} s needed"}
-                    else:
-                        row = run_case(model, name, mode, batch, args.context, device, args, compile_kwargs)
-                    out.write(row)
-                    rows.append(row)
-                    print(f"[graphs] {name} {mode} b={batch}: {row['status']} {row.get('median_ms')} ms/step "
-                          f"compile {row.get('compile_s')} s", flush=True)
+            for cache_len in cache_lens:
+                for name, model in models.items():
+                    for mode in modes:
+                        need = args.compile_estimate_s if mode == "compile" else 5.0
+                        if not budget.allows(need):
+                            row = {"type": "case", "model": name, "mode": mode, "batch": batch,
+                                   "context": args.context, "max_cache_len": cache_len, "status": "skipped",
+                                   "error": f"time budget: {budget.left():.0f} s left, {need:.0f} s needed"}
+                        else:
+                            row = run_case(model, name, mode, batch, args.context, device, args, compile_kwargs,
+                                           cache_len)
+                        out.write(row)
+                        rows.append(row)
+                        print(f"[graphs] {name} {mode} b={batch} max_cache_len={cache_len}: {row['status']} "
+                              f"{row.get('median_ms')} ms/step compile {row.get('compile_s')} s", flush=True)
     except KeyboardInterrupt:
         stopped = True
     if stopped:
@@ -234,7 +309,7 @@ def main(argv=None) -> int:
     models.clear()
     torch._dynamo.reset()
     common.free_memory()
-    common.print_table(rows, ["model", "mode", "batch", "context", "median_ms", "tokens_per_s", "compile_s",
+    common.print_table(rows, ["model", "mode", "batch", "context", "max_cache_len", "median_ms", "tokens_per_s", "compile_s",
                               "peak_allocated_gb", "status"], title="graphs_decode (per-token decode step)")
     return 0
 
