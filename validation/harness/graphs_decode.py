@@ -309,8 +309,8 @@ def main(argv=None) -> int:
     models.clear()
     torch._dynamo.reset()
     common.free_memory()
-    common.print_table(rows, ["model", "mode", "batch", "context", "max_cache_len", "median_ms", "tokens_per_s", "compile_s",
-                              "peak_allocated_gb", "status"], title="graphs_decode (per-token decode step)")
+    common.print_table(rows, ["model", "mode", "batch", "context", "max_cache_len", "median_ms", "tokens_per_s",
+                              "compile_s", "peak_allocated_gb", "status"], title="graphs_decode (per-token decode step)")
     return 0
 
 
