@@ -3,6 +3,12 @@
     python3 -m aisim.validation.harness.graphs_decode --out OUT/graphs.jsonl [--max-minutes 3] [--smoke]
         [--cache-lens 1039,4096]
 
+Out-of-sample static-cache run (issue 16; ~7 min on one H100: 8 compile cases of ~45 s, compile ~36-41 s each):
+
+    python3 -m aisim.validation.harness.graphs_decode --out OUT/graphs-decode-cachelen-h100.jsonl \
+        --models qwen2.5-1.5b,Meta-Llama-3-8B --batches 1,32 --modes compile --cache-lens 4096,1039 --profile \
+        --max-minutes 9
+
 As transformers documents it (llm_optims: static cache + torch.compile): a ``StaticCache`` and
 ``model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)``; the decode loop calls the
 model with one token per row, ``past_key_values=cache`` and ``cache_position``. (``generate`` does the same when
