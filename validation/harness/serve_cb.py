@@ -31,6 +31,10 @@ engine's own path: RequestState/FutureRequestState built as its warm-up does (ut
 ContinuousBatchingIOs.prepare_batch_tensors, then ContinuousBatchProcessor._generation_step (the same calls as
 prepare_next_batch / _generation_step in continuous_api.py). Each mix: 2 warm-up steps, --mix-reps timed steps,
 wall time of the batch preparation (CPU) and of the step (synchronised), median.
+
+--profile-steps (instead of the runs above): where one engine step spends its time, host calls vs device, at 1 and
+32 running requests, isolated and in serving, with torch.profiler windows (serve_cb_profile.py); a text summary
+next to --out (FILE.jsonl -> FILE.txt).
 """
 from __future__ import annotations
 
@@ -448,6 +452,17 @@ def main(argv=None) -> int:
     parser.add_argument("--mixes", default=DEFAULT_MIXES)
     parser.add_argument("--mix-reps", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile-steps", action="store_true",
+                        help="profile engine steps (serve_cb_profile.py) instead of the serving runs")
+    parser.add_argument("--profile-out", default=None, help="text summary (default: --out with .txt)")
+    parser.add_argument("--profile-ctx", type=int, default=512, help="context of the profiled requests")
+    parser.add_argument("--profile-batch", type=int, default=32, help="running requests of the large case")
+    parser.add_argument("--profile-out-len", type=int, default=40, help="output tokens per served request")
+    parser.add_argument("--profile-reps", type=int, default=8, help="timed isolated steps per shape")
+    parser.add_argument("--profile-window", type=int, default=8, help="steps under torch.profiler per window")
+    parser.add_argument("--profile-fresh-steps", type=int, default=10, help="steps per backend, growing contexts")
+    parser.add_argument("--profile-backends", default="EFFICIENT_ATTENTION,MATH,CUDNN_ATTENTION",
+                        help="SDPA backends forced in turn on the growing-context steps")
     args = parser.parse_args(argv)
     common.set_env()
     import torch
@@ -465,6 +480,8 @@ def main(argv=None) -> int:
             args.dtype = "fp32"
         if not args.cb_json:   # on a CPU the default sizing would take 90% of the host's RAM
             args.cb_json = json.dumps({"num_blocks": 16, "max_batch_tokens": 128, "block_size": 32})
+        args.profile_ctx, args.profile_batch, args.profile_out_len = 24, 2, 5
+        args.profile_reps, args.profile_window, args.profile_fresh_steps = 2, 2, 3
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     out = common.JsonlOut(args.out)
     out.write(common.header(SCRIPT, args))
@@ -478,6 +495,16 @@ def main(argv=None) -> int:
     out.write({"type": "model", "model": args.model, "params": common.param_count(model), "dtype": args.dtype,
                "attn_implementation": model.config._attn_implementation,
                "build_s": round(time.perf_counter() - t0, 2), **common.memory(device)})
+    if args.profile_steps:
+        from . import serve_cb_profile
+
+        args.profile_shape = {"ctx": args.profile_ctx, "batch": args.profile_batch, "out_len": args.profile_out_len,
+                              "fresh_steps": args.profile_fresh_steps}
+        args.backends = [b for b in args.profile_backends.split(",") if b]
+        if not args.profile_out and args.out:
+            args.profile_out = str(args.out)[:-len(".jsonl")] + ".txt" if str(args.out).endswith(".jsonl") \
+                else str(args.out) + ".txt"
+        return serve_cb_profile.run(model, args, device, out, budget)
     modes = [m for m in args.modes.split(",") if m and m != "none"]
     plan = []
     if "offline" in modes:
