@@ -244,6 +244,14 @@ class CalibrationSpec(Spec):
                                          "up, nearly idle): the floor during a step")
     allreduce_bus_bw_bytes_per_s: Positive | None = None
     allreduce_latency_s: NonNegative | None = None
+    grouped_gemm_tables: dict[str, GemmTable] = Field(
+        default_factory=dict, description="per dtype: efficiency of the grouped expert GEMM (torch._grouped_mm, one "
+        "CUTLASS kernel over all experts) on a grid of rows per expert (m) x N x K, every expert of the grid's E "
+        "getting m rows (validation/harness/grouped_gemm.py); absent: the dense GEMM table at rows per touched expert")
+    broadcast_memory_efficiency: Curve | None = Field(
+        None, description="16-bit elementwise ops with an operand broadcast along the innermost dim (an (S, 1) mask "
+                          "or column against (S, H): MoE routing masked fills and weight multiplies), which PyTorch "
+                          "runs in its non-vectorized kernel: fraction of bandwidth vs bytes; absent: the memory curve")
     masked_attention_table: MaskedAttentionTable | None = Field(
         None, description="SDPA with an explicit mask (validation/harness/sdpa_mask.py; absent: the attention curve)")
     notes: str = ""

@@ -101,12 +101,27 @@ def attention_efficiency(cal: CalibrationSpec, dtype: str, variant: str, flops: 
     return curve_value(curve, _log_x(flops, size_scale(cal, gpu, "flops")))
 
 
+def grouped_gemm_efficiency(cal: CalibrationSpec, dtype: str, m: int, n: int, k: int) -> float | None:
+    """A grouped expert GEMM (torch._grouped_mm) with m rows per touched expert: the calibration's measured grouped
+    table for the dtype (trilinear in log2 m, n, k, clamped), None where it has none (the caller then reads the
+    dense table). Read by shape, unscaled, like the dense tables."""
+    table = cal.grouped_gemm_tables.get(dtype)
+    if table is None or min(m, n, k) <= 0:
+        return None
+    return gemm_table_value(table, m, n, k)
+
+
 def memory_efficiency(cal: CalibrationSpec, nbytes: float, gpu: HardwareSpec | None = None,
-                      transposed: bool = False) -> float:
-    """The memory-bound curve (``transposed``: the strided-operand one where the calibration has it)."""
+                      transposed: bool = False, broadcast: bool = False) -> float:
+    """The memory-bound curve (``transposed``: the strided-operand one where the calibration has it; ``broadcast``:
+    the innermost-broadcast one where it has it, never above the contiguous curve, which holds the launch-bound
+    small sizes the broadcast curve was not measured at)."""
     curve = cal.transposed_memory_efficiency if transposed and cal.transposed_memory_efficiency is not None \
         else cal.memory_efficiency
-    return curve_value(curve, _log_x(nbytes, size_scale(cal, gpu, "bytes")))
+    x = _log_x(nbytes, size_scale(cal, gpu, "bytes"))
+    if broadcast and not transposed and cal.broadcast_memory_efficiency is not None:
+        return min(curve_value(cal.broadcast_memory_efficiency, x), curve_value(curve, x))
+    return curve_value(curve, x)
 
 
 def graph_replay_credit_s(cal: CalibrationSpec, gpu: HardwareSpec) -> float:

@@ -36,6 +36,18 @@ def compute_dtype(op: Op, workload_dtype: str) -> str:
     return dtype if dtype in ("fp32", "fp16", "bf16", "fp8", "int8") else "fp32"
 
 
+def innermost_broadcast(op: Op) -> bool:
+    """A 16-bit elementwise op with an operand broadcast along the innermost dim: (S, 1) against (S, H), as the MoE
+    routing's masked fills and weight multiply (transformers integrations/moe.py) and Qwen-MoE's sigmoid gate.
+    TensorIterator vectorizes only contiguous operands: these run PyTorch's non-vectorized elementwise kernel."""
+    outs = op.outputs
+    if not (op.attrs.get("pointwise") or op.name.startswith("aten.masked_fill")) or not outs \
+            or len(outs[0].shape) < 2 or outs[0].shape[-1] <= 1 or outs[0].dtype not in ("bf16", "fp16"):
+        return False
+    rank = len(outs[0].shape)
+    return any(len(t.shape) == rank and t.shape[-1] == 1 for t in op.inputs)
+
+
 def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_dtype: str,
             compute_scale: float = 1.0, memory_scale: float = 1.0, matvec_max_m: int = 0,
             graph_credit_s: float = 0.0) -> OpTime:
@@ -68,14 +80,16 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
         elif 0 < m <= matvec_max_m:
             eff = efficiency.memory_efficiency(cal, cost.bytes, gpu) * memory_scale
         else:
-            eff = efficiency.gemm_efficiency(cal, dtype, batch * m, n, k, cost.flops, cost.bytes,
-                                             memory_s > compute_s, gpu)
+            grouped = efficiency.grouped_gemm_efficiency(cal, dtype, m, n, k) if "moe" in op.attrs else None
+            eff = grouped if grouped is not None else efficiency.gemm_efficiency(
+                cal, dtype, batch * m, n, k, cost.flops, cost.bytes, memory_s > compute_s, gpu)
             eff *= compute_scale if compute_s >= memory_s else memory_scale
     elif cost.kind == "attention":
         variant = "backward" if op.name.endswith("_backward") else ("decode" if op.inputs[0].shape[-2] == 1 else "")
         eff = efficiency.attention_efficiency(cal, dtype, variant, cost.flops, cost.bytes, gpu) * compute_scale
     else:
-        eff = efficiency.memory_efficiency(cal, cost.bytes, gpu, bool(op.attrs.get("transposed"))) * memory_scale
+        eff = efficiency.memory_efficiency(cal, cost.bytes, gpu, bool(op.attrs.get("transposed")),
+                                           innermost_broadcast(op)) * memory_scale
     kernel_s = roofline_s / eff
     if graph_credit_s:
         kernel_s = max(kernel_s - graph_credit_s, roofline_s, cal.launch_overhead_s)

@@ -1,0 +1,190 @@
+"""Grouped-GEMM table and broadcast-elementwise curve of a calibration file, from the grouped_gemm microbenchmark
+(validation/harness/grouped_gemm.py; H100: validation/data/kernels/grouped-gemm-h100.jsonl).
+
+    python -m aisim.validation.scripts.derive_grouped_gemm [DATA.jsonl] [--gpu h100-sxm] [--write CAL.yaml]
+
+- ``grouped_gemm_tables.bf16``: the ``grid`` section (torch._grouped_mm, E experts x m rows each, weight (E, N, K)
+  passed transposed as transformers does): efficiency = roofline / measured, roofline = max(FLOPs / datasheet peak,
+  bytes / datasheet bandwidth), bytes = rows x K + E x N x K + rows x N elements (aisim's _grouped_mm formula with
+  every expert touched), on the measured m x N x K grid. cost/ops_time.py reads it at the op's rows per touched
+  expert for compute-bound grouped GEMMs.
+- ``broadcast_memory_efficiency``: the ``model`` section's broadcast ops (the three masked fills with the (S, 1)
+  sentinel mask and the routing-weight multiply by an (S, 1) column, bf16) where the GPU set the pace (rows that
+  are not host-bound): bytes / bandwidth / measured time against log10 bytes, the median per quarter decade.
+  cost/efficiency.py takes the smaller of it and the contiguous memory curve.
+
+Without --write it prints the YAML blocks and a check: the model section's grouped GEMMs (the three models' shapes,
+not used to build the table) predicted with the dense table at rows per touched expert (before) and the grouped
+table (after), against the measured times. --write replaces (or appends) the two blocks in the calibration file
+and its provenance line, leaving the rest of the file as it is.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "kernels" / "grouped-gemm-h100.jsonl"
+BROADCAST_OPS = ("masked_fill_rows_", "masked_fill_gate_up", "masked_fill_down", "mul_routing_weights")
+GROUPED_OPS = ("grouped_gate_up", "grouped_down")
+BIN_DECADES = 0.25
+KEYS = ("grouped_gemm_tables", "broadcast_memory_efficiency")
+
+
+def load(path: Path) -> tuple[dict, list[dict]]:
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    header = next((r for r in rows if r.get("type") == "header"), {})
+    return header, [r for r in rows if r.get("type") == "case" and r.get("status") == "ok"]
+
+
+def _gpu(name: str):
+    from aisim.catalog import resolve_gpu
+
+    return resolve_gpu(name)
+
+
+def roofline_s(flop: float, nbytes: float, gpu, dtype: str = "bf16") -> float:
+    return max(flop / gpu.peak_for(dtype), nbytes / gpu.memory_bw_bytes_per_s)
+
+
+def grouped_table(rows: list[dict], gpu) -> dict:
+    """{m, n, k, efficiency} from the grid rows (a missing grid point: the nearest measured m of its n, k)."""
+    grid = {(r["m"], r["n"], r["k"]): r for r in rows if r.get("section") == "grid"}
+    if not grid:
+        raise ValueError("no grid rows")
+    ms, ns, ks = (sorted({key[i] for key in grid}) for i in range(3))
+
+    def eff(m: int, n: int, k: int) -> float:
+        r = grid.get((m, n, k))
+        if r is None:
+            same = [key for key in grid if key[1:] == (n, k)]
+            r = grid[min(same, key=lambda key: abs(math.log2(key[0] / m)))]
+        return round(min(roofline_s(r["flop"], r["bytes"], gpu) / (r["median_ms"] * 1e-3), 1.0), 4)
+
+    return {"m": ms, "n": ns, "k": ks, "efficiency": [[[eff(m, n, k) for k in ks] for n in ns] for m in ms]}
+
+
+def broadcast_curve(rows: list[dict], gpu) -> dict:
+    """{x: log10 bytes, efficiency} of the device-bound broadcast ops, median per BIN_DECADES bin."""
+    bins: dict[float, list[tuple[float, float]]] = {}
+    for r in rows:
+        if r.get("section") != "model" or r.get("op") not in BROADCAST_OPS or r.get("host_bound"):
+            continue
+        x = math.log10(r["bytes"])
+        eff = min(r["bytes"] / gpu.memory_bw_bytes_per_s / (r["median_ms"] * 1e-3), 1.0)
+        bins.setdefault(round(x / BIN_DECADES) * BIN_DECADES, []).append((x, eff))
+    if not bins:
+        raise ValueError("no device-bound broadcast rows")
+    xs, effs = [], []
+    for key in sorted(bins):
+        pts = bins[key]
+        xs.append(round(statistics.median(p[0] for p in pts), 4))
+        effs.append(round(statistics.median(p[1] for p in pts), 4))
+    return {"x": xs, "efficiency": effs}
+
+
+def check(rows: list[dict], gpu, cal, table: dict | None) -> list[dict]:
+    """The model section's grouped GEMMs: measured against the cost model's efficiency before (dense table at rows
+    per touched expert, or the memory curve when streaming) and after (grouped table where compute-bound)."""
+    from aisim.cost import efficiency
+    from aisim.specs import GemmTable
+
+    grouped = GemmTable(**table) if table else None
+    out = []
+    for r in rows:
+        if r.get("section") != "model" or r.get("op") not in GROUPED_OPS:
+            continue
+        n, k = (2 * r["inter"], r["hidden"]) if r["op"] == "grouped_gate_up" else (r["hidden"], r["inter"])
+        m = max(1, round(r["rows"] / max(r["touched"], 1)))
+        compute_s = r["flop"] / gpu.peak_for("bf16")
+        memory_s = r["bytes"] / gpu.memory_bw_bytes_per_s
+        roof = max(compute_s, memory_s)
+        if memory_s > compute_s:     # streaming the touched experts' weights: the memory curve (ops_time)
+            before = after = efficiency.memory_efficiency(cal, r["bytes"], gpu)
+        else:
+            before = efficiency.gemm_efficiency(cal, "bf16", m, n, k, r["flop"], r["bytes"], False, gpu)
+            after = efficiency.gemm_table_value(grouped, m, n, k) if grouped else before
+        out.append({"model": r["model"], "op": r["op"], "tokens": r["tokens"], "m": m, "measured_ms": r["median_ms"],
+                    "before_ms": roof / before * 1e3, "after_ms": roof / after * 1e3,
+                    "host_bound": r.get("host_bound", False)})
+    return out
+
+
+def yaml_blocks(table: dict, curve: dict, source: str) -> str:
+    import yaml
+
+    text = yaml.safe_dump({"grouped_gemm_tables": {"bf16": table}, "broadcast_memory_efficiency": curve},
+                          default_flow_style=None, width=120, sort_keys=False)
+    return f"# grouped_gemm_tables, broadcast_memory_efficiency: {source}\n{text}"
+
+
+def write(path: Path, blocks: str, provenance: str) -> None:
+    """Replace the two top-level blocks (and their comment line) in the calibration file, or append them; set the
+    ``grouped_gemm`` provenance line."""
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    kept, skip = [], False
+    for line in lines:
+        top = re.match(r"^([A-Za-z_][\w]*):", line)
+        if line.startswith("# grouped_gemm_tables, broadcast_memory_efficiency:"):
+            continue
+        if top:
+            skip = top.group(1) in KEYS
+        if not skip:
+            kept.append(line)
+    text = "".join(kept)
+    if not text.endswith("\n"):
+        text += "\n"
+    text += blocks
+    entry = f"  grouped_gemm: '{provenance}'\n"
+    if re.search(r"^  grouped_gemm: .*$", text, flags=re.M):
+        text = re.sub(r"^  grouped_gemm: .*\n", entry, text, flags=re.M)
+    else:
+        text = re.sub(r"^(provenance:\n)", r"\1" + entry.replace("\\", "\\\\"), text, count=1, flags=re.M)
+    path.write_text(text)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("data", nargs="?", default=str(DATA))
+    parser.add_argument("--gpu", default="h100-sxm")
+    parser.add_argument("--calibration", default=None, help="calibration whose curves the check's 'before' reads "
+                        "(default: the GPU's)")
+    parser.add_argument("--write", default=None, help="calibration YAML to update in place")
+    args = parser.parse_args(argv)
+    from aisim.specs import load_calibration
+
+    gpu = _gpu(args.gpu)
+    header, rows = load(Path(args.data))
+    table, curve = grouped_table(rows, gpu), broadcast_curve(rows, gpu)
+    try:
+        shown = Path(args.data).resolve().relative_to(Path(__file__).resolve().parents[2])
+    except ValueError:
+        shown = Path(args.data)
+    source = (f"python -m aisim.validation.scripts.derive_grouped_gemm {shown} (validation/harness/grouped_gemm.py "
+              f"on {header.get('gpu_name')}, driver {header.get('driver')}, torch {header.get('torch')}, "
+              f"transformers {header.get('transformers')}, {str(header.get('date', ''))[:10]})")
+    blocks = yaml_blocks(table, curve, source)
+    cal = load_calibration(args.calibration or args.gpu)
+    rows_check = check(rows, gpu, cal, table)
+    print(blocks)
+    print(f"{'model':<20} {'op':<16} {'tokens':>6} {'m':>5} {'measured':>9} {'before':>9} {'after':>9}")
+    for c in rows_check:
+        print(f"{c['model']:<20} {c['op']:<16} {c['tokens']:>6} {c['m']:>5} {c['measured_ms']:>9.4f} "
+              f"{c['before_ms']:>9.4f} {c['after_ms']:>9.4f}{'  (host-bound)' if c['host_bound'] else ''}")
+    scored = [c for c in rows_check if not c["host_bound"]]
+    if scored:
+        for key in ("before_ms", "after_ms"):
+            mape = statistics.mean(abs(c[key] - c["measured_ms"]) / c["measured_ms"] for c in scored) * 100
+            print(f"grouped GEMM MAPE {key[:-3]}: {mape:.1f}% over {len(scored)} device-bound rows")
+    if args.write:
+        write(Path(args.write), blocks, source.replace("'", ""))
+        print(f"wrote {args.write}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
