@@ -216,6 +216,7 @@ def test_moe_bench_smoke(tmp_path, isolated_env):
     assert {c["impl"] for c in cases} == {models[0]["default_experts_implementation"], "eager"}
     profiles = [r for r in records if r["type"] == "profile"]
     assert [p["workload"] for p in profiles] == ["decode", "prefill"] and all(p["status"] == "ok" for p in profiles)
+    assert records.index(profiles[0]) > max(records.index(c) for c in cases)   # profiled after every timed case
     assert profile.read_text().count("====") >= 2
 
 
