@@ -543,6 +543,76 @@ def _phase_line(label: str, s: dict, error: str | None = None) -> str:
             f"kv {s.get('kv_read')}")
 
 
+def sdpa_masks(model, args, device, budget, emit) -> list[str]:
+    """PyTorch SDPA alone at the model's heads, with the mask as paged|sdpa passes it (a [1, 1, Q, K] view of the
+    engine's [1, 1, M, N + M] buffer: rows N + M apart, input_outputs.py 180-191 and 517-518) and contiguous (as
+    validation/harness/sdpa_mask.py measured the calibration's table): CUDA-event median and the kernels that ran."""
+    import torch
+
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    dt = next(model.parameters()).dtype
+    row_stride = 1_500_000 if device.type == "cuda" else 4096
+    shapes = [(1, 1024), (32, 16384), (64, 65536)] if device.type == "cuda" else [(1, 64), (4, 256)]
+    texts, lines = [], [f"{'Q':>5} {'K':>7} {'mask':>10} {'median_ms':>10}  kernels"]
+    for q, k in shapes:
+        if not budget.allows(5):
+            break
+        query = torch.randn(1, heads, q, head_dim, device=device, dtype=dt)
+        key = torch.randn(1, heads, k, head_dim, device=device, dtype=dt)
+        value = torch.randn(1, heads, k, head_dim, device=device, dtype=dt)
+        buffer = torch.zeros(1, 1, q, max(row_stride, k + 64), device=device, dtype=dt)
+        masks = {"contiguous": torch.zeros(1, 1, q, k, device=device, dtype=dt), "engine-view": buffer[..., :k]}
+        for label, mask in masks.items():
+            def step(query=query, key=key, value=value, mask=mask):
+                torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=False)
+
+            row = {"type": "profile_sdpa", "q": q, "k": k, "heads": heads, "head_dim": head_dim, "mask": label,
+                   "mask_stride": list(mask.stride()), "status": "ok"}
+            try:
+                times = common.time_steps(step, device, warmup=3, min_trials=5, max_trials=30, min_time_s=0.05)
+                row["median_ms"] = round(statistics.median(times), 4)
+                prof = _profiler(device)
+                with prof:
+                    step()
+                    common.sync(device)
+                row["kernels"] = sorted({e.name[:100] for e in prof.events()
+                                         if str(getattr(e, "device_type", "")).endswith("CUDA")})
+                row["ops"] = sorted({e.name for e in prof.events() if "attention" in e.name or "sdpa" in e.name})
+            except Exception as exc:  # noqa: BLE001
+                row["status"], row["error"] = common.classify_error(exc)
+            emit(row)
+            lines.append(f"{q:>5} {k:>7} {label:>10} {row.get('median_ms', row.get('error'))!s:>10}  "
+                         f"{'; '.join(row.get('ops', []))} | {'; '.join(row.get('kernels', []))[:300]}")
+        del query, key, value, buffer, masks
+    # a new key length every call (as in serving) against the same one repeated: wall time per call, synchronised
+    q, k = shapes[1]
+    if budget.allows(5):
+        query = torch.randn(1, heads, q, head_dim, device=device, dtype=dt)
+        key = torch.randn(1, heads, k + 16, head_dim, device=device, dtype=dt)
+        value = torch.randn(1, heads, k + 16, head_dim, device=device, dtype=dt)
+        buffer = torch.zeros(1, 1, q, max(row_stride, k + 64), device=device, dtype=dt)
+        walls = {}
+        for label, grow in (("same K", 0), ("K+1 per call", 1)):
+            times = []
+            for i in range(12):
+                n = k + grow * i
+                common.sync(device)
+                t0 = time.perf_counter()
+                torch.nn.functional.scaled_dot_product_attention(query, key[:, :, :n], value[:, :, :n],
+                                                                 attn_mask=buffer[..., :n], is_causal=False)
+                common.sync(device)
+                times.append((time.perf_counter() - t0) * MS)
+            walls[label] = round(statistics.median(times[2:]), 4)
+        emit({"type": "profile_sdpa_fresh", "q": q, "k": k, "heads": heads, "wall_ms": walls})
+        lines.append(f"wall per call (synchronised), Q {q} K {k}: " + ", ".join(f"{a} {b} ms" for a, b in walls.items()))
+        del query, key, value, buffer
+    texts.append(f"== SDPA alone, {heads} heads x {head_dim}, {dt}, mask contiguous vs the engine's view "
+                 f"(row stride {row_stride}):\n" + "\n".join(lines))
+    return texts
+
+
 # -------------------------------------------------------------------------------------------------------- main
 
 
@@ -557,7 +627,8 @@ def run(model, args, device, out, budget) -> int:
               f"mem_efficient_sdp {torch.backends.cuda.mem_efficient_sdp_enabled()}, "
               f"math_sdp {torch.backends.cuda.math_sdp_enabled()}, cudnn {torch.backends.cudnn.version()}; "
               "times in ms")]
-    parts = [("isolated", lambda: isolated(model, args, device, budget, out.write)),
+    parts = [("sdpa", lambda: sdpa_masks(model, args, device, budget, out.write)),
+             ("isolated", lambda: isolated(model, args, device, budget, out.write)),
              ("thread-32", lambda: serving(model, args, device, budget, out.write, args.profile_shape["batch"], True)),
              ("thread-1", lambda: serving(model, args, device, budget, out.write, 1, True)),
              ("main-32", lambda: serving(model, args, device, budget, out.write, args.profile_shape["batch"], False))]
