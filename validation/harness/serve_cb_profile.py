@@ -608,6 +608,7 @@ def sdpa_masks(model, args, device, budget, emit) -> list[str]:
         emit({"type": "profile_sdpa_fresh", "q": q, "k": k, "heads": heads, "wall_ms": walls})
         lines.append(f"wall per call (synchronised), Q {q} K {k}: " + ", ".join(f"{a} {b} ms" for a, b in walls.items()))
         del query, key, value, buffer
+    common.free_memory()         # the engine sizes its cache from the memory left: return these blocks first
     texts.append(f"== SDPA alone, {heads} heads x {head_dim}, {dt}, mask contiguous vs the engine's view "
                  f"(row stride {row_stride}):\n" + "\n".join(lines))
     return texts
