@@ -22,7 +22,7 @@ exact calls, dtypes, layouts and offsets, in four sections (each row has ``secti
   I=1408; Qwen3-30B-A3B E=128 k=8 I=768) at T = --tokens, routing by top-k of random logits (near uniform, as random
   router weights give); ``experts`` is the whole grouped_mm_experts_forward for reference. Each row: shapes,
   ``bytes`` (operands read + result written, once), ``flop`` (grouped GEMMs), distinct experts touched.
-- ``grid``: grouped GEMM alone on a balanced grid (every one of --grid-experts experts gets m rows): m in --grid-m,
+- ``grid``: (runs before ``model``) grouped GEMM alone on a balanced grid (every one of --grid-experts experts gets m rows): m in --grid-m,
   N in --grid-n, K in --grid-k; weight stored (E, N, K) and passed transposed, as transformers does.
 - ``residue``: the host section (and the deepest layers case) again after one torch.profiler session (CPU + CUDA activities) in this process: a
   check whether a profiler session slows the host's later kernel launches (moe_bench profiles its first model
@@ -43,7 +43,7 @@ from . import common
 
 SCRIPT = "grouped_gemm"
 DEFAULT_MODELS = "olmoe-1b-7b,qwen1.5-moe-a2.7b,qwen3-30b-a3b"
-DEFAULT_TOKENS = "1,8,32,128,1024,8192,32768"
+DEFAULT_TOKENS = "32768,8192,1024,128,32,8,1"   # largest first: a cut budget drops small ones
 L2_BYTES = 50 * 2 ** 20
 MAX_COPIES = 4
 BLOCK_CLASSES = {"olmoe": ("olmoe.modeling_olmoe", "OlmoeSparseMoeBlock"),
@@ -424,6 +424,7 @@ def main(argv=None) -> int:
     sections = [s for s in args.sections.split(",") if s]
     names = [m for m in args.models.split(",") if m]
     rows, stopped, blocks = [], False, {}
+    dims = {name: moe_dims(common.config_dict(name)) for name in names}
     reserve = args.residue_reserve_s if "residue" in sections else 0.0   # seconds kept for the last section
 
     def emit(new):
@@ -443,18 +444,7 @@ def main(argv=None) -> int:
                     if budget.expired():
                         break
                     emit([layers_case(name, layers, device, dtype, args)])
-        if "model" in sections:
-            for name in names:
-                dims = moe_dims(common.config_dict(name))
-                for tokens in common.parse_ints(args.tokens):
-                    if not budget.allows(reserve):
-                        stopped = True
-                        break
-                    emit(model_cases(name, dims, tokens, device, dtype, args, grouped_mm))
-                    common.free_memory(collect=False)
-                if stopped:
-                    break
-        if "grid" in sections and not stopped:
+        if "grid" in sections:
             for m in common.parse_ints(args.grid_m):
                 for n in common.parse_ints(args.grid_n):
                     for k in common.parse_ints(args.grid_k):
@@ -462,6 +452,16 @@ def main(argv=None) -> int:
                             stopped = True
                             break
                         emit([grid_case(args.grid_experts, m, n, k, device, dtype, args, grouped_mm)])
+        if "model" in sections:
+            for tokens in common.parse_ints(args.tokens):
+                for name in names:
+                    if not budget.allows(reserve):
+                        stopped = True
+                        break
+                    emit(model_cases(name, dims[name], tokens, device, dtype, args, grouped_mm))
+                    common.free_memory(collect=False)
+                if stopped:
+                    break
         if "residue" in sections and blocks and budget.allows(1):
             profile_once(blocks, device, dtype)
             emit(host_section(names, device, dtype, args, "residue", blocks))
