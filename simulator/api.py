@@ -29,6 +29,7 @@ class EstimateRequest(ScenarioRequest):
     seq: int = Field(1024, ge=1, le=MAX_TOKENS)
     gen: int = Field(128, ge=1, le=MAX_TOKENS)
     step_tokens: int = Field(1, ge=1, le=MAX_TOKENS)
+    static_cache_len: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)
     audio_s: Optional[float] = Field(None, gt=0, le=MAX_AUDIO_S)
     beam: int = Field(5, ge=1, le=64)
     transcript_tokens: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)
@@ -54,7 +55,8 @@ def estimate(model: Union[str, Path], device: Union[str, Path, Device], workload
              power_limit_w: Optional[float] = None, gpu_clock_mhz: Optional[float] = None,
              power_mode: Optional[str] = None, step_tokens: int = 1, transcript_counts: Any = None, ep: int = 1,
              kv_dtype: Literal["auto", "fp16", "bf16", "fp8"] = "auto", train: Optional[TrainPlan] = None,
-             nodes: Optional[int] = None, token_budget: Optional[float] = None) -> Estimate:
+             nodes: Optional[int] = None, token_budget: Optional[float] = None,
+             static_cache_len: Optional[int] = None) -> Estimate:
     """Estimate runtime, peak memory per GPU, energy and throughput of one workload.
 
     Args:
@@ -95,6 +97,9 @@ def estimate(model: Union[str, Path], device: Union[str, Path, Device], workload
             gradient accumulation, pipeline schedule, DDP bucket); None: ``dtype``'s true precision, plain DDP.
         nodes: train: nodes of a multi-node system (a100x8-hdr, h100x8-ndr; or the name SYSTEMxN).
         token_budget: train: tokens to train on, for the time to train.
+        static_cache_len: decode/generate under a static-cache runtime (graphs): HF StaticCache's max_cache_len,
+            the keys every decode step attends over; None: decode --seq, generate --seq + --gen (as HF generate
+            sizes it: max_length = prompt + max_new_tokens).
 
     Returns:
         An ``aisim.results.Estimate``; a configuration that does not fit has ``fits=False``, no times and a
@@ -145,16 +150,24 @@ def run(req: EstimateRequest) -> Estimate:
     if req.step_tokens != 1 and (req.workload != "decode" or req.step_tokens > req.seq):
         raise AisimError(f"--step-tokens {req.step_tokens}: new tokens per row of a --workload decode call, at most "
                          f"--seq (the context after the step, {req.seq})")
+    if req.static_cache_len is not None:
+        need = req.seq + (req.gen if req.workload == "generate" else 0)
+        if req.workload not in ("decode", "generate") or req.static_cache_len < need:
+            raise AisimError(f"--static-cache-len {req.static_cache_len}: the static KV cache of a --workload decode "
+                             f"or generate, at least the longest context ({need})")
     scenario_fields = {k: getattr(req, k) for k in ScenarioRequest.model_fields}
     if req.workload != "train" and (req.train, req.nodes, req.token_budget) != (None, None, None):
         raise AisimError("the training plan, --nodes and --token-budget apply to --workload train only")
     if req.workload == "train":
         return _train(req, scenario_fields)
     sc = resolve_scenario(ScenarioRequest.model_construct(**scenario_fields), req.workload, req.batch)
+    if req.static_cache_len is not None and not sc.runtime.static_cache:
+        raise AisimError(f"--static-cache-len applies to a static-cache runtime (graphs); {sc.runtime.name} sizes "
+                         "its own cache")
     if req.workload == "generate":
         from .studies.generate import generate
 
-        result = generate(sc, req.batch, req.seq, req.gen)
+        result = generate(sc, req.batch, req.seq, req.gen, req.static_cache_len)
     elif req.workload == "transcribe":
         from .studies.transcribe import transcribe
 
@@ -164,7 +177,7 @@ def run(req: EstimateRequest) -> Estimate:
         result = transcribe(sc, build_request(Workload, **w.model_dump()), req.transcript_counts)
     else:
         result = single_step(sc, StepShape(phase=req.workload, batch=req.batch, seq=req.seq,
-                                           step_tokens=req.step_tokens))
+                                           step_tokens=req.step_tokens, static_cache_len=req.static_cache_len))
     return result if req.top_ops is None else result.model_copy(update={"top_ops": result.top_ops[:req.top_ops]})
 
 

@@ -65,6 +65,9 @@ def estimate(
     windows: Optional[int] = typer.Option(None, help="transcribe: 30 s windows encoded (default ceil(audio/30))"),
     step_tokens: int = typer.Option(1, "--step-tokens", help="decode of an encoder-decoder model: new tokens per "
                                     "row in the call (a whisper.cpp prompt call: --step-tokens = --seq)"),
+    static_cache_len: Optional[int] = typer.Option(None, "--static-cache-len", help="--runtime graphs decode/generate: "
+                                                   "HF StaticCache max_cache_len, the keys every step attends over "
+                                                   "(default: --seq; generate: --seq + --gen)"),
     power_mode: Optional[str] = typer.Option(None, "--power-mode", help="a power mode the GPU's spec file names "
                                              "(gtx-1650-mobile: performance, balanced, power-saver)"),
     power_limit: Optional[float] = typer.Option(None, "--power-limit", help="board power limit in W"),
@@ -98,7 +101,8 @@ def estimate(
                          calibration=calibration, with_loss=with_loss, optimizer=optimizer, quant=quant, audio_s=audio_s, beam=beam,
                          transcript_tokens=tokens, windows=windows, power_mode=power_mode,
                          power_limit_w=power_limit, gpu_clock_mhz=gpu_clock, step_tokens=step_tokens, ep=ep,
-                         kv_dtype=kv_dtype, train=train_plan, nodes=nodes, token_budget=token_budget)
+                         kv_dtype=kv_dtype, train=train_plan, nodes=nodes, token_budget=token_budget,
+                         static_cache_len=static_cache_len)
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
     else:

@@ -76,8 +76,9 @@ class Scenario(BaseModel):
         if logits_all is None:
             logits_all = self.runtime.prefill_logits == "all" and shape.phase == "prefill"
         return Workload(phase=shape.phase, batch=shape.batch, seq=shape.seq, step_tokens=shape.step_tokens,
-                        logits_all=logits_all, dtype=self.dtype, quant=self.quant, with_loss=self.with_loss,
-                        optimizer=self.optimizer, attn_impl=self.runtime.attn_impl,
+                        logits_all=logits_all, static_cache_len=shape.static_cache_len, dtype=self.dtype,
+                        quant=self.quant, with_loss=self.with_loss, optimizer=self.optimizer,
+                        attn_impl=self.runtime.attn_impl,
                         encode_cross_kv=self.runtime.encode_cross_kv and shape.phase == "encode"
                         ).model_copy(update=overrides)
 

@@ -335,6 +335,10 @@ class RuntimeSpec(Spec):
     kv_cache: Literal["concat", "preallocated"] = Field(
         "concat", description="concat: HF's DynamicCache re-copies the cache each step (torch.cat); preallocated: "
                               "the engine writes only the new tokens' K/V into a fixed buffer (ggml, vLLM)")
+    static_cache: bool = Field(False, description="decode with HF's StaticCache (kv_cache preallocated): every step "
+                               "attends over the whole max_cache_len buffer with an explicit mask, so SDPA repeats "
+                               "the KV heads (repeat_kv copies) and runs its masked kernel "
+                               "(aisim.graph.engine.static_cache_decode)")
     beam_batching: Literal["batch", "unified"] = Field(
         "batch", description="beam search: beams as batch rows with their own caches (HF generate), or as tokens of "
                              "one decoder call over a unified KV cache with one shared cross-attention K/V "

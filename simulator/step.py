@@ -83,14 +83,17 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
     if found is not None:
         return found
     from .formulas import is_known, kv_append_in_place, op_cost, quantized
-    from .graph.engine import expand, fuse, kv_rewrite, mla_absorb, moe_routing, sliding_windows
+    from .graph.engine import (expand, fuse, kv_rewrite, mla_absorb, moe_routing, sliding_windows,
+                               static_cache_decode)
     from .graph.extract import trace_workload
 
-    graph = trace_workload(sc.config, w, sc.plan)
+    graph = trace_workload(sc.config, w.model_copy(update={"static_cache_len": None}), sc.plan)
     rt = sc.runtime
     ops, repeats = expand(graph.ops, graph.repeats, w, rt, graph.meta.get("vocab_size") or 0, w.batch // sc.plan.dp,
                           moe_routing(sc.config, sc.plan, w.quant), bool(sc.device.gpu.peak_flops_per_s.fp8))
     ops, repeats = fuse(ops, repeats, rt.fusions, rt.kv_cache == "preallocated")
+    if rt.static_cache and w.phase == "decode":    # HF StaticCache: masked attention over max_cache_len
+        ops, repeats = static_cache_decode(ops, repeats, w.static_cache_len or w.seq, sliding_windows(sc.config))
     if rt.fusions and w.phase == "decode":
         ops, repeats = mla_absorb(ops, repeats, sc.config)
     if rt.fusions or sc.kv_dtype != "auto":   # engines with their own KV cache and attention kernels
@@ -159,8 +162,8 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     energy_j = stage_j * plan.pp + waiting_power_w(dev.gpu, cal) * (plan.pp - 1) * stage_s * plan.gpus
     table = tuple(op_rows(a.ops, a.costs, times, a.repeats, stage_s))
     return StepCost(runtime_s, energy_j, energy_j / (runtime_s * plan.gpus) if runtime_s else 0.0, a.flops, a.bytes,
-                    table, a.unknown, expert_memory(kv_memory(breakdown(a.graph, w, dev), w.dtype, sc.kv_dtype),
-                                                    sc, w.dtype), w,
+                    table, a.unknown, expert_memory(kv_memory(static_kv(breakdown(a.graph, w, dev), w, rt), w.dtype,
+                                                              sc.kv_dtype), sc, w.dtype), w,
                     timeline.gpu_busy_s, timeline.cpu_busy_s)
 
 
@@ -180,6 +183,15 @@ def expert_memory(mem: MemoryBreakdown, sc: Scenario, dtype: str) -> MemoryBreak
     params = cfg["num_hidden_layers"] * experts * 3 * cfg["hidden_size"] * width / max(sc.plan.tp, sc.plan.ep)
     saved = params * (DTYPE_BYTES[dtype] - element) / sc.plan.pp / GB
     return mem.model_copy(update={"weights_gb": mem.weights_gb - saved, "total_gb": mem.total_gb - saved})
+
+
+def static_kv(mem: MemoryBreakdown, w: Workload, rt) -> MemoryBreakdown:
+    """A static-cache runtime's decode holds max_cache_len slots per sequence (StaticLayer preallocates them),
+    not the context's: the KV cache scaled by static_cache_len / seq."""
+    if not (rt.static_cache and w.phase == "decode" and w.static_cache_len and mem.kv_cache_gb):
+        return mem
+    kv = mem.kv_cache_gb * w.static_cache_len / w.seq
+    return mem.model_copy(update={"kv_cache_gb": kv, "total_gb": mem.total_gb - mem.kv_cache_gb + kv})
 
 
 def kv_memory(mem: MemoryBreakdown, dtype: str, kv_dtype: str) -> MemoryBreakdown:

@@ -34,6 +34,9 @@ class Workload(BaseModel):
                              "prompt calls feed many); the cache holds seq - step_tokens tokens before it")
     logits_all: bool = Field(False, description="decode: logits for every new token (beams stepping as tokens of "
                              "one sequence) instead of the last one")
+    static_cache_len: int | None = Field(None, ge=1, le=MAX_TOKENS, description="decode under a static-cache "
+                                         "runtime (--runtime graphs): the StaticCache's max_cache_len, the keys every "
+                                         "step attends over (masked); None: the context (seq)")
     attn_impl: Literal["auto", "eager", "sdpa"] = Field(
         "auto", description="attention as traced: sdpa where the model supports it (auto), or explicit matmul + "
                             "softmax (eager, as ggml without flash attention runs it)")
@@ -99,6 +102,7 @@ class StepShape(BaseModel):
     seq: int = Field(1024, ge=1, le=MAX_TOKENS)
     step_tokens: int = Field(1, ge=1, le=MAX_TOKENS)
     logits_all: bool | None = None
+    static_cache_len: int | None = Field(None, ge=1, le=MAX_TOKENS)
 
 
 class ParallelPlan(BaseModel):

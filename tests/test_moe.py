@@ -67,8 +67,67 @@ def test_engines_write_the_kv_cache_in_place(runtime):
     names = {r.name for r in est.top_ops}
     assert "aten.cat" not in names and "kv_cache.write" in names
     assert {"fused.add_rms_norm", "fused.silu_and_mul", "fused.rotary_embedding"} <= names
-    eager = _estimate(model="Meta-Llama-3-8B", device="h100", workload="decode", batch=32, seq=7512)
-    assert est.runtime_ms < 0.5 * eager.runtime_ms
+    if runtime == "vllm":   # graphs: HF's static cache repeats the KV heads over the whole cache (below)
+        eager = _estimate(model="Meta-Llama-3-8B", device="h100", workload="decode", batch=32, seq=7512)
+        assert est.runtime_ms < 0.5 * eager.runtime_ms
+
+
+def _graphs_rows(**kw):
+    est = _estimate(model="Meta-Llama-3-8B", device="h100", workload="decode", runtime="graphs", **kw)
+    return est, {r.name: r for r in est.top_ops}
+
+
+def test_graphs_static_cache_repeats_kv_heads_over_max_cache_len():
+    """transformers 5.17 StaticCache decode: K/V are the whole (B, 8, L, 128) buffers, a mask is passed, so
+    repeat_kv copies them to 32 heads (integrations/sdpa_attention.py l. 97-100) and SDPA runs the masked kernel
+    over L keys of all 32 heads."""
+    est, rows = _graphs_rows(batch=32, seq=1024, static_cache_len=1039)
+    kv = 32 * 8 * 1039 * 128 * 2                        # one layer's K (or V) cache: 68,091,904 B
+    rep = rows["repeat_kv.copy"]
+    assert rep.count == 2 * 32                          # K and V, 32 layers
+    assert rep.bytes == pytest.approx(2 * 32 * (kv + 4 * kv))     # read 8 heads, write 32 heads
+    attn = rows["attention.efficient"]
+    q_out = 2 * 32 * 32 * 128 * 2                      # q and the output, (32, 32, 1, 128) bf16 each
+    mask = 32 * 1039 * 2                                # (32, 1, 1, 1039) bf16
+    assert attn.bytes == pytest.approx(32 * (2 * 4 * kv + q_out + mask))
+    assert "attention.flash" not in rows and "aten.cat" not in rows
+
+
+def test_graphs_static_cache_len_scales_attention_not_weights():
+    _, short = _graphs_rows(batch=1, seq=1024, static_cache_len=1039)
+    _, long = _graphs_rows(batch=1, seq=1024, static_cache_len=4096)
+    for name in ("repeat_kv.copy", "attention.efficient"):
+        assert long[name].bytes / short[name].bytes == pytest.approx(4096 / 1039, rel=0.01)
+    assert long["aten.mm"].bytes == short["aten.mm"].bytes
+    est, _ = _graphs_rows(batch=1, seq=1024)            # default: the context (the cache full at its end)
+    assert est.runtime_ms == pytest.approx(_graphs_rows(batch=1, seq=1024, static_cache_len=1024)[0].runtime_ms)
+
+
+def test_graphs_generate_sizes_the_static_cache_as_hf_generate():
+    # HF generate: max_cache_len = prompt + max_new_tokens; every decode step attends over all of it
+    kw = {"model": "Meta-Llama-3-8B", "device": "h100", "workload": "generate", "batch": 1, "seq": 1024, "gen": 64,
+          "runtime": "graphs"}
+    assert _estimate(**kw).runtime_ms == pytest.approx(_estimate(static_cache_len=1088, **kw).runtime_ms)
+    assert _estimate(static_cache_len=8192, **kw).runtime_ms > _estimate(**kw).runtime_ms
+
+
+def test_static_cache_len_is_refused_where_it_means_nothing():
+    from aisim.errors import AisimError
+
+    with pytest.raises(AisimError, match="static-cache runtime"):
+        _estimate(model="Meta-Llama-3-8B", device="h100", workload="decode", seq=1024, runtime="vllm",
+                  static_cache_len=4096)
+    with pytest.raises(AisimError, match="at least the longest context"):
+        _estimate(model="Meta-Llama-3-8B", device="h100", workload="decode", seq=1024, runtime="graphs",
+                  static_cache_len=512)
+
+
+def test_graphs_decode_stays_under_its_ceiling():
+    from aisim.validation import moe_report
+
+    rows = moe_report.compare_graphs()
+    assert len(rows) == 4
+    assert moe_report.graphs_mape(rows) <= moe_report.GRAPHS_CEILING
 
 
 def test_fp8_prefill_runs_at_the_fp8_rate_on_h100_and_falls_back_on_a100():

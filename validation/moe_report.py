@@ -143,34 +143,114 @@ ENGINE_CASE = {"model": "Meta-Llama-3-8B", "device": "h100", "workload": "decode
                "dtype": "bf16"}
 
 
-GRAPHS_DATA = Path(__file__).parent / "data" / "kernels" / "graphs-decode-h100.jsonl"
+GRAPHS_DIR = Path(__file__).parent / "data" / "kernels"
+GRAPHS_DATA = GRAPHS_DIR / "graphs-decode-h100.jsonl"                    # in sample: max_cache_len 1039
+GRAPHS_CACHELEN_DATA = GRAPHS_DIR / "graphs-decode-cachelen-h100.jsonl"  # out of sample: max_cache_len 4096 (+ 1039)
 GRAPHS_CONFIGS = {"qwen2.5-1.5b": str(CONFIGS / "qwen2.5-1.5b.json"), "Meta-Llama-3-8B": "Meta-Llama-3-8B"}
+GRAPHS_GOAL = 10.0
+GRAPHS_CEILING = 14.5   # in-sample MAPE of the commit that set it (13.95%) plus half a point; tests/test_moe.py
+# Predicted before the measurement (2026-11-26 ~10:10 UTC, commit "graphs: HF StaticCache decode ..."): ms per
+# timed forward (no rewind), context 1024, --runtime graphs, static_cache_len 4096, one H100 SXM.
+GRAPHS_PREDICTED_MS = {("qwen2.5-1.5b", 1, 4096): 3.146, ("qwen2.5-1.5b", 32, 4096): 18.359,
+                       ("Meta-Llama-3-8B", 1, 4096): 8.358, ("Meta-Llama-3-8B", 32, 4096): 59.008}
 
 
-def graphs_lines(path: Path = GRAPHS_DATA) -> list[str]:
-    """The measured static-cache + torch.compile decode steps (harness graphs_decode, H100) against --runtime
-    graphs at the static cache's length (attention spans max_cache_len)."""
-    from aisim.api import estimate
+@dataclass(frozen=True)
+class GraphsRow:
+    model: str
+    batch: int
+    cache_len: int
+    measured_ms: float
+    estimated_ms: float       # aisim's step, plus the harness's timed rewind where the row timed it
+    rewind_ms: float          # that rewind: one eager fill_ per layer (rows before the harness moved it out)
+    gpu_kernel_ms: float | None   # the profiled GPU kernel time per forward (harness --profile), if recorded
+    estimated_gpu_ms: float
 
+    @property
+    def err_pct(self) -> float:
+        return 100.0 * (self.estimated_ms - self.measured_ms) / self.measured_ms
+
+
+def _graphs_cases(path: Path) -> list[dict]:
     if not path.exists():
-        return ["No measured static-cache + torch.compile data."]
-    rows = [r for r in map(json.loads, open(path)) if r.get("type") == "case" and r.get("mode") == "compile"
-            and r.get("status") == "ok" and r["model"] in GRAPHS_CONFIGS]
-    out = ["HF static cache + torch.compile(mode='reduce-overhead') decode on one H100 "
-           "(validation/data/kernels/graphs-decode-h100.jsonl) against `--runtime graphs`:", "",
-           "| model | batch | max_cache_len | measured ms | estimated ms | error % |", "|---|---:|---:|---:|---:|---:|"]
-    errs = []
+        return []
+    with open(path) as f:
+        return [r for r in map(json.loads, f) if r.get("type") == "case" and r.get("mode") == "compile"
+                and r.get("status") == "ok" and r["model"] in GRAPHS_CONFIGS]
+
+
+def compare_graphs(path: Path = GRAPHS_DATA) -> list[GraphsRow]:
+    """The measured static-cache + torch.compile decode steps (harness graphs_decode, H100) against
+    ``--runtime graphs`` at the row's max_cache_len. Rows that timed the harness's per-layer rewind with the step
+    (before it ran untimed) get its host time added: one eager fill_ launch per layer at the calibration's eager
+    kernel dispatch cost (eager_kernel_dispatch_s x eager_framework_scale)."""
+    from aisim.scenario import scenario
+    from aisim.step import step_cost
+    from aisim.workload import StepShape
+
+    rows = []
+    for case in _graphs_cases(path):
+        sc = scenario(GRAPHS_CONFIGS[case["model"]], DEVICE, dtype="bf16", runtime="graphs")
+        cost = step_cost(sc, StepShape(phase="decode", batch=case["batch"], seq=case["context"],
+                                       static_cache_len=case["max_cache_len"]))
+        cal = sc.calibration
+        per_fill_s = (cal.eager_kernel_dispatch_s or cal.eager_dispatch_s) * cal.eager_framework_scale
+        rewind_s = 0.0 if case.get("timed") == "forward" else sc.config["num_hidden_layers"] * per_fill_s
+        profile = case.get("profile") or {}
+        rows.append(GraphsRow(case["model"], case["batch"], case["max_cache_len"], case["median_ms"],
+                              (cost.runtime_s + rewind_s) * 1e3, rewind_s * 1e3, profile.get("gpu_kernel_ms"),
+                              cost.gpu_busy_s * 1e3))
+    return rows
+
+
+def graphs_mape(rows: list[GraphsRow]) -> float | None:
+    return sum(abs(r.err_pct) for r in rows) / len(rows) if rows else None
+
+
+def _graphs_table(rows: list[GraphsRow], predicted: bool = False) -> list[str]:
+    head = "| model | batch | max_cache_len | measured ms | estimated ms | error % | harness rewind ms | " \
+           "GPU kernels ms (profiled / aisim) |"
+    lines = [head + (" predicted ms |" if predicted else ""),
+             "|---|---:|---:|---:|---:|---:|---:|---|" + ("---:|" if predicted else "")]
     for r in rows:
-        est = estimate(GRAPHS_CONFIGS[r["model"]], "h100", workload="decode", batch=r["batch"],
-                       seq=r["max_cache_len"], dtype="bf16", runtime="graphs", top_ops=0)
-        err = 100 * (est.runtime_ms - r["median_ms"]) / r["median_ms"]
-        errs.append(abs(err))
-        out.append(f"| {r['model']} | {r['batch']} | {r['max_cache_len']} | {r['median_ms']:.2f} | "
-                   f"{est.runtime_ms:.2f} | {err:+.1f} |")
-    if errs:
-        out += ["", f"MAPE {sum(errs) / len(errs):.1f}% over {len(errs)} cases (goal 10%: not met). aisim's graphs "
-                "profile is a vLLM-like floor; the measured compiled steps are 1.4-4x slower (the static cache's "
-                "masked SDPA over max_cache_len, and what Inductor leaves unfused, not yet modelled)."]
+        gpu = f"{r.gpu_kernel_ms:.2f} / {r.estimated_gpu_ms:.2f}" if r.gpu_kernel_ms else "-"
+        line = (f"| {r.model} | {r.batch} | {r.cache_len} | {r.measured_ms:.2f} | {r.estimated_ms:.2f} | "
+                f"{r.err_pct:+.1f} | {r.rewind_ms:.2f} | {gpu} |")
+        if predicted:
+            before = GRAPHS_PREDICTED_MS.get((r.model, r.batch, r.cache_len))
+            line += f" {before:.2f} |" if before is not None else " - |"
+        lines.append(line)
+    return lines
+
+
+def graphs_lines(path: Path = GRAPHS_DATA, cachelen_path: Path = GRAPHS_CACHELEN_DATA) -> list[str]:
+    """Markdown lines of the graphs section: in-sample rows (max_cache_len 1039) and, once measured, the
+    out-of-sample max_cache_len run with the predictions made before it."""
+    rows = compare_graphs(path)
+    if not rows:
+        return ["No measured static-cache + torch.compile data."]
+    mape = graphs_mape(rows)
+    out = ["HF StaticCache + torch.compile(mode='reduce-overhead') decode on one H100 "
+           "(validation/data/kernels/graphs-decode-h100.jsonl, context 1024, max_cache_len 1039) against "
+           "`--runtime graphs --static-cache-len <max_cache_len>`:", "", *_graphs_table(rows), "",
+           f"MAPE {mape:.1f}% over {len(rows)} cases (goal {GRAPHS_GOAL:.0f}%: "
+           f"{'met' if mape <= GRAPHS_GOAL else 'not met'}; ceiling {GRAPHS_CEILING:.1f}%). "
+           "What runs (transformers 5.17, graph.engine.static_cache_decode): "
+           "each step attends over the whole max_cache_len with a (B, 1, 1, L) mask, so transformers' SDPA path "
+           "repeats the KV heads (`repeat_kv.copy`: B x H x L x D written per K and V) and PyTorch runs its masked "
+           "kernel (the calibration's sdpa_mask table), the cache written in place (index_copy_, no whole-cache "
+           "copy). Not modelled: the compiled call's own host work per step (dynamo guards, the cudagraph-tree "
+           "replay's input copies and checks), which these CUDA-event step times include."]
+    later = compare_graphs(cachelen_path)
+    if later:
+        fresh = [r for r in later if (r.model, r.batch, r.cache_len) in GRAPHS_PREDICTED_MS]
+        out += ["", "Out of sample (validation/data/kernels/graphs-decode-cachelen-h100.jsonl: the same harness with "
+                "--cache-lens, the rewind untimed; predicted before the measurement):", "",
+                *_graphs_table(later, predicted=True), ""]
+        if fresh:
+            out.append(f"MAPE {graphs_mape(fresh):.1f}% over the {len(fresh)} predicted max_cache_len 4096 cases"
+                       + (f"; {graphs_mape(later):.1f}% over all {len(later)} rows." if len(later) > len(fresh)
+                          else "."))
     return out
 
 

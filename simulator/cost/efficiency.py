@@ -101,6 +101,30 @@ def attention_efficiency(cal: CalibrationSpec, dtype: str, variant: str, flops: 
     return curve_value(curve, _log_x(flops, size_scale(cal, gpu, "flops")))
 
 
+# rows of queries per thread block of PyTorch's memory-efficient attention kernel (as studies/serve/timer.py reads it)
+SDPA_QUERY_BLOCK = 64
+
+
+def masked_attention_efficiency(cal: CalibrationSpec, gpu: HardwareSpec, q: int, k: int,
+                                batch_heads: int) -> float | None:
+    """SDPA with an explicit mask (PyTorch's masked kernel): the calibration's measured Q x K table (batch 1, its
+    ``heads``; bilinear in log10 of both axes, clamped), rescaled from the table's grid of ceil(Q/64) x heads
+    thread blocks to this call's ceil(Q/64) x batch x heads by SM occupancy (each block streams its head's keys
+    alone, so fewer blocks than SMs leave SMs idle), and never beyond the best the table's row at this Q reached
+    (its largest K). None where the calibration has no table.
+    Known inaccuracy: the table was timed per call with CUDA events, so its small shapes carry the eager call's
+    host dispatch (the q = 1 row: ~24 us at 256 keys, +5.3 ns per key); a CUDA graph replays without it."""
+    table = cal.masked_attention_table
+    if table is None:
+        return None
+    lq, lk = np.log10(table.q), np.log10(table.k)
+    row = [float(np.interp(math.log10(max(q, 1)), lq, column)) for column in zip(*table.efficiency)]
+    eff = float(np.interp(math.log10(max(k, 1)), lk, row))
+    q_blocks = math.ceil(q / SDPA_QUERY_BLOCK)
+    occupancy = min(1.0, q_blocks * batch_heads / gpu.sm_count) / min(1.0, q_blocks * table.heads / gpu.sm_count)
+    return max(min(eff * occupancy, max(max(row), eff)), MIN_EFFICIENCY)
+
+
 def grouped_gemm_efficiency(cal: CalibrationSpec, dtype: str, m: int, n: int, k: int) -> float | None:
     """A grouped expert GEMM (torch._grouped_mm) with m rows per touched expert: the calibration's measured grouped
     table for the dtype (trilinear in log2 m, n, k, clamped), None where it has none (the caller then reads the

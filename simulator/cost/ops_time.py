@@ -7,6 +7,7 @@ Collectives are costed in ``comm``; syncs and metadata ops take no GPU time.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..specs import Device
@@ -86,7 +87,13 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
             eff *= compute_scale if compute_s >= memory_s else memory_scale
     elif cost.kind == "attention":
         variant = "backward" if op.name.endswith("_backward") else ("decode" if op.inputs[0].shape[-2] == 1 else "")
-        eff = efficiency.attention_efficiency(cal, dtype, variant, cost.flops, cost.bytes, gpu) * compute_scale
+        q = op.inputs[0]
+        masked = efficiency.masked_attention_efficiency(cal, gpu, q.shape[-2], op.inputs[1].shape[-2],
+                                                        math.prod(q.shape[:-2])) \
+            if op.attrs.get("masked_kernel") else None     # graph.engine.static_cache_decode
+        eff = masked if masked is not None else efficiency.attention_efficiency(cal, dtype, variant, cost.flops,
+                                                                                cost.bytes, gpu)
+        eff *= compute_scale
     else:
         eff = efficiency.memory_efficiency(cal, cost.bytes, gpu, bool(op.attrs.get("transposed")),
                                            innermost_broadcast(op)) * memory_scale

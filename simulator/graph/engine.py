@@ -443,3 +443,52 @@ def mla_absorb(ops: list[Op], repeats: list[float], config: dict) -> tuple[list[
         out.append(op)
         rep.append(r)
     return out, rep
+
+
+# ------------------------------------------------------------------ HF StaticCache decode (--runtime graphs)
+REPEAT_KV = "repeat_kv.copy"
+
+
+def static_cache_decode(ops: list[Op], repeats: list[float], cache_len: int,
+                        windows: dict | None = None) -> tuple[list[Op], list[float]]:
+    """Decode attention as HF runs it with a ``StaticCache`` (transformers 5.17), compiled or not:
+
+    - cache_utils.py StaticLayer (l. 400-503): K and V are preallocated (B, Hkv, max_cache_len, D) tensors;
+      ``update`` writes the step's token with ``index_copy_`` at its fill level (l. 482-483; Inductor keeps it an
+      in-place ``index_put_``: no copy of the cache, the kv_cache.write ops) and returns the *whole* tensors
+      (l. 489); ``get_mask_sizes`` gives kv_length = max_cache_len (l. 491-495).
+    - masking_utils.py create_causal_mask (l. 950-953): with a compileable cache and one query the mask is never
+      skipped, so a (B, 1, 1, max_cache_len) mask masks the unwritten slots.
+    - integrations/sdpa_attention.py (l. 27-36, 97-100): with a mask, ``use_gqa_in_sdpa`` is False and
+      ``repeat_kv`` expands K and V to the query heads, ``expand(...).reshape(...)``: a copy of B x H x
+      max_cache_len x D each (Inductor's post-grad graph keeps it as a clone of the expand).
+    - PyTorch's SDPA with an explicit mask cannot take the flash kernel (sdp_utils.cpp check_for_attn_mask):
+      it runs the masked kernel the calibration's masked_attention_table measured.
+    So each decode attention op (one query per row) becomes two repeat_kv copies (where KV heads < query
+    heads) and a masked attention over max_cache_len keys of every query head. ``cache_len``: max_cache_len;
+    ``windows``: sliding-window layers keep min(max_cache_len, window) slots (StaticSlidingWindowLayer).
+    Known inaccuracy: the mask's own construction (one small kernel per step) is not added."""
+    out, rep = [], []
+    for op, r in zip(ops, repeats):
+        if op.name not in ATTENTION_OPS or op.inputs[0].shape[-2] != 1 or len(op.inputs[1].shape) != 4:
+            out.append(op)
+            rep.append(r)
+            continue
+        q, k, v = op.inputs[:3]
+        length = cache_len
+        if windows and _windowed(op.scope, windows):
+            length = min(length, windows["window"])
+        b, heads, kv_heads = q.shape[0], q.shape[1], k.shape[1]
+        keys, values = (TensorMeta((b, kv_heads, length, t.shape[-1]), t.dtype) for t in (k, v))
+        if kv_heads < heads:
+            expanded = [TensorMeta((b, heads, length, t.shape[-1]), t.dtype) for t in (keys, values)]
+            for cached, full in zip((keys, values), expanded):
+                out.append(_op(REPEAT_KV, (cached,), (full,), op.scope, static_cache=True))
+                rep.append(r)
+            keys, values = expanded
+        mask = TensorMeta((b, 1, 1, length), q.dtype)
+        out.append(Op(name="attention.efficient", args=(q, keys, values, mask), kwargs={}, outputs=op.outputs,
+                      alias=op.alias, phase=op.phase, scope=op.scope,
+                      attrs={**op.attrs, "has_mask": True, "backend": "efficient", "masked_kernel": True}))
+        rep.append(r)
+    return out, rep
