@@ -93,7 +93,8 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
                           moe_routing(sc.config, sc.plan, w.quant), bool(sc.device.gpu.peak_flops_per_s.fp8))
     ops, repeats = fuse(ops, repeats, rt.fusions, rt.kv_cache == "preallocated")
     if rt.static_cache and w.phase == "decode":    # HF StaticCache: masked attention over max_cache_len
-        ops, repeats = static_cache_decode(ops, repeats, w.static_cache_len or w.seq, sliding_windows(sc.config))
+        ops, repeats = static_cache_decode(ops, repeats, w.seq, w.static_cache_len or w.seq,
+                                           sliding_windows(sc.config))
     if rt.fusions and w.phase == "decode":
         ops, repeats = mla_absorb(ops, repeats, sc.config)
     if rt.fusions or sc.kv_dtype != "auto":   # engines with their own KV cache and attention kernels

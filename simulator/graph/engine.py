@@ -449,7 +449,7 @@ def mla_absorb(ops: list[Op], repeats: list[float], config: dict) -> tuple[list[
 REPEAT_KV = "repeat_kv.copy"
 
 
-def static_cache_decode(ops: list[Op], repeats: list[float], cache_len: int,
+def static_cache_decode(ops: list[Op], repeats: list[float], context: int, cache_len: int,
                         windows: dict | None = None) -> tuple[list[Op], list[float]]:
     """Decode attention as HF runs it with a ``StaticCache`` (transformers 5.17), compiled or not:
 
@@ -465,12 +465,15 @@ def static_cache_decode(ops: list[Op], repeats: list[float], cache_len: int,
     - PyTorch's SDPA with an explicit mask cannot take the flash kernel (sdp_utils.cpp check_for_attn_mask):
       it runs the masked kernel the calibration's masked_attention_table measured.
     So each decode attention op (one query per row) becomes two repeat_kv copies (where KV heads < query
-    heads) and a masked attention over max_cache_len keys of every query head. ``cache_len``: max_cache_len;
-    ``windows``: sliding-window layers keep min(max_cache_len, window) slots (StaticSlidingWindowLayer).
+    heads) and a masked attention over max_cache_len keys of every query head. ``context``: the traced step's
+    keys (self-attention over the cache; cross-attention over an encoder's output is left alone); ``cache_len``:
+    max_cache_len; ``windows``: sliding-window layers keep min(max_cache_len, window) slots
+    (StaticSlidingWindowLayer).
     Known inaccuracy: the mask's own construction (one small kernel per step) is not added."""
     out, rep = [], []
     for op, r in zip(ops, repeats):
-        if op.name not in ATTENTION_OPS or op.inputs[0].shape[-2] != 1 or len(op.inputs[1].shape) != 4:
+        if (op.name not in ATTENTION_OPS or op.inputs[0].shape[-2] != 1 or len(op.inputs[1].shape) != 4
+                or op.inputs[1].shape[-2] != context):
             out.append(op)
             rep.append(r)
             continue
