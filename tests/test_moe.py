@@ -183,3 +183,20 @@ def test_expert_parallel_over_data_parallel_ranks_uses_all_to_all():
     rows = {r.name: r for r in est.top_ops}
     assert rows["nccl.all_to_all"].count == 2 * 32                      # dispatch and combine per MoE layer
     assert "nccl.all_reduce" not in rows
+
+
+def test_masked_attention_efficiency_hand_worked():
+    """The H100 sdpa_mask table (q=1 row: 0.157 at 1024 keys, 0.4263 at 4096, best 0.8576 at 65536; 32 heads,
+    batch 1 = 32 thread blocks on 132 SMs) rescaled by occupancy and capped at the row's best."""
+    from aisim.catalog import resolve_device
+    from aisim.cost.efficiency import masked_attention_efficiency
+    from aisim.specs import load_calibration
+
+    gpu = resolve_device("h100").gpu
+    cal = load_calibration("h100-sxm")
+    assert masked_attention_efficiency(cal, gpu, 1, 1024, 32) == pytest.approx(0.157)
+    assert masked_attention_efficiency(cal, gpu, 1, 1024, 12) == pytest.approx(0.157 * 12 / 32)
+    # 1024 blocks fill the 132 SMs: 0.157 / (32 / 132) = 0.6476
+    assert masked_attention_efficiency(cal, gpu, 1, 1024, 1024) == pytest.approx(0.157 * 132 / 32)
+    # 0.4263 * 132 / 32 = 1.76 > the row's best: capped at 0.8576
+    assert masked_attention_efficiency(cal, gpu, 1, 4096, 1024) == pytest.approx(0.8576)
