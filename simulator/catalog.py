@@ -185,7 +185,9 @@ def resolve_model(name) -> tuple[str, dict]:
             raise AisimError(f"model config {str(path)!r} does not exist; give a path to an HF config.json "
                              "or a shipped name (`aisim list models`).")
         config = _read_config(path)
-        return _display_name(config, path.parent.name or path.stem), config
+        # a model folder's config.json is named by its folder; any other file by its own name
+        fallback = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+        return _display_name(config, fallback), config
     found = model_index().get(name.strip().lower())
     if found is None:
         raise UnknownNameError("model", name, model_names() + [n.split("/")[-1] for n in model_names()],
