@@ -155,10 +155,15 @@ def test_cost_model_reads_grouped_table_and_broadcast_curve():
     assert after.bound == "compute"
     assert after.gpu_s == pytest.approx(after.compute_s / 0.5)
     assert before.gpu_s != pytest.approx(after.gpu_s)
-    # decode (8 rows over 8 touched experts) streams weights: the memory curve, table or not
+    # decode (8 rows over ~8 touched experts) streams their weights: the table, never above the memory curve
     small = _grouped_op(8, 64, 2048, 2048, 8)
-    assert op_time(small, op_cost(small), device, with_table, "bf16").gpu_s == pytest.approx(
-        op_time(small, op_cost(small), device, cal, "bf16").gpu_s)
+    t_small = op_time(small, op_cost(small), device, with_table, "bf16")
+    assert t_small.bound == "memory"
+    assert t_small.gpu_s == pytest.approx(t_small.memory_s / 0.5)
+    fast = cal.model_copy(update={"grouped_gemm_tables": {"bf16": table.model_copy(
+        update={"efficiency": [[[1.0, 1.0], [1.0, 1.0]]] * 2})}})
+    assert op_time(small, op_cost(small), device, fast, "bf16").gpu_s == pytest.approx(
+        op_time(small, op_cost(small), device, cal, "bf16").gpu_s)      # capped by the memory curve
     # masked_fill of (S, H) with an (S, 1) mask: the broadcast curve, capped by the contiguous one
     s, h = 262144, 2048
     fill = Op("aten.masked_fill.Scalar", (TensorMeta((s, h), "bf16"), TensorMeta((s, 1), "bool"), 0.0), {},

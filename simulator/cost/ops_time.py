@@ -69,21 +69,26 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
     roofline_s = max(compute_s, memory_s)
     if cost.kind == "gemm":
         batch, m, n, k = gemm_dims(op) if "conv" not in op.name else (1, 0, 0, 0)
-        moe_streaming = False
+        moe_streaming, grouped = False, None
         if "moe" in op.attrs:
-            # a grouped expert GEMM is one kernel over every touched expert: streaming their weights it reaches the
-            # memory curve of its total bytes; compute-bound, the efficiency of one expert's GEMM (rows per expert)
+            # a grouped expert GEMM is one kernel over every touched expert, m rows per touched expert. With the
+            # calibration's grouped table: its efficiency at (m, n, k), streaming the experts' weights never above
+            # the memory curve of the total bytes (launch-bound small calls). Without: streaming, the memory curve;
+            # compute-bound, the efficiency of one expert's dense GEMM
             rows, touched = routed_rows(op)
             m = max(1, round(rows / max(touched, 1.0)))
             moe_streaming = memory_s > compute_s
-        if moe_streaming:
+            grouped = efficiency.grouped_gemm_efficiency(cal, dtype, m, n, k)
+        if grouped is not None:
+            eff = min(grouped, efficiency.memory_efficiency(cal, cost.bytes, gpu)) if moe_streaming else grouped
+            eff *= memory_scale if moe_streaming else compute_scale
+        elif moe_streaming:
             eff = efficiency.memory_efficiency(cal, cost.bytes) * memory_scale
         elif 0 < m <= matvec_max_m:
             eff = efficiency.memory_efficiency(cal, cost.bytes, gpu) * memory_scale
         else:
-            grouped = efficiency.grouped_gemm_efficiency(cal, dtype, m, n, k) if "moe" in op.attrs else None
-            eff = grouped if grouped is not None else efficiency.gemm_efficiency(
-                cal, dtype, batch * m, n, k, cost.flops, cost.bytes, memory_s > compute_s, gpu)
+            eff = efficiency.gemm_efficiency(cal, dtype, batch * m, n, k, cost.flops, cost.bytes,
+                                             memory_s > compute_s, gpu)
             eff *= compute_scale if compute_s >= memory_s else memory_scale
     elif cost.kind == "attention":
         variant = "backward" if op.name.endswith("_backward") else ("decode" if op.inputs[0].shape[-2] == 1 else "")

@@ -7,7 +7,7 @@
   passed transposed as transformers does): efficiency = roofline / measured, roofline = max(FLOPs / datasheet peak,
   bytes / datasheet bandwidth), bytes = rows x K + E x N x K + rows x N elements (aisim's _grouped_mm formula with
   every expert touched), on the measured m x N x K grid. cost/ops_time.py reads it at the op's rows per touched
-  expert for compute-bound grouped GEMMs.
+  expert (streaming the experts' weights, never above the contiguous memory curve of the op's bytes).
 - ``broadcast_memory_efficiency``: the ``model`` section's broadcast ops (the three masked fills with the (S, 1)
   sentinel mask and the routing-weight multiply by an (S, 1) column, bf16) where the GPU set the pace (rows that
   are not host-bound): bytes / bandwidth / measured time against log10 bytes, the median per quarter decade.
@@ -88,7 +88,7 @@ def broadcast_curve(rows: list[dict], gpu) -> dict:
 
 def check(rows: list[dict], gpu, cal, table: dict | None) -> list[dict]:
     """The model section's grouped GEMMs: measured against the cost model's efficiency before (dense table at rows
-    per touched expert, or the memory curve when streaming) and after (grouped table where compute-bound)."""
+    per touched expert, or the memory curve when streaming) and after (the grouped table)."""
     from aisim.cost import efficiency
     from aisim.specs import GemmTable
 
@@ -102,11 +102,14 @@ def check(rows: list[dict], gpu, cal, table: dict | None) -> list[dict]:
         compute_s = r["flop"] / gpu.peak_for("bf16")
         memory_s = r["bytes"] / gpu.memory_bw_bytes_per_s
         roof = max(compute_s, memory_s)
-        if memory_s > compute_s:     # streaming the touched experts' weights: the memory curve (ops_time)
-            before = after = efficiency.memory_efficiency(cal, r["bytes"], gpu)
-        else:
-            before = efficiency.gemm_efficiency(cal, "bf16", m, n, k, r["flop"], r["bytes"], False, gpu)
-            after = efficiency.gemm_table_value(grouped, m, n, k) if grouped else before
+        streaming = memory_s > compute_s          # as cost/ops_time.py reads a routed grouped GEMM
+        before = efficiency.memory_efficiency(cal, r["bytes"], gpu) if streaming else \
+            efficiency.gemm_efficiency(cal, "bf16", m, n, k, r["flop"], r["bytes"], False, gpu)
+        after = before
+        if grouped is not None:
+            after = efficiency.gemm_table_value(grouped, m, n, k)
+            if streaming:
+                after = min(after, efficiency.memory_efficiency(cal, r["bytes"], gpu))
         out.append({"model": r["model"], "op": r["op"], "tokens": r["tokens"], "m": m, "measured_ms": r["median_ms"],
                     "before_ms": roof / before * 1e3, "after_ms": roof / after * 1e3,
                     "host_bound": r.get("host_bound", False)})
@@ -140,11 +143,12 @@ def write(path: Path, blocks: str, provenance: str) -> None:
         text += "\n"
     text += blocks
     entry = f"  grouped_gemm: '{provenance}'\n"
-    if re.search(r"^  grouped_gemm: .*$", text, flags=re.M):
-        text = re.sub(r"^  grouped_gemm: .*\n", entry, text, flags=re.M)
-    else:
-        text = re.sub(r"^(provenance:\n)", r"\1" + entry.replace("\\", "\\\\"), text, count=1, flags=re.M)
-    path.write_text(text)
+    lines = [line for line in text.splitlines(keepends=True) if not line.startswith("  grouped_gemm: ")]
+    start = next(i for i, line in enumerate(lines) if line.startswith("provenance:"))
+    end = start + 1
+    while end < len(lines) and lines[end].startswith("  "):    # the provenance block: its entries and their
+        end += 1                                              # continuation lines
+    path.write_text("".join(lines[:end] + [entry] + lines[end:]))
 
 
 def main(argv=None) -> int:
