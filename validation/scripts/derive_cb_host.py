@@ -5,7 +5,12 @@ each step's cycle (its recorded time plus the gap to the next step) less aisim's
 forward and the profile's batch-preparation terms is the loop's host work. The median over every step of the
 three runs is the calibration. None of the judged serving runs (cb-qwen2.5-1.5b, cb-llama-3-8b) is read.
 
-    python -m aisim.validation.scripts.derive_cb_host
+    python -m aisim.validation.scripts.derive_cb_host [--profiles]
+
+--profiles: the check of aisim's packed-mask attention kernel by kernel against the H100 profiles of the engine's
+own steps (validation/data/profiles/cb-*-profile.jsonl, serve_cb --profile-steps): per isolated step shape, the
+measured cuDNN SDPA time per layer, the non-contiguous (generic elementwise) copies and the index_select gathers
+per step, against aisim's terms for them (timer.StepCostTimer._packed_s); nothing is fitted.
 """
 from __future__ import annotations
 
@@ -15,6 +20,11 @@ from pathlib import Path
 import numpy as np
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "serve" / "cbhost-llama-h100.jsonl"
+PROFILES = Path(__file__).resolve().parent.parent / "data" / "profiles"
+PROFILED = {"Meta-Llama-3-8B": "Meta-Llama-3-8B",
+            "qwen2.5-1.5b": str(Path(__file__).resolve().parent.parent / "harness" / "configs" / "qwen2.5-1.5b.json")}
+# the isolated shapes of serve_cb --profile-steps (defaults): decoding requests x context, or one prompt of 512
+PROFILE_SHAPES = {"d1": (1, 512), "d32": (32, 512), "d64x1024": (64, 1024), "p": (0, 512)}
 CONFIG = Path(__file__).resolve().parent.parent / "harness" / "configs" / "cbhost-llama.json"
 
 
@@ -41,5 +51,61 @@ def derive() -> dict:
             "p90_s": float(np.percentile(loop, 90))}
 
 
+def profile_check() -> list[dict]:
+    """Measured (profile windows of isolated engine steps) against aisim's packed-mask terms, per model and shape."""
+    from aisim.scenario import scenario
+    from aisim.studies.serve.steptime import BatchShape
+    from aisim.studies.serve.timer import StepCostTimer
+
+    rows = []
+    for name, model in PROFILED.items():
+        path = PROFILES / f"cb-{name}-profile.jsonl"
+        if not path.is_file():
+            continue
+        records = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        windows = {r["shape"]: r for r in records if r.get("type") == "profile_window" and r.get("part") == "isolated"}
+        steps = {r["shape"]: r["summary"] for r in records
+                 if r.get("type") == "profile_phases" and r.get("part") == "isolated" and "summary" in r}
+        sc = scenario(model, "h100", dtype="bf16", runtime="transformers-cb")
+        timer = StepCostTimer(sc, 8192)
+        d, e = timer.dims, timer.dims.element_bytes
+        for shape, (n, ctx) in PROFILE_SHAPES.items():
+            if shape not in windows:
+                continue
+            kernels = windows[shape]["top_kernels"]
+
+            def measured(part: str, kernels=kernels) -> tuple[float, float]:
+                hits = [k for k in kernels if part in k["kernel"]]
+                return sum(k["ms_per_step"] for k in hits), sum(k["calls_per_step"] for k in hits)
+
+            batch = (BatchShape(0, 0.0, 0, n, float(n * (ctx + 1))) if n
+                     else BatchShape(ctx, float(ctx * ctx), 1, 0, 0.0, float(ctx)))
+            q, k = batch.tokens, (n * (ctx + 1) if n else ctx)
+            q_row, kv_row = d.q_heads * d.head_dim * e, d.kv_heads * d.head_dim * e
+            sdpa_ms, sdpa_calls = measured("sdpa")
+            copy_ms, copy_calls = measured("gpu_kernel_impl_nocast<at::native::direct_copy")
+            gather_ms, _ = measured("vectorized_gather")
+            flops = 4.0 * q * k * d.q_heads * d.head_dim
+            sdpa_bytes = e * (2 * q * d.q_heads * d.head_dim + 2 * k * d.q_heads * d.head_dim + q * k)
+            copies = 2 * d.layers * (timer._memory_s(2 * q * q_row, strided=True)
+                                     + timer._memory_s(k * kv_row + k * q_row, strided=True))
+            rows.append({
+                "model": name, "shape": shape, "step_ms": steps.get(shape, {}).get("step_ms"),
+                "kernel_ms": windows[shape]["kernel_ms_per_step"],
+                "aisim_forward_ms": 1e3 * (timer.step_time_s(batch) - timer._host_s(batch)),
+                "sdpa_ms_per_layer": sdpa_ms / max(sdpa_calls, 1),
+                "aisim_sdpa_ms_per_layer": 1e3 * timer._masked_sdpa_s(q, k, flops, sdpa_bytes),
+                "strided_copies_ms": copy_ms, "strided_copies_calls": copy_calls, "aisim_strided_copies_ms": 1e3 * copies,
+                "gather_ms": gather_ms,
+                "aisim_gather_ms": 1e3 * 2 * d.layers * timer._memory_s(2 * k * kv_row) if n else 0.0})
+    return rows
+
+
 if __name__ == "__main__":
-    print(json.dumps(derive(), indent=1))
+    import sys
+
+    if "--profiles" in sys.argv[1:]:
+        for row in profile_check():
+            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}))
+    else:
+        print(json.dumps(derive(), indent=1))

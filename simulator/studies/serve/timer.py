@@ -136,13 +136,15 @@ class StepCostTimer:
             return self._packed_s(shape)
         return self._varlen_s(shape)
 
-    def _memory_s(self, nbytes: float) -> float:
+    def _memory_s(self, nbytes: float, strided: bool = False) -> float:
+        """One memory-bound kernel moving nbytes (read + written): the calibration's copy curve, or its
+        strided-operand curve for a copy whose source is not contiguous (``strided``)."""
         from ...cost.efficiency import memory_efficiency
 
         if nbytes <= 0:
             return 0.0
         gpu = self.sc.device.gpu
-        return nbytes / (gpu.memory_bw_bytes_per_s * memory_efficiency(self.sc.calibration, nbytes))
+        return nbytes / (gpu.memory_bw_bytes_per_s * memory_efficiency(self.sc.calibration, nbytes, gpu, strided))
 
     def _attention_kernel_s(self, flops: float, nbytes: float, blocks: float) -> float:
         """One attention kernel: roofline over the calibrated attention efficiency, on the SMs its grid fills."""
@@ -171,21 +173,32 @@ class StepCostTimer:
         return d.layers * layer_s
 
     def _packed_s(self, shape: BatchShape) -> float:
+        """paged|sdpa per layer, kernel by kernel (the step's Q queries, K keys; bytes read + written):
+        cache.py PagedAttentionCache.update 431-435: index_copy_ of the new K and V rows, then (when the step reads
+        the cache) index_select of every key and value the step attends to (a row gather: the copy curve);
+        sdpa_paged.py 7-15 and 47-49: repeat_kv expands the [1, Hkv, K, D] transposed view of what it read to the
+        query heads and reshapes it, a copy from a non-contiguous source, which PyTorch runs with its generic
+        (non-vectorized) elementwise copy kernel: the calibration's strided-operand curve (H100 profile of the
+        engine's step, validation/data/profiles/cb-*-profile.txt, 64 x 1024 decode: 0.33 and 0.25 ms per copy of
+        671 and 235 MB, 30% and 28% of HBM bandwidth, against 26% on that curve); query.contiguous() and the
+        output's transpose(1, 2).contiguous() (sdpa_paged.py 52, 63), the same kernel; the masked SDPA (the
+        calibration's table); and once per step the [1, 1, Q, K] mask (input_outputs.py 387-395)."""
         d, e = self.dims, self.dims.element_bytes
         q = shape.tokens
         cached = shape.decode_ctx_tokens + shape.prefill_ctx_tokens - shape.prefill_tokens - shape.decode_seqs
         k = float(q) if cached <= 0 else shape.decode_ctx_tokens + shape.prefill_ctx_tokens
         kv_row = d.kv_heads * d.head_dim * e
-        moved = 2 * 2 * q * kv_row                                   # index_copy_ of the new K and V
+        q_row = d.q_heads * d.head_dim * e
+        layer = 2 * self._memory_s(2 * q * kv_row)                   # index_copy_ of the new K and V
         if cached > 0:
-            moved += 2 * 2 * k * kv_row                              # index_select of every key the step reads
+            layer += 2 * self._memory_s(2 * k * kv_row)              # index_select of every key and value read
         if d.q_heads != d.kv_heads:
-            moved += 2 * (k * kv_row + k * d.q_heads * d.head_dim * e)  # repeat_kv copies
-        moved += 2 * q * d.q_heads * d.head_dim * e                  # output transpose(1, 2).contiguous()
+            layer += 2 * self._memory_s(k * kv_row + k * q_row, strided=True)  # repeat_kv of K and V
+        layer += 2 * self._memory_s(2 * q * q_row, strided=True)     # query and output .contiguous()
         flops = 4.0 * q * k * d.q_heads * d.head_dim
         sdpa_bytes = e * (2 * q * d.q_heads * d.head_dim + 2 * k * d.q_heads * d.head_dim + q * k)
         mask_s = self._memory_s(q * k * e)                           # the step's [1, 1, Q, K] mask, built once
-        return d.layers * (self._masked_sdpa_s(q, k, flops, sdpa_bytes) + self._memory_s(moved)) + mask_s
+        return d.layers * (self._masked_sdpa_s(q, k, flops, sdpa_bytes) + layer) + mask_s
 
     def _masked_sdpa_s(self, q: int, k: float, flops: float, nbytes: float) -> float:
         """SDPA with an explicit mask: the calibration's measured Q x K table (log-interpolated; the table's head
