@@ -461,6 +461,8 @@ def main(argv=None) -> int:
     parser.add_argument("--profile-reps", type=int, default=8, help="timed isolated steps per shape")
     parser.add_argument("--profile-window", type=int, default=8, help="steps under torch.profiler per window")
     parser.add_argument("--profile-fresh-steps", type=int, default=10, help="steps per backend, growing contexts")
+    parser.add_argument("--profile-parts", default=None,
+                        help="comma list of sdpa,isolated,thread-32,thread-1,main-32 (default: all, in that order)")
     parser.add_argument("--profile-backends", default="EFFICIENT_ATTENTION,MATH,CUDNN_ATTENTION",
                         help="SDPA backends forced in turn on the growing-context steps")
     args = parser.parse_args(argv)

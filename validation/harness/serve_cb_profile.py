@@ -327,8 +327,8 @@ def isolated(model, args, device, budget, emit) -> list[str]:
     mixes = [("d1", [p["ctx"]], []), (f"d{p['batch']}", [p["ctx"]] * p["batch"], []),
              (f"d{2 * p['batch']}x{2 * p['ctx']}", [2 * p["ctx"]] * (2 * p["batch"]), []), ("p", [], [p["ctx"]])]
     fresh_steps = p["fresh_steps"]
-    manager = _new_manager(model, args, max(2 * p["batch"], 8), 2 * p["ctx"] + fresh_steps * len(args.backends) + 64,
-                           16)
+    manager = _new_manager(model, args, max(2 * p["batch"], 8),
+                           2 * p["ctx"] + fresh_steps * (2 + len(args.backends)) + 64, 16)
     texts = []
     try:
         from .serve_cb import engine_info
@@ -338,7 +338,7 @@ def isolated(model, args, device, budget, emit) -> list[str]:
         cache, runner, io = bp.cache, bp.model_runner, bp.inputs_and_outputs
         rng = random.Random(args.seed)
         vocab_high = max(11, min(int(model.config.vocab_size), 32000))
-        grow = fresh_steps * (1 + len(args.backends)) + 4
+        grow = fresh_steps * (2 + len(args.backends)) + 4
 
         def build(name, decode_ctx, prefill):
             specs = [(1, c, RequestStatus.DECODING) for c in decode_ctx]
@@ -418,16 +418,18 @@ def isolated(model, args, device, budget, emit) -> list[str]:
         states = build(name + "-fresh", [p["ctx"]] * p["batch"], [])
         try:
             offset = 0
-            for backend in ["default", *args.backends]:
+            for backend in ["default", *args.backends, "default-profiled"]:
                 if not budget.allows(6):
                     break
                 row = {"type": "profile_phases", "part": "isolated-fresh", "shape": name, "context": p["ctx"],
                        "backend": backend, "status": "ok"}
                 clock = PhaseClock(bp, device)
-                window = Window(device, 1, min(args.profile_window, fresh_steps - 1)) if backend == "default" else None
+                # the timed series run without the profiler; a last default one under it (its times inflated)
+                window = Window(device, 0, min(args.profile_window, fresh_steps)) if backend == "default-profiled" \
+                    else None
                 clock.on_step = window.hook if window else None
                 try:
-                    context = (sdpa_kernel([getattr(SDPBackend, backend)]) if backend != "default"
+                    context = (sdpa_kernel([getattr(SDPBackend, backend)]) if not backend.startswith("default")
                                else _null_context())
                     with context:
                         run_steps(states, fresh_steps, grow_by=1, offset=offset)
@@ -446,7 +448,8 @@ def isolated(model, args, device, budget, emit) -> list[str]:
                                          f"{backend}", row["summary"], row.get("error")))
                 if window is not None and window.completed:
                     prof_summary, text = profile_report(window.prof, max(window.steps, 1),
-                                                        f"isolated {name} fresh shapes, SDPA default")
+                                                        f"isolated {name} fresh shapes, SDPA default "
+                                                        "(under the profiler)")
                     emit({"type": "profile_window", "part": "isolated-fresh", "shape": name, **prof_summary})
                     texts.append(text)
                 if device.type == "cuda":
@@ -633,7 +636,10 @@ def run(model, args, device, out, budget) -> int:
              ("thread-32", lambda: serving(model, args, device, budget, out.write, args.profile_shape["batch"], True)),
              ("thread-1", lambda: serving(model, args, device, budget, out.write, 1, True)),
              ("main-32", lambda: serving(model, args, device, budget, out.write, args.profile_shape["batch"], False))]
+    wanted = [x for x in args.profile_parts.split(",") if x] if args.profile_parts else [name for name, _ in parts]
     for name, part in parts:
+        if name not in wanted:
+            continue
         if not budget.allows(10):
             texts.append(f"== {name}: skipped (time budget)")
             continue
