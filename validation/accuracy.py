@@ -250,12 +250,15 @@ def build(out: Path) -> str:
               "gaps: (1) the four OPT x 8 rows were uploaded on 2025-04-10/11, before TorchCAP replaced its "
               "multi-GPU script and TP pass on 2025-04-12: they ran the base OPTModel (no LM head, no loss, K/V "
               "cache outputs) under an auto-sharding plan, five passes averaged; a reproduction of that pass "
-              "(fake 8-rank group, torch 2.6) gives 168 all-reduces per OPT-1.3b pass, whose time alone at the "
-              "host's measured all-reduce speed exceeds the measured runtime, so these rows are shown but not "
+              "(fake 8-rank group, torch 2.6, validation/scripts/torchcap_tp_graph.py) gives 168 all-reduces per "
+              "OPT-1.3b pass and TorchCAP's own estimator puts that graph at 3.9 s, not its published 1.4 s: the "
+              "plan that ran is not recoverable from the public source, so these rows are shown but not "
               "modelled (aisim's figure is the MLP-parallel LM pass); (2) clm-60m single-GPU is 12-13% short "
               "(the smallest model, where the per-layer elementwise chain dominates); (3) clm x 8 memory is "
-              "0.2-6.3% low, growing with the model: an unexplained 3/8 of the MLP weights' size beyond the "
-              "sharded weights and the loss tail.", "",
+              "0.2-6.3% low, growing with the model (about 3/8 of the MLP weights' size beyond the sharded weights "
+              "and the loss tail); TorchCAP's own estimator on the reproduced graph gives the same figures as aisim "
+              "(clm-1.1b 8.34 GiB, against its published 8.89), so the extra is in what ran, not in the public "
+              "source.", "",
               "## CS336 (batch 4, fp32, forward and forward+backward)", "", "Command: `aisim validate --reference cs336`",
               "", compare_reference("cs336", fmt="markdown").split("\n", 2)[2], "",
               "The course's GPU is not named in that section. No shipped device fits all rows: the H100 "
