@@ -3,6 +3,13 @@
     python3 -m aisim.validation.harness.graphs_decode --out OUT/graphs.jsonl [--max-minutes 3] [--smoke]
         [--cache-lens 1039,4096]
 
+Calibration of the compiled step's non-kernel time on a tiny, non-judged model (cbhost-llama: 256 wide, Llama-3
+layout) at three depths; validation/scripts/derive_graphs_replay.py fits step time - profiled kernel time against
+the profiled kernel count (~3 min: 6 compile cases of ~20 s):
+
+    python3 -m aisim.validation.harness.graphs_decode --out OUT/graphs-replay-tiny-h100.jsonl --models cbhost-llama \
+        --layers 2,8,32 --batches 1,32 --modes compile --profile --max-minutes 6
+
 Out-of-sample static-cache run (issue 16; ~7 min on one H100: 8 compile cases of ~45 s, compile ~36-41 s each):
 
     python3 -m aisim.validation.harness.graphs_decode --out OUT/graphs-decode-cachelen-h100.jsonl \
@@ -177,7 +184,8 @@ def run_case(model, name: str, mode: str, batch: int, context: int, device, args
     import torch
 
     row = {"type": "case", "model": name, "mode": mode, "batch": batch, "context": context,
-           "attn_implementation": model.config._attn_implementation, "status": "ok"}
+           "layers": model.config.num_hidden_layers, "attn_implementation": model.config._attn_implementation,
+           "status": "ok"}
     t0 = time.perf_counter()
     decoder = None
     original_forward = model.forward
@@ -241,6 +249,9 @@ def main(argv=None) -> int:
                         help="max_cache_len values of the static cache (comma-separated, each >= context + 15; "
                              "default: context + 15 only)")
     parser.add_argument("--compile-mode", default="reduce-overhead")
+    parser.add_argument("--layers", default="",
+                        help="num_hidden_layers overrides, each model built at each (rows name MODEL@NL): a tiny "
+                             "model at several depths separates the compiled step's per-layer and fixed overheads")
     parser.add_argument("--profile", action="store_true",
                         help="compile cases: torch.profiler over 3 forwards (GPU kernel ms and launches per step)")
     parser.add_argument("--steps", type=int, default=20, help="timed decode steps (at least)")
@@ -277,11 +288,16 @@ def main(argv=None) -> int:
     try:
         # All models stay resident (1.5B + 8B bf16 = ~19 GB) so the cases run batch-major: batch 1 of every model
         # first, then the next batch size, which keeps both models covered when the budget ends early.
-        for name in (m for m in args.models.split(",") if m):
+        layer_counts = common.parse_ints(args.layers) if args.layers else [None]
+        for name in ((m, n) for m in args.models.split(",") if m for n in layer_counts):
+            name, layers = name
+            overrides = {} if layers is None else {"num_hidden_layers": layers}
+            name = name if layers is None else f"{name}@{layers}L"
             t0 = time.perf_counter()
-            model_row = {"type": "model", "model": name, "status": "ok"}
+            model_row = {"type": "model", "model": name, "status": "ok", "layers": layers}
             try:
-                models[name] = common.build_causal_lm(common.hf_config(name), dtype, device, seed=args.seed)
+                models[name] = common.build_causal_lm(common.hf_config(name.split("@")[0], **overrides), dtype,
+                                                      device, seed=args.seed)
                 common.sync(device)
                 model_row.update({"params": common.param_count(models[name]), "dtype": args.dtype,
                                   "attn_implementation": models[name].config._attn_implementation,
