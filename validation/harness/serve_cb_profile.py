@@ -637,6 +637,9 @@ def run(model, args, device, out, budget) -> int:
              ("thread-1", lambda: serving(model, args, device, budget, out.write, 1, True)),
              ("main-32", lambda: serving(model, args, device, budget, out.write, args.profile_shape["batch"], False))]
     wanted = [x for x in args.profile_parts.split(",") if x] if args.profile_parts else [name for name, _ in parts]
+    if wanted and wanted[0].startswith("thread"):
+        with _profiler(device):      # the profiler's first session in the main thread (Kineto registers it there)
+            common.sync(device)
     for name, part in parts:
         if name not in wanted:
             continue
