@@ -1,0 +1,64 @@
+"""Derive the compiled step's non-kernel time for ``--runtime graphs`` (hardware_specs/runtimes/graphs.yaml:
+replay_kernel_gap_s and per_step_overhead_s) from HF StaticCache + torch.compile(mode="reduce-overhead") decode of a
+tiny model at several depths (validation/data/kernels/graphs-replay-tiny-h100.jsonl, written by
+validation/harness/graphs_decode.py --models cbhost-llama --layers 2,8,32 --profile; 256 wide, so its kernels are
+short and the step is mostly the replay's gaps and the call's host work).
+
+Per compiled row: non-kernel time = median step time (CUDA events around the compiled call) - the profiled GPU kernel
+time per forward; least squares over the rows: non-kernel = per_step_overhead + kernels x replay_kernel_gap (kernels:
+the profiled launches per forward). None of the judged rows (qwen2.5-1.5b, Meta-Llama-3-8B) is read.
+
+    python -m aisim.validation.scripts.derive_graphs_replay [PATH]
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "kernels" / "graphs-replay-tiny-h100.jsonl"
+JUDGED = ("qwen2.5-1.5b", "Meta-Llama-3-8B")
+
+
+def rows(path: Path = DATA) -> list[dict]:
+    out = []
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        prof = r.get("profile") or {}
+        if (r.get("type") == "case" and r.get("mode") == "compile" and r.get("status") == "ok"
+                and prof.get("status") == "ok" and prof.get("kernels_per_step")
+                and not r["model"].startswith(JUDGED)):
+            out.append({"model": r["model"], "batch": r["batch"], "step_ms": r["median_ms"],
+                        "kernel_ms": prof["gpu_kernel_ms"], "kernels": prof["kernels_per_step"]})
+    return out
+
+
+def derive(path: Path = DATA) -> dict:
+    """{'replay_kernel_gap_s', 'per_step_overhead_s', 'rows', 'residual_ms'} of the least-squares fit."""
+    data = rows(path)
+    if len(data) < 2:
+        raise SystemExit(f"{path}: {len(data)} usable compiled rows with a profile; need at least 2 depths")
+    kernels = np.array([r["kernels"] for r in data])
+    nonkernel_s = np.array([(r["step_ms"] - r["kernel_ms"]) / 1e3 for r in data])
+    design = np.stack([np.ones_like(kernels), kernels], axis=1)
+    (fixed_s, gap_s), *_ = np.linalg.lstsq(design, nonkernel_s, rcond=None)
+    residual_ms = (design @ np.array([fixed_s, gap_s]) - nonkernel_s) * 1e3
+    return {"replay_kernel_gap_s": float(gap_s), "per_step_overhead_s": float(max(fixed_s, 0.0)), "rows": data,
+            "residual_ms": [round(float(x), 4) for x in residual_ms]}
+
+
+def main(argv=None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    result = derive(Path(args[0]) if args else DATA)
+    for r, res in zip(result["rows"], result["residual_ms"]):
+        print(f"{r['model']:>20} b={r['batch']:<3} step {r['step_ms']:.4f} ms, kernels {r['kernel_ms']:.4f} ms "
+              f"x {r['kernels']:.0f}, fit residual {res:+.4f} ms")
+    print(f"replay_kernel_gap_s: {result['replay_kernel_gap_s']:.4g}")
+    print(f"per_step_overhead_s: {result['per_step_overhead_s']:.4g}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
