@@ -279,7 +279,7 @@ def _nll(op: Op) -> Cost:
          "aten.new_full", "aten.diff", "aten.index_copy_", "aten.roll", "aten.flip", "aten.linspace",
          "aten._index_put_impl_", "aten.bernoulli_.float", "aten.randint", "aten.rand", "aten.randn",
          "aten.unfold_backward", "aten._to_copy", "aten.histc", "aten.floor_divide", "aten.expand_copy", "aten.split_with_sizes_copy", "aten.unbind_copy",
-         "repeat_kv.copy")   # HF's GQA K/V copied to all query heads (graph.engine.static_cache_decode)
+         "repeat_kv.copy", "static_cache.fill_level")   # graph.engine.static_cache_decode
 def _memory_kernel(op: Op) -> Cost:
     return memory_cost(op)
 

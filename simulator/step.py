@@ -135,6 +135,8 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     from .cost.timeline import cpu_costs, simulate
 
     dev, cal, rt, plan = sc.device, sc.calibration, sc.runtime, sc.plan
+    if rt.dispatch == "graphs" and rt.replay_kernel_gap_s is not None:   # the engine's measured replay gap
+        cal = cal.model_copy(update={"launch_overhead_s": rt.replay_kernel_gap_s})
     compute_scale, memory_scale = runtime_scales(rt, dev.gpu, cal, w.dtype)
     # CUDA graphs (the calibration's graph replay cost per kernel): each kernel sheds the eager stream's launch gap
     credit_s = graph_replay_credit_s(cal, dev.gpu) if rt.dispatch == "graphs" and rt.kernel_overhead_s is None else 0.0

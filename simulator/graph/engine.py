@@ -447,6 +447,7 @@ def mla_absorb(ops: list[Op], repeats: list[float], config: dict) -> tuple[list[
 
 # ------------------------------------------------------------------ HF StaticCache decode (--runtime graphs)
 REPEAT_KV = "repeat_kv.copy"
+FILL_LEVEL = "static_cache.fill_level"
 
 
 def static_cache_decode(ops: list[Op], repeats: list[float], context: int, cache_len: int,
@@ -465,7 +466,8 @@ def static_cache_decode(ops: list[Op], repeats: list[float], context: int, cache
     - PyTorch's SDPA with an explicit mask cannot take the flash kernel (sdp_utils.cpp check_for_attn_mask):
       it runs the masked kernel the calibration's masked_attention_table measured.
     So each decode attention op (one query per row) becomes two repeat_kv copies (where KV heads < query
-    heads) and a masked attention over max_cache_len keys of every query head. ``context``: the traced step's
+    heads), the layer's fill-level update (its own small kernel: ``cumulative_length.add_``, l. 478) and a masked
+    attention over max_cache_len keys of every query head. ``context``: the traced step's
     keys (self-attention over the cache; cross-attention over an encoder's output is left alone); ``cache_len``:
     max_cache_len; ``windows``: sliding-window layers keep min(max_cache_len, window) slots
     (StaticSlidingWindowLayer).
@@ -489,6 +491,9 @@ def static_cache_decode(ops: list[Op], repeats: list[float], context: int, cache
                 out.append(_op(REPEAT_KV, (cached,), (full,), op.scope, static_cache=True))
                 rep.append(r)
             keys, values = expanded
+        level = TensorMeta((), "int64")       # the layer's cumulative_length.add_ (cache_utils.py l. 478)
+        out.append(_op(FILL_LEVEL, (level,), (level,), op.scope, static_cache=True))
+        rep.append(r)
         mask = TensorMeta((b, 1, 1, length), q.dtype)
         out.append(Op(name="attention.efficient", args=(q, keys, values, mask), kwargs={}, outputs=op.outputs,
                       alias=op.alias, phase=op.phase, scope=op.scope,
