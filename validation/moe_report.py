@@ -148,7 +148,7 @@ GRAPHS_DATA = GRAPHS_DIR / "graphs-decode-h100.jsonl"                    # in sa
 GRAPHS_CACHELEN_DATA = GRAPHS_DIR / "graphs-decode-cachelen-h100.jsonl"  # out of sample: max_cache_len 4096 (+ 1039)
 GRAPHS_CONFIGS = {"qwen2.5-1.5b": str(CONFIGS / "qwen2.5-1.5b.json"), "Meta-Llama-3-8B": "Meta-Llama-3-8B"}
 GRAPHS_GOAL = 10.0
-GRAPHS_CEILING = 14.5   # in-sample MAPE of the commit that set it (13.95%) plus half a point; tests/test_moe.py
+GRAPHS_CEILING = 14.1   # in-sample MAPE of the commit that set it (13.55%) plus half a point; tests/test_moe.py
 # Predicted before the measurement (2026-11-26 ~10:10 UTC, commit "graphs: HF StaticCache decode ..."): ms per
 # timed forward (no rewind), context 1024, --runtime graphs, static_cache_len 4096, one H100 SXM.
 GRAPHS_PREDICTED_MS = {("qwen2.5-1.5b", 1, 4096): 3.146, ("qwen2.5-1.5b", 32, 4096): 18.359,
@@ -239,8 +239,11 @@ def graphs_lines(path: Path = GRAPHS_DATA, cachelen_path: Path = GRAPHS_CACHELEN
            "each step attends over the whole max_cache_len with a (B, 1, 1, L) mask, so transformers' SDPA path "
            "repeats the KV heads (`repeat_kv.copy`: B x H x L x D written per K and V) and PyTorch runs its masked "
            "kernel (the calibration's sdpa_mask table), the cache written in place (index_copy_, no whole-cache "
-           "copy). Not modelled: the compiled call's own host work per step (dynamo guards, the cudagraph-tree "
-           "replay's input copies and checks), which these CUDA-event step times include."]
+           "copy). Not modelled yet: the replay's per-kernel gaps beyond the calibration's 1.0 us and the compiled "
+           "call's host work per step (dynamo guards, the cudagraph-tree replay's input copies and checks), which "
+           "these CUDA-event step times include (see the profile below). The old rows timed the harness's per-layer "
+           "fill-level rewind (an eager fill_ per layer) with each step: its host time is added from the "
+           "calibration."]
     later = compare_graphs(cachelen_path)
     if later:
         fresh = [r for r in later if (r.model, r.batch, r.cache_len) in GRAPHS_PREDICTED_MS]
@@ -248,10 +251,37 @@ def graphs_lines(path: Path = GRAPHS_DATA, cachelen_path: Path = GRAPHS_CACHELEN
                 "--cache-lens, the rewind untimed; predicted before the measurement):", "",
                 *_graphs_table(later, predicted=True), ""]
         if fresh:
-            out.append(f"MAPE {graphs_mape(fresh):.1f}% over the {len(fresh)} predicted max_cache_len 4096 cases"
-                       + (f"; {graphs_mape(later):.1f}% over all {len(later)} rows." if len(later) > len(fresh)
+            before = [abs(GRAPHS_PREDICTED_MS[(r.model, r.batch, r.cache_len)] - r.measured_ms) / r.measured_ms
+                      for r in fresh]
+            out.append(f"The predictions made before the measurement: MAPE {100 * sum(before) / len(before):.1f}% "
+                       f"over the {len(fresh)} max_cache_len 4096 cases. The model as it stands: "
+                       f"{graphs_mape(fresh):.1f}% over them"
+                       + (f", {graphs_mape(later):.1f}% over all {len(later)} rows." if len(later) > len(fresh)
                           else "."))
+        out += ["", *_profile_lines(later)]
     return out
+
+
+def _profile_lines(rows: list[GraphsRow]) -> list[str]:
+    """What the harness's torch.profiler says about the rows (--profile): aisim's GPU time against the kernels'."""
+    prof = [r for r in rows if r.gpu_kernel_ms]
+    if not prof:
+        return []
+    gpu_mape = sum(abs(r.estimated_gpu_ms - r.gpu_kernel_ms) / r.gpu_kernel_ms for r in prof) / len(prof) * 100
+    gaps = sorted(r.measured_ms - r.gpu_kernel_ms for r in prof)
+    return [f"Profiled (torch.profiler, 3 forwards per row): aisim's GPU time is within {gpu_mape:.1f}% (MAPE) of "
+            f"the summed kernel time on {len(prof)} rows; the measured step is {gaps[0]:.1f}-{gaps[-1]:.1f} ms "
+            "longer than its kernels: the gaps between the replayed kernels (about 2 us each over 540-770 kernels "
+            "per step, where the calibration's 1000-kernel replay of a one-element add gives 1.0 us) and the "
+            "compiled call's host work before the replay. The kernels confirm the structure: PyTorch picks cuDNN "
+            "attention (cudnn_generated_fort_native_sdpa_sm80_flash_fprop + cudnn::fusion::lean_reduction_kernel "
+            "per layer; with the same torch on the same GPU the sdpa_mask table's masked calls ran it too), Inductor's repeat_kv copies "
+            "(triton_poi_fused_..._clone, two per layer) take 7.4 ms of Llama-3-8B's batch-32 step at 1039 slots "
+            "(aisim 7.5) and 29.1 ms at 4096 (aisim 29.0), and every StaticLayer's fill-level add_ is its own "
+            "kernel. To close the step gap without fitting the judged rows: run the tiny-model calibration in "
+            "validation/harness/graphs_decode.py's docstring (--models cbhost-llama --layers 2,8,32 --profile) and "
+            "python -m aisim.validation.scripts.derive_graphs_replay, then set graphs.yaml replay_kernel_gap_s and "
+            "per_step_overhead_s."]
 
 
 def engines_section() -> list[str]:
