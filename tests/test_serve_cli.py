@@ -88,3 +88,18 @@ def test_packed_decode_step_within_10pct_of_the_h100_engine_profile():
     shape = BatchShape(0, 0.0, 0, 64, 64 * 1025.0)
     forward_ms = 1e3 * (timer.step_time_s(shape) - timer._host_s(shape))
     assert abs(forward_ms / 107.5 - 1) < 0.10
+
+
+def test_serve_cb_comparison_stays_under_its_regression_ceilings():
+    """aisim.validation.serve_report: the six measured transformers-CB runs (H100) replayed through aisim serve."""
+    from aisim.validation import serve_report
+
+    assert serve_report.ceiling_violations() == []
+
+
+def test_serve_cb_ceilings_trip_on_a_worse_comparison():
+    from aisim.validation import serve_report
+
+    worse = [{"error": {k: 0.5 for k, _ in serve_report.METRICS}}]   # every metric 50% off
+    assert len(serve_report.ceiling_violations(worse)) == len(serve_report.METRICS)
+    assert serve_report.ceiling_violations([]) == ["serve-cb: no measured runs"]
