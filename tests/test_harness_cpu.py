@@ -193,6 +193,22 @@ def test_serve_cb_smoke(tmp_path, isolated_env):
     assert mixes[3]["q_tokens"] == 32 + 2 and mixes[3]["kv_tokens_read"] == 2 * 32
 
 
+def test_serve_cb_profile_steps_smoke(tmp_path, isolated_env):
+    """--profile-steps: each engine call of a step timed, isolated and in serving, text summary next to --out."""
+    path = tmp_path / "cb-tiny-profile.jsonl"
+    assert serve_cb.main(["--smoke", "--profile-steps", "--out", str(path)]) == 0
+    records = read_jsonl(path)
+    check_header(records[0], "serve_cb")
+    phases = [r for r in records if r["type"] == "profile_phases"]
+    assert {"isolated", "isolated-fresh", "thread-2", "thread-1", "main-2"} <= {r["part"] for r in phases}
+    for r in phases:
+        summary = r.get("summary") or r.get("summary_decode")
+        if r.get("status", "ok") == "ok" and summary is not None:
+            assert summary["steps"] > 0 and summary["step_ms"] > 0 and summary["compute_host"] > 0
+    assert any(r["type"] == "profile_window" for r in records)
+    assert (tmp_path / "cb-tiny-profile.txt").read_text().startswith("# serve_cb --profile-steps")
+
+
 # ------------------------------------------------------------------------------------------------------- moe
 
 
