@@ -230,6 +230,10 @@ class CalibrationSpec(Spec):
     eager_kernel_dispatch_s: NonNegative | None = Field(None, description="CPU time per kernel-launching aten op "
                                                         "(fit)")
     eager_view_dispatch_s: NonNegative | None = Field(None, description="CPU time per view aten op (fit)")
+    eager_op_dispatch_s: dict[str, NonNegative] = Field(
+        default_factory=dict, description="CPU time to dispatch one call of these aten ops, which do more host work "
+        "than one kernel launch (torch.sort, torch._grouped_mm, cumsum, histc: validation/harness/grouped_gemm.py, "
+        "relative to a masked_fill_ in the same loop); replaces eager_kernel_dispatch_s for them")
     eager_framework_scale: Positive = Field(1.0, description="measured / predicted CPU time of tiny HF models "
                                          "(validation/framework_overhead.py): the Python between the ops")
     allreduce_cpu_s: NonNegative | None = Field(None, description="CPU time to issue one small NCCL all-reduce")

@@ -180,3 +180,38 @@ def test_cost_model_reads_grouped_table_and_broadcast_curve():
               (TensorMeta((4, 2048), "bf16"),), False, attrs={"pointwise": True})
     assert op_time(tiny, op_cost(tiny), device, slow, "bf16").gpu_s == pytest.approx(
         op_time(tiny, op_cost(tiny), device, cal, "bf16").gpu_s)     # launch-bound: the contiguous curve
+
+
+def test_op_dispatch_is_relative_to_a_masked_fill_in_the_same_loop():
+    """eager_op_dispatch_s: ratio to the reference op x K, minus the views / kernel ops the call also makes."""
+    from aisim.specs import load_calibration
+    from aisim.validation.scripts import derive_grouped_gemm as derive
+
+    cal = load_calibration("h100-sxm")
+    k, v = cal.eager_kernel_dispatch_s, cal.eager_view_dispatch_s
+    rows = []
+    for model, host_scale in (("a", 1.0), ("b", 1.5)):         # a host 1.5x slower gives the same entries
+        for op, us in (("masked_fill_rows_", 10.0), ("sort", 40.0), ("grouped_gate_up", 30.0), ("histc", 25.0)):
+            rows.append({"section": "model", "model": model, "tokens": 1, "op": op,
+                         "loop_host_ms": us * host_scale / 1e3})
+    got = derive.op_dispatch(rows, cal)
+    # rounded to 0.1 us
+    assert got["aten.sort"] == pytest.approx(4 * k, abs=1e-7)                   # 40 / 10 = 4 kernel ops
+    assert got["aten._grouped_mm"] == pytest.approx(3 * k - v, abs=1e-7)        # plus weight.transpose (a view)
+    assert got["aten.histc"] == pytest.approx(2.5 * k - k, abs=1e-7)            # plus the .int() copy
+
+
+def test_timeline_charges_an_ops_own_dispatch():
+    import numpy as np
+
+    from aisim.cost.timeline import cpu_costs
+    from aisim.graph.ops import Op, TensorMeta
+    from aisim.specs import all_runtimes, load_calibration
+
+    cal = load_calibration("h100-sxm").model_copy(update={"eager_op_dispatch_s": {"aten.sort": 50e-6}})
+    t = TensorMeta((64,), "int64")
+    ops = [Op("aten.sort", (t,), {}, (t, t), False), Op("aten.mul.Tensor", (t, t), {}, (t,), False)]
+    runtime = all_runtimes()["eager"]
+    costs = cpu_costs(ops, ["memory", "memory"], np.array([1.0, 1.0]), cal, runtime)
+    assert costs[0] == pytest.approx(50e-6 * cal.eager_framework_scale)
+    assert costs[1] == pytest.approx(cal.eager_kernel_dispatch_s * cal.eager_framework_scale)

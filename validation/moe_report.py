@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DATA = Path(__file__).parent / "data" / "moe" / "moe-h100.jsonl"
+# the same harness after its fix (--profile after every timed case), on another H100 host, 2026-11-26 09:48
+RERUN = Path(__file__).parent / "data" / "moe" / "moe-h100-rerun.jsonl"
 CONFIGS = Path(__file__).parent / "harness" / "configs"
 DEVICE = "h100"
 RUNTIME = "eager"
@@ -23,7 +25,7 @@ CATEGORIES = ("prefill runtime", "decode runtime", "prefill memory", "decode mem
 # Goals of the engines + MoE issue (MAPE %), and regression ceilings (the value of the commit that set it plus half a
 # point; tests/test_moe.py fails above them). Lower a ceiling when accuracy improves.
 GOALS = {"prefill runtime": 15.0, "decode runtime": 15.0, "prefill memory": 3.0, "decode memory": 3.0}
-CEILINGS = {"prefill runtime": 20.5, "decode runtime": 21.1, "prefill memory": 0.5, "decode memory": 0.6}
+CEILINGS = {"prefill runtime": 9.7, "decode runtime": 17.4, "prefill memory": 0.5, "decode memory": 0.6}
 GB = 1e9
 
 
@@ -127,15 +129,56 @@ def moe_section(path: Path = DATA) -> list[str]:
               "Prefill of one sequence with random weights touches fewer experts than uniform routing predicts "
               "(26-40 of 60-128 measured at batch 1): the tokens' hidden states are alike; at prefill the experts' "
               "weights are a small part of the bytes moved, so the runtime is barely affected.", "",
-              "Where the runtime goal is missed: the large prefills (8-32 x 1024 tokens) are GPU-bound and estimated "
-              "17-28% short. aisim costs the compute-bound grouped GEMM at the efficiency of one expert's dense cuBLAS "
-              "GEMM of the same shape, and the router's broadcast masked fills and multiplies on the contiguous "
-              "memory curve; torch's CUTLASS grouped GEMM and those non-vectorised broadcast kernels are slower "
-              "(the committed profile, validation/data/profiles/moe-h100-profile.txt, shows the masked fill at about "
-              "half the copy bandwidth). Small steps are host-bound: OLMoE's within 8%, but Qwen1.5-MoE's and "
-              "Qwen3-MoE's 20-33% short (their measured host time per layer is 1.6 ms against OLMoE's 1.2 ms; the "
-              "eager dispatch model, calibrated on dense models, does not see it). No grouped-GEMM microbenchmark is "
-              "committed to calibrate either, and none was fitted to these rows.", ""]
+              "How the grouped-GEMM path is priced: each routed `torch._grouped_mm` reads the H100 grouped-GEMM "
+              "table (hardware_specs/calibration/h100-sxm.yaml `grouped_gemm_tables`) at its rows per touched expert, "
+              "and the router's masked fills and routing-weight multiply, which broadcast an (S, 1) column and run "
+              "PyTorch's non-vectorized elementwise kernel, the measured broadcast curve (`broadcast_memory_efficiency`, "
+              "27-35% of bandwidth where a copy reaches 80-89%). Both come from validation/harness/grouped_gemm.py "
+              "(torch._grouped_mm called as transformers calls it, on a balanced 64-expert grid of rows per expert x "
+              "N x K; derivation: python -m aisim.validation.scripts.derive_grouped_gemm), not from these rows; the "
+              "same run's model-shape grouped GEMMs, not used for the table, check it (MAPE 20.3% with the dense "
+              "table, 7.7% with the grouped one, 36 device-bound calls of 8-32768 tokens).", "",
+              *host_lines(rows)]
+    return lines
+
+
+def host_lines(rows: list[MoeRow], rerun: Path = RERUN) -> list[str]:
+    """The host-bound rows: what aisim charges beyond the per-kernel dispatch, why the Qwen rows of this run miss,
+    and the rerun (after the harness fix) on another host."""
+    from aisim.specs import load_calibration
+
+    own = load_calibration("h100-sxm").eager_op_dispatch_s
+    kernel = load_calibration("h100-sxm").eager_kernel_dispatch_s
+
+    def errors(sel: list[MoeRow], model: str) -> str:
+        errs = sorted(r.time_err_pct for r in sel if r.model == model and r.workload == "decode")
+        return f"{errs[0]:+.0f}..{errs[-1]:+.0f}%" if errs else "-"
+
+    models = sorted({r.model for r in rows})
+    lines = ["Small steps are host-bound: eager dispatch of some 110 aten ops per layer. Beyond one kernel op's "
+             f"dispatch ({kernel * 1e6:.0f} us), aisim charges the MoE path's ops that do more host work their own "
+             "cost, measured by the grouped_gemm harness relative to a masked_fill_ in the same loop "
+             "(`eager_op_dispatch_s`: " + ", ".join(f"{k.split('.')[-1]} {v * 1e6:.0f} us" for k, v in own.items())
+             + "); the router's topk was not measured and costs one kernel op. Decode errors of this run: "
+             + ", ".join(f"{m} {errors(rows, m)}" for m in models) + ". OLMoE's batch 32 context 1024 step ran "
+             "20-25% faster than its other decode steps on both hosts (not modelled; cause not measured). The Qwen "
+             "rows were timed after moe_bench had profiled OLMoE in the same process (torch.profiler with CUDA activities, "
+             "four sessions); the grouped_gemm harness measured what a profiler session leaves behind: the host time "
+             "of one MoE block call doubles afterwards (OLMoE 0.51 -> 1.00 ms, Qwen1.5-MoE 0.66 -> 1.31 ms, Qwen3-MoE "
+             "0.51 -> 1.07 ms, decode input). moe_bench now profiles after every timed case."]
+    if rerun.exists():
+        again = compare_moe(rerun)
+        mape = moe_mape(again)
+        olmoe = [r.measured_ms for r in (rows + again) if r.model == "olmoe-1b-7b" and r.workload == "decode"
+                 and r.batch == 1 and r.context == 128]
+        lines += ["", f"The rerun with the profile last ({rerun.relative_to(rerun.parents[3])}, another H100 host, "
+                  f"not scored): runtime MAPE {mape['prefill runtime']:.1f}% prefill, {mape['decode runtime']:.1f}% "
+                  "decode; decode errors " + ", ".join(f"{m} {errors(again, m)}" for m in models) + ". Its host is "
+                  "slower: OLMoE, timed first and clean in both runs, took " + " and ".join(f"{v:.1f}" for v in olmoe)
+                  + " ms at decode batch 1 context 128; its Qwen1.5-MoE batch-1 steps are bimodal (36 and 56 ms). The "
+                  "large prefills agree within 1% between the runs. What remains of the decode miss is how fast a "
+                  "host dispatches eager ops (the calibration carries one machine's), and the profiler's residue in "
+                  "this run's Qwen rows."]
     return lines
 
 

@@ -29,7 +29,8 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
     """CPU seconds to issue each op once.
 
     Eager, with the calibrated split: py_calls * P (Python-level torch calls the op's Python code made) plus K
-    for a kernel-launching aten op or V for a view; M per nn.Module call; a collective its measured issue cost.
+    for a kernel-launching aten op (its own measured cost where the calibration's eager_op_dispatch_s has it) or V
+    for a view; M per nn.Module call; a collective its measured issue cost.
     Without the split (older files): one ``eager_dispatch_s`` per aten op. All scaled by the calibrated
     ``eager_framework_scale`` (the HF Python between the ops, measured on tiny non-judged models)."""
     if runtime.dispatch == "none":
@@ -52,7 +53,9 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
             costs[i] = cal.eager_dispatch_s
         else:
             per_op = cal.eager_kernel_dispatch_s if launches[i] else cal.eager_view_dispatch_s
-            costs[i] = op.attrs.get("py_calls", 0) * cal.eager_python_call_s + per_op * max(launches[i], 1)
+            own = cal.eager_op_dispatch_s.get(op.name) if launches[i] else None
+            costs[i] = op.attrs.get("py_calls", 0) * cal.eager_python_call_s + (
+                own if own is not None else per_op * max(launches[i], 1))
     return costs * cal.eager_framework_scale
 
 

@@ -212,8 +212,9 @@ def model_cases(name: str, dims: dict, tokens: int, device, dtype, args, grouped
             row["status"], row["error"] = common.classify_error(exc)
             rows.append(row)
     try:
-        from transformers.integrations.moe import grouped_mm_experts_forward
         import types
+
+        from transformers.integrations.moe import grouped_mm_experts_forward
 
         module = types.SimpleNamespace(num_experts=e, has_gate=True, has_bias=False, is_transposed=False,
                                        gate_up_proj=gate_up[0], down_proj=down[0],
@@ -324,8 +325,6 @@ def layers_case(name: str, layers: int, device, dtype, args) -> dict:
     """Decode step (batch 1, context --layers-context) of the model cut to ``layers`` decoder layers, as moe_bench
     times it (its prepare(): DynamicCache filled by a real prefill, cache cropped back untimed): host time of the
     step before the GPU is waited for, and the step's event time. Two depths give the time per layer."""
-    import torch
-
     from . import moe_bench
 
     row = {"type": "case", "section": "layers", "model": name, "layers": layers, "batch": 1,

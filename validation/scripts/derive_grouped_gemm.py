@@ -8,6 +8,8 @@
   bytes / datasheet bandwidth), bytes = rows x K + E x N x K + rows x N elements (aisim's _grouped_mm formula with
   every expert touched), on the measured m x N x K grid. cost/ops_time.py reads it at the op's rows per touched
   expert (streaming the experts' weights, never above the contiguous memory curve of the op's bytes).
+- ``eager_op_dispatch_s``: host cost per call of torch.sort, torch._grouped_mm, cumsum and histc, relative to a
+  masked_fill_ timed in the same loop at <= 8 tokens (op_dispatch), in units of the calibration's per-kernel cost.
 - ``broadcast_memory_efficiency``: the ``model`` section's broadcast ops (the three masked fills with the (S, 1)
   sentinel mask and the routing-weight multiply by an (S, 1) column, bf16) where the GPU set the pace (rows that
   are not host-bound): bytes / bandwidth / measured time against log10 bytes, the median per quarter decade.
@@ -31,11 +33,20 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "kernels" / "grouped-gemm-
 BROADCAST_OPS = ("masked_fill_rows_", "masked_fill_gate_up", "masked_fill_down", "mul_routing_weights")
 GROUPED_OPS = ("grouped_gate_up", "grouped_down")
 BIN_DECADES = 0.25
-KEYS = ("grouped_gemm_tables", "broadcast_memory_efficiency")
+KEYS = ("grouped_gemm_tables", "broadcast_memory_efficiency", "eager_op_dispatch_s")
+# host cost per call of the MoE path's ops that are not one plain kernel launch: harness op -> (aten op, the other
+# aten ops its call makes: views / kernel ops, costed at the calibration's V / K); reference: masked_fill_rows_
+# (one masked_fill_, one kernel op), measured in the same loop
+DISPATCH_OPS = {"sort": ("aten.sort", 0, 0), "grouped_gate_up": ("aten._grouped_mm", 1, 0),
+                "grouped_down": ("aten._grouped_mm", 1, 0), "cumsum": ("aten.cumsum", 0, 0),
+                "histc": ("aten.histc", 0, 1)}
+DISPATCH_REFERENCE = "masked_fill_rows_"
+DISPATCH_MAX_TOKENS = 8
 
 
 def load(path: Path) -> tuple[dict, list[dict]]:
-    rows = [json.loads(line) for line in open(path) if line.strip()]
+    with open(path) as handle:
+        rows = [json.loads(line) for line in handle if line.strip()]
     header = next((r for r in rows if r.get("type") == "header"), {})
     return header, [r for r in rows if r.get("type") == "case" and r.get("status") == "ok"]
 
@@ -86,6 +97,24 @@ def broadcast_curve(rows: list[dict], gpu) -> dict:
     return {"x": xs, "efficiency": effs}
 
 
+def op_dispatch(rows: list[dict], cal) -> dict[str, float]:
+    """eager_op_dispatch_s: per aten op, its host cost per call relative to a masked_fill_ timed in the same loop (the
+    model section at <= 8 tokens, where the host sets the pace), in the calibration's units: ratio x K minus the
+    views (V) and kernel ops (K) the call also makes; the median over models and token counts, rounded to 0.1 us.
+    Relative, so a faster or slower host than the calibration's does not move it."""
+    ref = {(r["model"], r["tokens"]): r["loop_host_ms"] for r in rows if r.get("section") == "model"
+           and r.get("op") == DISPATCH_REFERENCE and r["tokens"] <= DISPATCH_MAX_TOKENS and r.get("loop_host_ms")}
+    found: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get("section") != "model" or r.get("op") not in DISPATCH_OPS or (r["model"], r["tokens"]) not in ref:
+            continue
+        name, views, kernels = DISPATCH_OPS[r["op"]]
+        ratio = r["loop_host_ms"] / ref[(r["model"], r["tokens"])]
+        found.setdefault(name, []).append(ratio * cal.eager_kernel_dispatch_s - views * cal.eager_view_dispatch_s
+                                          - kernels * cal.eager_kernel_dispatch_s)
+    return {name: round(max(statistics.median(v), cal.eager_kernel_dispatch_s), 7) for name, v in sorted(found.items())}
+
+
 def check(rows: list[dict], gpu, cal, table: dict | None) -> list[dict]:
     """The model section's grouped GEMMs: measured against the cost model's efficiency before (dense table at rows
     per touched expert, or the memory curve when streaming) and after (the grouped table)."""
@@ -116,12 +145,14 @@ def check(rows: list[dict], gpu, cal, table: dict | None) -> list[dict]:
     return out
 
 
-def yaml_blocks(table: dict, curve: dict, source: str) -> str:
+def yaml_blocks(table: dict, curve: dict, dispatch: dict, source: str) -> str:
     import yaml
 
-    text = yaml.safe_dump({"grouped_gemm_tables": {"bf16": table}, "broadcast_memory_efficiency": curve},
-                          default_flow_style=None, width=120, sort_keys=False)
-    return f"# grouped_gemm_tables, broadcast_memory_efficiency: {source}\n{text}"
+    data = {"grouped_gemm_tables": {"bf16": table}, "broadcast_memory_efficiency": curve}
+    if dispatch:
+        data["eager_op_dispatch_s"] = dispatch
+    text = yaml.safe_dump(data, default_flow_style=None, width=120, sort_keys=False)
+    return f"# grouped_gemm_tables, broadcast_memory_efficiency, eager_op_dispatch_s: {source}\n{text}"
 
 
 def write(path: Path, blocks: str, provenance: str) -> None:
@@ -132,7 +163,7 @@ def write(path: Path, blocks: str, provenance: str) -> None:
     kept, skip = [], False
     for line in lines:
         top = re.match(r"^([A-Za-z_][\w]*):", line)
-        if line.startswith("# grouped_gemm_tables, broadcast_memory_efficiency:"):
+        if line.startswith("# grouped_gemm_tables, broadcast_memory_efficiency"):
             continue
         if top:
             skip = top.group(1) in KEYS
@@ -171,8 +202,8 @@ def main(argv=None) -> int:
     source = (f"python -m aisim.validation.scripts.derive_grouped_gemm {shown} (validation/harness/grouped_gemm.py "
               f"on {header.get('gpu_name')}, driver {header.get('driver')}, torch {header.get('torch')}, "
               f"transformers {header.get('transformers')}, {str(header.get('date', ''))[:10]})")
-    blocks = yaml_blocks(table, curve, source)
     cal = load_calibration(args.calibration or args.gpu)
+    blocks = yaml_blocks(table, curve, op_dispatch(rows, cal), source)
     rows_check = check(rows, gpu, cal, table)
     print(blocks)
     print(f"{'model':<20} {'op':<16} {'tokens':>6} {'m':>5} {'measured':>9} {'before':>9} {'after':>9}")
