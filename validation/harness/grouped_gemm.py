@@ -9,7 +9,7 @@ cumsum for the offsets, one ``_grouped_mm`` over the whole (E, 2I, H) gate_up te
 broadcast ``masked_fill`` with an (S, 1) sentinel mask (lines 437, 445, 465), silu(gate) * up on the two halves of a
 chunk (line 522), the down ``_grouped_mm``, the routing-weight multiply by an (S, 1) column (468), the inverse
 permutation (472-473) and the sum over the k slots (479). This script times each of those on the GPU with the
-exact calls, dtypes, layouts and offsets, in four sections (each row has ``section``):
+exact calls, dtypes, layouts and offsets, and the router's softmax and top-k, in sections (each row has ``section``):
 
 - ``host``: the transformers MoE block of each model (OlmoeSparseMoeBlock, Qwen2MoeSparseMoeBlock with its shared
   expert and sigmoid gate, Qwen3MoeSparseMoeBlock; one layer, random bf16 weights) called back to back on a decode
@@ -174,8 +174,13 @@ def model_cases(name: str, dims: dict, tokens: int, device, dtype, args, grouped
             "top_k": k, "hidden": h, "inter": inter, "touched": touched, "dtype": str(dtype).replace("torch.", ""),
             "status": "ok"}
     bool_elem = mask.element_size()
+    probs = torch.softmax(torch.randn(tokens, e, generator=g, device=device, dtype=torch.float32), dim=-1)
     ops = {
         # (calls, bytes read + written once, flop, shapes)
+        # the router (TopKRouter.forward, e.g. models/qwen3_moe/modeling_qwen3_moe.py:258-267): softmax, top-k
+        "router_softmax": ([lambda: torch.softmax(probs, dim=-1)], 2 * probs.numel() * 4, 0, [[tokens, e]]),
+        "router_topk": ([lambda: torch.topk(probs, k, dim=-1)], probs.numel() * 4 + tokens * k * 12, 0,
+                        [[tokens, e]]),
         "sort": ([lambda: torch.sort(expert_ids)], nbytes(expert_ids) * 3, 0, [[s]]),
         "gather_rows": ([lambda: hidden[perm // k]], nbytes(perm) + 2 * s * h * elem, 0, [[tokens, h], [s]]),
         "histc": ([lambda: torch.histc(expert_ids_g.int() if device.type == "cuda" else expert_ids_g.float(),

@@ -8,7 +8,8 @@
   bytes / datasheet bandwidth), bytes = rows x K + E x N x K + rows x N elements (aisim's _grouped_mm formula with
   every expert touched), on the measured m x N x K grid. cost/ops_time.py reads it at the op's rows per touched
   expert (streaming the experts' weights, never above the contiguous memory curve of the op's bytes).
-- ``eager_op_dispatch_s``: host cost per call of torch.sort, torch._grouped_mm, cumsum and histc, relative to a
+- ``eager_op_dispatch_s``: host cost per call of torch.sort, torch._grouped_mm, cumsum, histc (and the router's
+  topk where the data has it: harness runs after 2026-11-26), relative to a
   masked_fill_ timed in the same loop at <= 8 tokens (op_dispatch), in units of the calibration's per-kernel cost.
 - ``broadcast_memory_efficiency``: the ``model`` section's broadcast ops (the three masked fills with the (S, 1)
   sentinel mask and the routing-weight multiply by an (S, 1) column, bf16) where the GPU set the pace (rows that
@@ -39,7 +40,7 @@ KEYS = ("grouped_gemm_tables", "broadcast_memory_efficiency", "eager_op_dispatch
 # (one masked_fill_, one kernel op), measured in the same loop
 DISPATCH_OPS = {"sort": ("aten.sort", 0, 0), "grouped_gate_up": ("aten._grouped_mm", 1, 0),
                 "grouped_down": ("aten._grouped_mm", 1, 0), "cumsum": ("aten.cumsum", 0, 0),
-                "histc": ("aten.histc", 0, 1)}
+                "histc": ("aten.histc", 0, 1), "router_topk": ("aten.topk", 0, 0)}
 DISPATCH_REFERENCE = "masked_fill_rows_"
 DISPATCH_MAX_TOKENS = 8
 
