@@ -174,15 +174,16 @@ class StepCostTimer:
 
     def _packed_s(self, shape: BatchShape) -> float:
         """paged|sdpa per layer, kernel by kernel (the step's Q queries, K keys; bytes read + written):
-        cache.py PagedAttentionCache.update 431-435: index_copy_ of the new K and V rows, then (when the step reads
-        the cache) index_select of every key and value the step attends to (a row gather: the copy curve);
-        sdpa_paged.py 7-15 and 47-49: repeat_kv expands the [1, Hkv, K, D] transposed view of what it read to the
-        query heads and reshapes it, a copy from a non-contiguous source, which PyTorch runs with its generic
-        (non-vectorized) elementwise copy kernel: the calibration's strided-operand curve (H100 profile of the
-        engine's step, validation/data/profiles/cb-*-profile.txt, 64 x 1024 decode: 0.33 and 0.25 ms per copy of
-        671 and 235 MB, 30% and 28% of HBM bandwidth, against 26% on that curve); query.contiguous() and the
-        output's transpose(1, 2).contiguous() (sdpa_paged.py 52, 63), the same kernel; the masked SDPA (the
-        calibration's table); and once per step the [1, 1, Q, K] mask (input_outputs.py 387-395)."""
+        generation/continuous_batching/cache.py PagedAttentionCache.update 425-435: index_copy_ of the new K and V
+        rows, then (when the step reads the cache) index_select of every key and value the step attends to (a row
+        gather: the copy curve); integrations/sdpa_paged.py 6-15 and 44-50: repeat_kv expands the [1, Hkv, K, D]
+        transposed view of what it read to the query heads and reshapes it, a copy from a non-contiguous source,
+        which PyTorch runs with its generic (non-vectorized) elementwise copy kernel: the calibration's
+        strided-operand curve (H100 profile of the engine's step, validation/data/profiles/cb-*-profile.txt,
+        64 x 1024 decode: 0.33 and 0.25 ms per copy of 671 and 235 MB, 30% and 28% of HBM bandwidth, against 26%
+        on that curve); query.contiguous() and the output's transpose(1, 2).contiguous() (sdpa_paged.py 56, 69),
+        the same kernel; the masked SDPA (cuDNN's on H100: the calibration's table); and once per step the
+        [1, 1, Q, K] mask (input_outputs.py 418)."""
         d, e = self.dims, self.dims.element_bytes
         q = shape.tokens
         cached = shape.decode_ctx_tokens + shape.prefill_ctx_tokens - shape.prefill_tokens - shape.decode_seqs
