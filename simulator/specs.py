@@ -193,8 +193,9 @@ class GemmTable(Spec):
 
 
 class MaskedAttentionTable(Spec):
-    """Measured efficiency (roofline time / measured time) of SDPA with an explicit [1, 1, Q, K] mask (PyTorch's
-    memory-efficient kernel: what transformers' paged|sdpa runs) on a Q x K grid, log-interpolated."""
+    """Measured efficiency (roofline time / measured time) of SDPA with an explicit [1, 1, Q, K] mask (what
+    transformers' paged|sdpa runs: cuDNN's attention kernel under PyTorch 2.11 on H100, per the engine's profile in
+    validation/data/profiles/cb-*-profile.txt) on a Q x K grid, log-interpolated."""
     q: list[Count]
     k: list[Count]
     heads: Count
