@@ -22,11 +22,12 @@ exact calls, dtypes, layouts and offsets, and the router's softmax and top-k, in
   I=1408; Qwen3-30B-A3B E=128 k=8 I=768) at T = --tokens, routing by top-k of random logits (near uniform, as random
   router weights give); ``experts`` is the whole grouped_mm_experts_forward for reference. Each row: shapes,
   ``bytes`` (operands read + result written, once), ``flop`` (grouped GEMMs), distinct experts touched.
-- ``grid``: (runs before ``model``) grouped GEMM alone on a balanced grid (every one of --grid-experts experts gets m rows): m in --grid-m,
-  N in --grid-n, K in --grid-k; weight stored (E, N, K) and passed transposed, as transformers does.
-- ``residue``: the host section (and the deepest layers case) again after one torch.profiler session (CPU + CUDA activities) in this process: a
-  check whether a profiler session slows the host's later kernel launches (moe_bench profiles its first model
-  before it measures the others). Runs last.
+- ``grid``: (runs before ``model``) grouped GEMM alone on a balanced grid (every one of --grid-experts experts gets
+  m rows): m in --grid-m, N in --grid-n, K in --grid-k; weight stored (E, N, K) and passed transposed, as
+  transformers does.
+- ``residue``: the host section (and the deepest layers case) again after one torch.profiler session (CPU + CUDA
+  activities) in this process: a check whether a profiler session slows the host's later kernel launches
+  (moe_bench profiled its first model before it measured the others). Runs last.
 
 Timing: CUDA events around a loop of calls for >= --window-ms, --windows windows, median per call. Grouped GEMMs
 whose touched weights are small cycle through weight copies (> 2 x the 50 MiB L2 in all), so each call streams
