@@ -251,8 +251,12 @@ def _norm(op: Op) -> Cost:
          "aten.var.correction", "aten.prod", "aten.norm.Scalar", "aten.linalg_vector_norm", "aten.all.dim",
          "aten.max.dim", "aten.topk", "aten.sort", "aten.logsumexp")
 def _reduction(op: Op) -> Cost:
+    """Inputs read once, outputs written once. topk (sorted, as MoE routers call it) is two kernels on CUDA: the
+    selection (sbtopk::gatherTopK) and a sort of the k winners (bitonicSortKVInPlace), one call each per router in
+    validation/data/profiles/moe-h100-profile.txt."""
     in_elems = sum(t.numel for t in op.inputs)
-    return Cost(float(in_elems), _bytes(op.inputs), _bytes(op.outputs), 1, "memory")
+    launches = 2 if op.name == "aten.topk" else 1
+    return Cost(float(in_elems), _bytes(op.inputs), _bytes(op.outputs), launches, "memory")
 
 
 @formula("aten.embedding", "aten.index_select", "aten.gather", "aten.index.Tensor")
@@ -274,7 +278,7 @@ def _nll(op: Op) -> Cost:
          "aten.constant_pad_nd", "aten.tril", "aten.triu", "aten.arange", "aten.arange.start",
          "aten.arange.start_step", "aten.ones", "aten.zeros", "aten.full", "aten.ones_like", "aten.zeros_like",
          "aten.full_like", "aten.scalar_tensor", "aten.copy_", "aten.clone", "aten.repeat", "aten.fill_.Scalar",
-         "aten.zero_", "aten.masked_fill.Scalar", "aten.masked_fill_.Scalar", "aten.masked_fill.Tensor",
+         "aten.zero_", "aten.masked_fill_.Scalar",
          "aten.native_dropout", "aten.native_dropout_backward", "aten.new_zeros", "aten.new_ones",
          "aten.new_full", "aten.diff", "aten.index_copy_", "aten.roll", "aten.flip", "aten.linspace",
          "aten._index_put_impl_", "aten.bernoulli_.float", "aten.randint", "aten.rand", "aten.randn",
@@ -282,6 +286,15 @@ def _nll(op: Op) -> Cost:
          "repeat_kv.copy", "static_cache.fill_level")   # graph.engine.static_cache_decode
 def _memory_kernel(op: Op) -> Cost:
     return memory_cost(op)
+
+
+@formula("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
+def _masked_fill(op: Op) -> Cost:
+    """Out-of-place masked_fill: ATen clones self and runs masked_fill_ on the copy (aten/src/ATen/native/
+    TensorAdvancedIndexing.cpp masked_fill): two kernels, two dispatches. Bytes: the operands once, as the H100
+    broadcast curve (calibration broadcast_memory_efficiency) was measured against them."""
+    cost = memory_cost(op)
+    return Cost(cost.flops, cost.bytes_read, cost.bytes_written, 2, cost.kind)
 
 
 @formula("fused.add_rms_norm", "fused.rotary_embedding", "fused.silu_and_mul", "kv_cache.write")

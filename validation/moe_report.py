@@ -25,7 +25,7 @@ CATEGORIES = ("prefill runtime", "decode runtime", "prefill memory", "decode mem
 # Goals of the engines + MoE issue (MAPE %), and regression ceilings (the value of the commit that set it plus half a
 # point; tests/test_moe.py fails above them). Lower a ceiling when accuracy improves.
 GOALS = {"prefill runtime": 15.0, "decode runtime": 15.0, "prefill memory": 3.0, "decode memory": 3.0}
-CEILINGS = {"prefill runtime": 9.7, "decode runtime": 17.4, "prefill memory": 0.5, "decode memory": 0.6}
+CEILINGS = {"prefill runtime": 9.5, "decode runtime": 16.9, "prefill memory": 0.5, "decode memory": 0.6}
 GB = 1e9
 
 
@@ -160,7 +160,9 @@ def host_lines(rows: list[MoeRow], rerun: Path = RERUN) -> list[str]:
              f"dispatch ({kernel * 1e6:.0f} us), aisim charges the MoE path's ops that do more host work their own "
              "cost, measured by the grouped_gemm harness relative to a masked_fill_ in the same loop "
              "(`eager_op_dispatch_s`: " + ", ".join(f"{k.split('.')[-1]} {v * 1e6:.0f} us" for k, v in own.items())
-             + "); the router's topk was not measured and costs one kernel op. Decode errors of this run: "
+             + "); the two out-of-place masked fills per layer are ATen's clone + masked_fill_ and the router's "
+             "topk a selection + sort, two kernel ops each (ATen's masked_fill; the profile's kernel counts); topk's own host cost was "
+             "not measured. Decode errors of this run: "
              + ", ".join(f"{m} {errors(rows, m)}" for m in models) + ". OLMoE's batch 32 context 1024 step ran "
              "20-25% faster than its other decode steps on both hosts (not modelled; cause not measured). The Qwen "
              "rows were timed after moe_bench had profiled OLMoE in the same process (torch.profiler with CUDA "
