@@ -161,8 +161,8 @@ def host_lines(rows: list[MoeRow], rerun: Path = RERUN) -> list[str]:
              "cost, measured by the grouped_gemm harness relative to a masked_fill_ in the same loop "
              "(`eager_op_dispatch_s`: " + ", ".join(f"{k.split('.')[-1]} {v * 1e6:.0f} us" for k, v in own.items())
              + "); the two out-of-place masked fills per layer are ATen's clone + masked_fill_ and the router's "
-             "topk a selection + sort, two kernel ops each (ATen's masked_fill; the profile's kernel counts); topk's own host cost was "
-             "not measured. Decode errors of this run: "
+             "topk a selection + sort, two kernel ops each (ATen's masked_fill; the profile's kernel counts); "
+             "topk's own host cost was not measured. Decode errors of this run: "
              + ", ".join(f"{m} {errors(rows, m)}" for m in models) + ". OLMoE's batch 32 context 1024 step ran "
              "20-25% faster than its other decode steps on both hosts (not modelled; cause not measured). The Qwen "
              "rows were timed after moe_bench had profiled OLMoE in the same process (torch.profiler with CUDA "
