@@ -217,3 +217,14 @@ def test_sdpa_backend_follows_pytorch_dispatch():
     assert sdpa_backend(q32, mha32, None) == "efficient"
     assert sdpa_backend(q32.bfloat16(), k32.bfloat16(), None) == "flash"
     assert sdpa_backend(q32.bfloat16(), mha32.bfloat16(), torch.empty(1, 1, 4, 4, device="meta")) == "efficient"
+
+
+def test_sliding_window_decode_holds_the_window_not_the_prompt():
+    """A steady decode step of a sliding-window model holds W cached tokens per layer: the prefill's
+    prompt-length storage (pinned by the window slice after the prefill) is not a live activation."""
+    cfg = {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "hidden_size": 64,
+           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "vocab_size": 256, "max_position_embeddings": 8192, "sliding_window": 64}
+    g = trace_workload(cfg, Workload(phase="decode", batch=2, seq=4096, dtype="fp16"), ParallelPlan())
+    full_prompt_kv = 2 * 2 * 2 * 2 * 4096 * 16 * 2     # K and V, 2 layers, batch 2, 2 kv heads, head_dim 16, fp16
+    assert g.peak_activation_bytes < full_prompt_kv / 4

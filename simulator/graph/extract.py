@@ -213,6 +213,7 @@ def _decode(model, config, w: Workload, batch, tracer, tracing):
     # the cache is built untraced (item() needs the modes; TP hooks must not record)
     with tracer.suppressed(), torch.no_grad(), tracing(None, Tracer()):
         past = model(input_ids=_ids(batch, max(w.seq - 1, 1)), use_cache=True, **kwargs).past_key_values
+        _compact_cache(past)
     for t in _tensors_in(past):
         tracer.track(t)
     with tracing(model, tracer):
@@ -340,6 +341,20 @@ def _decoder_step(model, config, batch: int, new_tokens: int, past: int, tracer,
 
 _DRIVERS = {"forward": _forward, "prefill": _prefill, "decode": _decode, "forward-backward": _forward_backward,
             "train": _forward_backward, "encode": _encode}
+
+
+def _compact_cache(past) -> None:
+    """Give every cached key/value its own storage. After a prefill, a sliding-window layer's cache is a slice of
+    the whole prompt's keys (transformers 5.17 cache_utils.py DynamicSlidingWindowLayer.update keeps
+    ``full_key_states[:, :, -sliding_window + 1:, :]``), a view that pins the prompt-length storage until the first
+    decode step replaces it; a steady decode step holds only the window."""
+    import torch
+
+    for layer in getattr(past, "layers", None) or []:
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > t.numel() * t.element_size():
+                setattr(layer, name, t.clone())
 
 
 def _tensors_in(obj, depth: int = 0) -> list:
