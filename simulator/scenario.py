@@ -251,6 +251,10 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
         out.append(f"--quant {quant}: linear weights read at {quant} width (weight-only); the dequantization "
                    "inside the GEMM kernel is taken as free")
     experts = config.get("num_local_experts") or config.get("num_experts") or config.get("n_routed_experts")
+    if experts and dtype == "fp16":
+        out.append("MoE in fp16: transformers' grouped_mm experts take bf16 only (torch._grouped_mm), so an HF run "
+                   "needs --dtype bf16; the expert GEMMs are costed in fp16 as serving engines' fused MoE kernels "
+                   "run them")
     if experts and plan.ep > 1:
         out.append(f"MoE: {experts} experts spread over {plan.ep} GPUs ({experts // plan.ep} per GPU; vLLM "
                    "--enable-expert-parallel), expert outputs "

@@ -200,3 +200,13 @@ def test_masked_attention_efficiency_hand_worked():
     assert masked_attention_efficiency(cal, gpu, 1, 1024, 1024) == pytest.approx(0.157 * 132 / 32)
     # 0.4263 * 132 / 32 = 1.76 > the row's best: capped at 0.8576
     assert masked_attention_efficiency(cal, gpu, 1, 4096, 1024) == pytest.approx(0.8576)
+
+
+def test_moe_in_fp16_is_costed_with_a_note():
+    """torch._grouped_mm takes bf16 only; fp16 MoE (as engines serve it) is traced through bf16 and costed in fp16."""
+    est = _estimate(model="Mixtral-8x7B-v0.1", device="h100x2", workload="decode", batch=8, seq=2048, tp=2,
+                    dtype="fp16")
+    bf16 = _estimate(model="Mixtral-8x7B-v0.1", device="h100x2", workload="decode", batch=8, seq=2048, tp=2)
+    assert est.fits and est.memory.weights_gb == pytest.approx(bf16.memory.weights_gb)
+    assert est.bytes == pytest.approx(bf16.bytes, rel=0.01)
+    assert any("MoE in fp16" in n for n in est.assumptions)

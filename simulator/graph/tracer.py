@@ -108,7 +108,7 @@ class _Dispatch(TorchDispatchMode):
         if func is _ITEM:
             tracer.record("aten._local_scalar_dense", args, kwargs, (), alias=True, attrs={"sync": True})
             return True if args[0].dtype == torch.bool else 0
-        out = func(*args, **kwargs)
+        out = _grouped_mm_16(func, args, kwargs) if func is _GROUPED_MM else func(*args, **kwargs)
         if tracer.suppress:
             return out
         outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, torch.Tensor)]
@@ -130,6 +130,19 @@ class _Dispatch(TorchDispatchMode):
             tracer.track(o, new=not alias)
         tracer.ops[-1].attrs["live_bytes"] = tracer.live_bytes
         return out
+
+
+_GROUPED_MM = getattr(torch.ops.aten, "_grouped_mm", None)
+_GROUPED_MM = _GROUPED_MM.default if _GROUPED_MM is not None else None
+
+
+def _grouped_mm_16(func, args, kwargs):
+    """aten._grouped_mm takes bf16 only (its meta and CUDA kernels check it); serving engines' fused MoE kernels
+    take fp16 as well, so an fp16 grouped GEMM is shaped through bf16 and recorded with its fp16 operands."""
+    if not any(isinstance(a, torch.Tensor) and a.dtype == torch.float16 for a in args):
+        return func(*args, **kwargs)
+    cast = [a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.dtype == torch.float16 else a for a in args]
+    return func(*cast, **kwargs).to(torch.float16)
 
 
 def _transposed(t: torch.Tensor) -> bool:
