@@ -210,3 +210,19 @@ def test_moe_in_fp16_is_costed_with_a_note():
     assert est.fits and est.memory.weights_gb == pytest.approx(bf16.memory.weights_gb)
     assert est.bytes == pytest.approx(bf16.bytes, rel=0.01)
     assert any("MoE in fp16" in n for n in est.assumptions)
+
+
+def test_graphs_harness_cache_len_option():
+    """graphs_decode --cache-lens: a static cache longer than the decode positions need is fine; shorter is refused."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from aisim.validation.harness.graphs_decode import Decoder, default_cache_len
+
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=100)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    decoder = Decoder(model, 1, 32, torch.device("cpu"), 0, max_cache_len=64)
+    decoder.step()
+    assert decoder.cache.layers[0].keys.shape[2] == 64 and default_cache_len(32) == 47
+    with pytest.raises(ValueError, match="write past the cache"):
+        Decoder(model, 1, 32, torch.device("cpu"), 0, max_cache_len=40)
