@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
+from dataclasses import replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -72,6 +73,9 @@ def resolve_device(name) -> Device:
     for spec in all_systems().values():
         if text in {spec.name.lower(), *(a.lower() for a in spec.aliases)}:
             return _system_device(spec)
+    nodes = _nodes_of_system(text)
+    if nodes is not None:
+        return nodes
     match = _MULTI.match(text)
     if match and text not in _gpu_index():
         gpu, count = resolve_gpu(match["gpu"]), int(match["n"])
@@ -80,6 +84,51 @@ def resolve_device(name) -> Device:
     else:
         gpu, count = resolve_gpu(text), 1
     return gpu_device(gpu, count)
+
+
+def _system_named(text: str) -> SystemSpec | None:
+    return next((spec for spec in all_systems().values()
+                 if text in {spec.name.lower(), *(a.lower() for a in spec.aliases)}), None)
+
+
+def _nodes_of_system(text: str) -> Device | None:
+    """``SYSTEMxN``: N nodes of a multi-node system (``h100x8-ndrx16``). A one-host system's name with ``xN``
+    (``h100x8x16``) means N nodes of the shipped multi-node system with that GPU and node size, said in a note."""
+    match = _MULTI.match(text)
+    base = _system_named(match["gpu"]) if match else None
+    if base is None:
+        return None
+    nodes, note = int(match["n"]), None
+    if base.network is None:
+        fabrics = sorted(spec.name for spec in all_systems().values() if spec.network is not None
+                         and spec.gpu == base.gpu and spec.gpus_per_node == base.gpu_count)
+        if not fabrics:
+            known = ", ".join(sorted(spec.name for spec in all_systems().values() if spec.network is not None))
+            raise AisimError(f"device {text!r}: {base.name} is one host with no inter-node network; give N nodes of a "
+                             f"multi-node system as SYSTEMxN ({known}), or a system YAML with gpus_per_node and "
+                             "network")
+        base = _system_named(fabrics[0])
+        note = (f"{text}: {nodes} nodes of {base.name} ({base.network.nics_per_node} x "
+                f"{base.network.nic_bw_bytes_per_s / 1e9:g} GB/s {base.network.kind} per node)")
+    dev = multi_node(_system_device(base), nodes)
+    return replace(dev, assumptions=dev.assumptions + ((note,) if note else ()))
+
+
+def multi_node(dev: Device, nodes: int) -> Device:
+    """``nodes`` nodes of a multi-node system device: gpus_per_node x nodes GPUs whose collectives run
+    hierarchically (aisim.cost.comm.collective_s)."""
+    system = dev.system
+    if system is None or system.network is None or system.gpus_per_node is None:
+        raise AisimError(f"--nodes needs a multi-node system spec (with gpus_per_node and network), e.g. a100x8-hdr "
+                         f"or h100x8-ndr; {dev.name} has none")
+    if not 1 <= nodes <= MAX_GPUS // system.gpus_per_node:
+        raise AisimError(f"device {dev.name}: the node count must be between 1 and "
+                         f"{MAX_GPUS // system.gpus_per_node}")
+    if nodes == 1:
+        return dev
+    count = system.gpus_per_node * nodes
+    spec = system.model_copy(update={"name": f"{system.name}x{nodes}", "gpu_count": count})
+    return replace(dev, count=count, system=spec)
 
 
 def gpu_device(gpu: HardwareSpec, count: int) -> Device:

@@ -137,3 +137,18 @@ def test_system_numbers_are_consistent(stem):
     if ic.kind == "pcie":
         x16_one_way = {3: 15.75e9, 4: 31.5e9, 5: 63.0e9}[gpu.pcie_gen]  # PCIe base spec, per direction
         assert ic.link_bw_bytes_per_s < x16_one_way
+
+
+def test_multi_node_names_resolve_for_every_workload():
+    """SYSTEMxN is N nodes of a multi-node system; a one-host system's name with xN means the shipped fabric of
+    that GPU and node size (said in a note); a one-host system with no such fabric is a one-line error."""
+    from aisim.catalog import resolve_device
+    from aisim.errors import AisimError
+
+    fabric = resolve_device("h100x8-ndrx2")
+    assert fabric.count == 16 and fabric.system.network is not None
+    shorthand = resolve_device("h100x8x2")
+    assert shorthand.count == 16 and shorthand.system.name == "h100x8-ndrx2"
+    assert any("2 nodes of h100x8-ndr" in a for a in shorthand.assumptions)
+    with pytest.raises(AisimError, match="one host with no inter-node network"):
+        resolve_device("a6000x8x2")

@@ -119,7 +119,8 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     w = mb.workload
     graph = op_arrays(sc, w).graph
     in_flight = _in_flight(par.pp, m, plan)
-    memory = train_breakdown(graph, w, plan, par.dp, sc.device, in_flight)
+    # a forward that follows a backward of the same step (m > pp) runs beside the accumulated gradients
+    memory = train_breakdown(graph, w, plan, par.dp, sc.device, in_flight, accumulating=m > par.pp)
     notes = list(sc.assumptions) + _notes(plan, par, b, m)
     cal = calibration_note(sc)
     notes += [cal] if cal else []
@@ -225,33 +226,12 @@ def _notes(plan: TrainPlan, par, b: int, m: int) -> list[str]:
 
 
 def multi_node_device(device, nodes: int | None = None):
-    """``nodes`` nodes of a multi-node system spec (one with ``gpus_per_node`` and ``network``): a Device of
-    gpus_per_node x nodes GPUs whose collectives run hierarchically (aisim.cost.comm.collective_s). A name
-    ``SYSTEMxN`` (``a100x8-hdrx64``) is the system SYSTEM on N nodes."""
-    import re
-    from dataclasses import replace
-
+    """``device`` (a name, path or Device) on ``nodes`` nodes of its multi-node system (``--nodes``); names
+    ``SYSTEMxN`` resolve in the catalog (aisim.catalog.multi_node)."""
     from .. import catalog
 
-    if isinstance(device, str) and nodes is None:
-        match = re.fullmatch(r"(.+)x(\d+)", device.strip().lower())
-        if match:
-            try:
-                base = catalog.resolve_device(match[1])
-            except AisimError:
-                base = None
-            if base is not None and base.system is not None and base.system.network is not None:
-                return multi_node_device(base, int(match[2]))
     dev = catalog.resolve_device(device)
-    if nodes is None or nodes == 1:
-        return dev
-    system = dev.system
-    if system is None or system.network is None or system.gpus_per_node is None:
-        raise AisimError(f"--nodes needs a multi-node system spec (with gpus_per_node and network), e.g. a100x8-hdr "
-                         f"or h100x8-ndr; {dev.name} has none")
-    count = system.gpus_per_node * nodes
-    spec = system.model_copy(update={"name": f"{system.name}x{nodes}", "gpu_count": count})
-    return replace(dev, count=count, system=spec)
+    return dev if nodes is None else catalog.multi_node(dev, nodes)
 
 
 DTYPE_PRECISION = {"bf16": "bf16-true", "fp16": "16-true", "fp32": "32-true", "tf32": "32-true"}
