@@ -103,3 +103,31 @@ def test_serve_cb_ceilings_trip_on_a_worse_comparison():
     worse = [{"error": {k: 0.5 for k, _ in serve_report.METRICS}}]   # every metric 50% off
     assert len(serve_report.ceiling_violations(worse)) == len(serve_report.METRICS)
     assert serve_report.ceiling_violations([]) == ["serve-cb: no measured runs"]
+
+
+def test_split_kv_work_tiles_hand_worked():
+    """FA3's dynamic split (hopper/flash_prepare_scheduler.cu), 132 SMs, head_dim 128 (128-key blocks)."""
+    from aisim.studies.serve.timer import decode_work_tiles
+
+    # 1 seq x 4096 keys = 32 key blocks; blocks_per_sm = ceil(32 x 1.1 x 8 / 132) = 3; splits = ceil(32 / 3) = 11
+    assert decode_work_tiles(1, 4096, 8, 128, 132) == 8 * 11
+    # 70B at tp 2: 4 kv heads; blocks_per_sm = ceil(32 x 1.1 x 4 / 132) = 2; splits = min(16, 16) = 16
+    assert decode_work_tiles(1, 4096, 4, 128, 132) == 4 * 16
+    # 64 seqs x 1024 keys: blocks_per_sm = ceil(512 x 1.1 x 8 / 132) = 35 > 8 blocks: no split
+    assert decode_work_tiles(64, 1024, 8, 128, 132) == 64 * 8
+    assert decode_work_tiles(1, 100, 8, 128, 132) == 8
+
+
+def test_vllm_batch1_decode_step_agrees_with_estimate_at_long_context():
+    """A batch-1 decode step of the serving timer (split-KV decode) against the step cost `estimate` charges for
+    the same decode: within 3%, at a short and a long context (before split-KV: 7.2 and 41.6 ms vs 6.1 and 6.4)."""
+    from aisim.step import step_cost
+    from aisim.workload import StepShape
+
+    sc = scenario("Meta-Llama-3-8B", "h100", dtype="bf16", runtime="vllm")
+    timer = StepCostTimer(sc, 8192)
+    for ctx in (128, 4096):
+        serve_s = timer.step_time_s(BatchShape(0, 0.0, 0, 1, float(ctx)))
+        estimate_s = step_cost(scenario("Meta-Llama-3-8B", "h100", dtype="bf16", runtime="vllm", phase="decode"),
+                               StepShape(phase="decode", batch=1, seq=ctx)).runtime_s
+        assert abs(serve_s / estimate_s - 1) < 0.03, (ctx, serve_s, estimate_s)

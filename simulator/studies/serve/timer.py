@@ -6,7 +6,8 @@ One engine step is one forward over the step's packed tokens. Its cost splits in
     taken out) and interpolated linearly in N: GPU time, host dispatch time and average power;
   - attention, by the engine's kind (runtime ``serving.attention``):
       varlen: each sequence attends to its own context (FlashAttention varlen / paged decode kernels, vLLM):
-        prefill FLOPs 4 * heads * head_dim * pairs, decode bytes = contexts x KV bytes per token;
+        prefill FLOPs 4 * heads * head_dim * pairs; decode bytes = contexts x KV bytes per token, read by a
+        split-KV (flash-decoding) kernel on the SMs its work tiles fill (:func:`decode_work_tiles`);
       packed-mask: transformers' ``paged|sdpa`` (integrations/sdpa_paged.py, sdpa_attention_paged_forward) runs one
         SDPA over all the step's Q queries and K keys with a block-diagonal [1, 1, Q, K] mask, after the cache
         update reads every request's keys (generation/continuous_batching/cache.py PagedAttentionCache.update:
@@ -33,6 +34,19 @@ from .steptime import BatchShape
 
 SDPA_QUERY_BLOCK = 64          # rows of queries per thread block of PyTorch's memory-efficient attention kernel
 KEY_ROUND = 64                 # shapes are memoised with contexts rounded to this many tokens
+
+# Split-KV decode as vLLM runs it on Hopper: vLLM v1's FlashAttention backend calls FlashAttention-3
+# (vllm/v1/attention/backends/flash_attn.py: get_flash_attn_version() == 3 there) and, with full CUDA graphs (the
+# v1 default), caps the splits at _DEFAULT_MAX_NUM_SPLITS_FOR_CUDA_GRAPH = 16 (FlashAttentionMetadataBuilder). FA3
+# then splits each sequence's keys dynamically (Dao-AILab/flash-attention hopper/flash_prepare_scheduler.cu 140-161):
+# blocks_per_sm = ceil(total key blocks x 1.1 x kv_heads / SMs), splits = clamp(ceil(key blocks / blocks_per_sm),
+# 1, cap); one key block is kBlockN keys (hopper/tile_size.h tile_size_fwd_sm90 27-40: a paged cache without TMA
+# takes 128 keys for head_dim <= 128, 96 to 192, 80 above); one work tile per sequence x KV head x split (GQA packed,
+# hopper/flash_api.cpp get_num_splits 442-471). FlashAttention-2's num_splits_heuristic (csrc/flash_attn/
+# flash_api.cpp 281-315) has the same aim: enough splits to fill the SMs.
+SPLIT_KV_MAX_SPLITS = 16
+SPLIT_KV_MARGIN = 1.1
+BEST_DECODE_BYTES = 1e12       # a size beyond every decode curve's last point: its best (largest-size) efficiency
 
 
 def _log_interp2(xs: list[int], ys: list[int], grid: list[list[float]], x: float, y: float) -> float:
@@ -68,6 +82,23 @@ class ModelDims:
         return 2 * self.layers * self.kv_heads * self.head_dim * self.element_bytes
 
 
+def split_kv_block_n(head_dim: int) -> int:
+    """Keys per key block of FA3's paged (non-TMA) forward tile (hopper/tile_size.h 27-40, 2-byte elements)."""
+    return 128 if head_dim <= 128 else (96 if head_dim <= 192 else 80)
+
+
+def decode_work_tiles(seqs: int, mean_ctx_tokens: float, kv_heads: int, head_dim: int, sm_count: int) -> int:
+    """Work tiles (thread blocks) of FA3's split-KV decode over ``seqs`` sequences of ``mean_ctx_tokens`` keys:
+    seqs x kv_heads x splits, splits from the dynamic scheduler (see SPLIT_KV_MAX_SPLITS). Known inaccuracy: every
+    sequence is given the mean context (the scheduler splits each by its own length)."""
+    if seqs <= 0:
+        return 0
+    n_blocks = max(math.ceil(mean_ctx_tokens / split_kv_block_n(head_dim)), 1)
+    blocks_per_sm = max(math.ceil(seqs * n_blocks * SPLIT_KV_MARGIN * kv_heads / sm_count), 1)
+    splits = max(min(math.ceil(n_blocks / blocks_per_sm), SPLIT_KV_MAX_SPLITS), 1)
+    return seqs * kv_heads * splits
+
+
 class StepCostTimer:
     """StepTimer over the scenario's step costs (see the module docstring)."""
 
@@ -80,6 +111,19 @@ class StepCostTimer:
         self.grid = np.array(grid, dtype=float)
         self.dense_gpu_s, self.dense_cpu_s, self.power_w = (np.array(col) for col in zip(*rows))
         self._memo: dict = {}
+        self._decode_scale, self._graph_credit_s, self._replay_s = self._kernel_adjustments()
+
+    def _kernel_adjustments(self) -> tuple[float, float, float]:
+        """What aisim.step's device half applies to every kernel of this runtime (step._device_half): the
+        engine's compute-efficiency scale, the CUDA-graph replay credit and the replayed kernel's floor."""
+        from ...cost.efficiency import graph_replay_credit_s, runtime_scales
+
+        rt, cal, gpu = self.sc.runtime, self.sc.calibration, self.sc.device.gpu
+        if rt.dispatch == "graphs" and rt.replay_kernel_gap_s is not None:
+            cal = cal.model_copy(update={"launch_overhead_s": rt.replay_kernel_gap_s})
+        compute_scale, _ = runtime_scales(rt, gpu, cal, self.sc.dtype)
+        graphs = rt.dispatch == "graphs" and rt.kernel_overhead_s is None
+        return compute_scale, graph_replay_credit_s(cal, gpu) if graphs else 0.0, cal.launch_overhead_s
 
     def _dense(self, n: int) -> tuple[float, float, float]:
         cost = step_cost(self.sc, StepShape(phase="prefill", batch=1, seq=n))
@@ -167,10 +211,30 @@ class StepCostTimer:
             blocks = max(shape.prefill_tokens / SDPA_QUERY_BLOCK, 1) * d.q_heads
             layer_s += self._attention_kernel_s(flops, nbytes, blocks)
         if shape.decode_seqs:
-            flops = 4.0 * d.q_heads * d.head_dim * shape.decode_ctx_tokens
-            nbytes = 2 * d.kv_heads * d.head_dim * d.element_bytes * shape.decode_ctx_tokens
-            layer_s += self._attention_kernel_s(flops, nbytes, shape.decode_seqs * d.kv_heads)
+            layer_s += self._split_kv_decode_s(shape)
         return d.layers * layer_s
+
+    def _split_kv_decode_s(self, shape: BatchShape) -> float:
+        """One layer's split-KV decode kernel, the longer of two bounds: the calibration's decode curve for its
+        bytes, with the engine's scale and CUDA-graph credit (what ``estimate`` charges a q_len-1 attention,
+        cost.ops_time.op_time), and its bytes at the best decode efficiency of the SMs its work tiles fill
+        (active of S: each SM streams its own tiles' keys),
+            time = max(op_time(B), B / (BW x eff_best x scale x active / S)).
+        Known inaccuracy: one SM may draw more than 1/S of the best bandwidth, so a few tiles can run faster."""
+        from ...cost.efficiency import attention_efficiency
+
+        d, gpu, cal = self.dims, self.sc.device.gpu, self.sc.calibration
+        flops = 4.0 * d.q_heads * d.head_dim * shape.decode_ctx_tokens
+        nbytes = 2 * d.kv_heads * d.head_dim * d.element_bytes * shape.decode_ctx_tokens
+        roofline = max(flops / gpu.peak_for(self.sc.dtype), nbytes / gpu.memory_bw_bytes_per_s)
+        eff = attention_efficiency(cal, self.sc.dtype, "decode", flops, nbytes, gpu) * self._decode_scale
+        full_gpu_s = max(roofline / eff - self._graph_credit_s, roofline, self._replay_s) if self._graph_credit_s \
+            else roofline / eff
+        tiles = decode_work_tiles(shape.decode_seqs, shape.decode_ctx_tokens / shape.decode_seqs, d.kv_heads,
+                                  d.head_dim, gpu.sm_count)
+        active = min(tiles, gpu.sm_count) / gpu.sm_count
+        best = attention_efficiency(cal, self.sc.dtype, "decode", 0.0, BEST_DECODE_BYTES, gpu) * self._decode_scale
+        return max(full_gpu_s, nbytes / (gpu.memory_bw_bytes_per_s * best * active))
 
     def _packed_s(self, shape: BatchShape) -> float:
         """paged|sdpa per layer, kernel by kernel (the step's Q queries, K keys; bytes read + written):
