@@ -22,6 +22,21 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def _output_path(path: Optional[Path], flag: str) -> None:
+    """Fail before any work when an output file cannot be written: its folder missing, or not writable."""
+    import os
+
+    if path is None:
+        return
+    folder = path.expanduser().parent
+    if not folder.is_dir():
+        _fail(f"{flag} {path}: folder {folder} does not exist; create it or give another path")
+    if path.is_dir():
+        _fail(f"{flag} {path}: is a folder; give a file name")
+    if not os.access(folder, os.W_OK):
+        _fail(f"{flag} {path}: folder {folder} is not writable; give another path")
+
+
 def _run(fn, *args, **kwargs):
     """Call ``fn``; bad input becomes a one-line error and exit code 2, never a traceback."""
     try:
@@ -249,13 +264,11 @@ def serve(
                                 "block_size": block_size, "gpu_memory_utilization": gpu_memory_utilization,
                                 "enable_chunked_prefill": chunked_prefill, "preemption_mode": preemption_mode})
 
+    _output_path(per_request, "--per-request")
     (result, run, notes), _ = _run(go)
     if per_request is not None:
         from .studies.serve import write_requests_csv
-        try:
-            write_requests_csv(run.requests, per_request)
-        except OSError as exc:
-            _fail(f"--per-request {per_request}: {exc.strerror}")
+        _run(write_requests_csv, run.requests, per_request)
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
     else:
@@ -297,11 +310,28 @@ def _prices(items: list[str], price_file: Optional[Path] = None) -> dict[str, fl
     return out
 
 
+def _write_or_fail(path: Path, write, *args) -> None:
+    """``write(*args)`` of the file ``path``, an OS error (disk full, permissions) as a one-line error."""
+    try:
+        write(*args)
+    except OSError as exc:
+        _fail(f"cannot write {path}: {exc.strerror}")
+
+
+def _write_rows(path: Path, rows: list) -> None:
+    import csv
+
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+
+
 @plan_app.command("serve")
 def plan_serve_cmd(
     model: str = typer.Option(..., "--model", "-m"),
     devices: str = typer.Option("h100,a100,l4", help="comma-separated GPUs, or all"),
-    runtimes: str = typer.Option("transformers-cb", help="comma-separated engine profiles with a serving section"),
+    runtimes: str = typer.Option("transformers-cb", "--runtimes", "--runtime",
+                                 help="comma-separated engine profiles with a serving section, e.g. vllm,"
+                                 "transformers-cb (--runtime is the same option, as `aisim serve` spells it)"),
     rate: float = typer.Option(..., help="requests per second to serve"),
     input_len: str = typer.Option("sharegpt", "--input-len"),
     output_len: str = typer.Option("sharegpt", "--output-len"),
@@ -335,9 +365,11 @@ def plan_serve_cmd(
         with Console(stderr=True).status("searching") as status:
             return plan_serve(req, progress=lambda what: status.update(f"searching: {what}"))
 
+    _output_path(csv_out, "--csv")
+    _output_path(plot, "--plot")
     result, _ = _run(go)
     if csv_out:
-        report.write_plan_csv(result, csv_out)
+        _write_or_fail(csv_out, report.write_plan_csv, result, csv_out)
     if plot:
         from .plots import pareto_png
         _run(pareto_png, result, plot)
@@ -382,19 +414,17 @@ def plan_train_cmd(
                                  prices=_prices(price, price_file), electricity_usd_per_kwh=electricity, pue=pue)
         return plan_train(req, progress=None if as_json else lambda m: typer.echo(m, err=True))
 
+    _output_path(csv_out, "--csv")
+    _output_path(plot, "--plot")
     result, _ = _run(go)
     if csv_out:
-        import csv
-
-        with open(csv_out, "w", newline="") as f:
-            csv.writer(f).writerows([COLUMNS, *table_rows(result.ranked)])
+        _write_or_fail(csv_out, _write_rows, csv_out, [COLUMNS, *table_rows(result.ranked)])
     if plot:
         from .plots import train_plan_png
         _run(train_plan_png, result, plot)
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{result.model}: {result.considered} candidates, {sum(result.pruned.values())} pruned, "
@@ -406,7 +436,9 @@ def plan_train_cmd(
                       f"{c.micro_batch} x {c.grad_accum}", f"{c.mfu:.0%}", f"{c.time_to_train_days:.3g}",
                       f"{c.memory_per_gpu_gb:.1f}", f"{c.usd:,.0f}" if c.usd is not None else "-",
                       f"{c.energy_mwh:.3g}")
-    Console().print(table)
+    from .report import console   # piped output printed full width, as plan serve's table
+
+    console.print(table)
     for key, why in result.not_feasible.items():
         typer.echo(f"{key}: {why}")
 

@@ -163,10 +163,18 @@ def print_serve(r, notes: list[str] | None = None) -> None:
     table.add_row("Successful requests", str(m.get("completed")))
     table.add_row("Failed requests", str(m.get("failed")))
     table.add_row("Benchmark duration (s)", _fmt(m.get("duration_s")))
+    none_done = not m.get("completed")     # no request finished: latencies are undefined, not 0
+
+    def cell(key: str, digits: int) -> str:
+        value = m.get(key)
+        if none_done and key.endswith("_ms"):
+            return "n/a"
+        return str(value) if isinstance(value, int) else _fmt(value, digits)
+
     for key, label in SERVE_ROWS:
-        table.add_row(label, _fmt(m.get(key), 3))
+        table.add_row(label, cell(key, 3))
     for key in sorted(k for k in m if k.startswith("p") and k.endswith("_ms")):
-        table.add_row(key, _fmt(m[key]))
+        table.add_row(key, cell(key, 2))
     console.print(table)
     for note in notes or []:
         console.print(f"[yellow]note:[/] {note}")

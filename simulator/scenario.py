@@ -107,7 +107,7 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     power, power_note = resolve_power_mode(dev.gpu, cal, request.power_mode, request.power_limit_w,
                                            request.gpu_clock_mhz)
     notes = list(dev.assumptions) + [n for n in (plan_note, default_note, cal_note, power_note) if n]
-    notes += _precision_notes(dev, request.dtype, request.quant, plan, config)
+    notes += _precision_notes(dev, request.dtype, request.quant, plan, config, rt.name)
     notes += _runtime_notes(rt, dev, request.dtype)
     return Scenario(model=name, config=config, device=dev, calibration=cal, runtime=rt, power=power, plan=plan,
                     dtype=request.dtype, quant=request.quant, kv_dtype=request.kv_dtype, with_loss=request.with_loss,
@@ -229,7 +229,25 @@ def _check_power(gpu, idle_w: float, limit: float | None, clock: float | None) -
                          f"({gpu.boost_clock_mhz:g} MHz)")
 
 
-def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, config: dict) -> list[str]:
+# runtimes that run the model as Hugging Face transformers does (eager, CUDA-graphed StaticCache, continuous batching)
+TRANSFORMERS_RUNTIMES = ("eager", "graphs", "transformers-cb")
+FP8_COSTED = ("W8A8 linears costed as dynamic per-tensor activation quantization (2 kernels), then an fp8 x fp8 GEMM "
+              "at the fp8 rate")
+
+
+def _fp8_engine(runtime: str) -> str:
+    """What ``--quant fp8`` means on this runtime, and how it is costed."""
+    if runtime == "vllm":
+        return f"{FP8_COSTED}, as vLLM's Fp8LinearMethod runs them"
+    if runtime in TRANSFORMERS_RUNTIMES:
+        return ("transformers' FineGrainedFP8 (integrations/finegrained_fp8.py fp8_linear: 128 x 128 block-scaled fp8 "
+                "weights, per-token-group activation quantization fused into a DeepGEMM or Triton fp8 GEMM); "
+                f"{FP8_COSTED} (the fused quantization charged as its own kernels)")
+    return f"{FP8_COSTED} (vLLM's Fp8LinearMethod; {runtime}'s own fp8 kernels are not modelled apart)"
+
+
+def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, config: dict,
+                     runtime: str) -> list[str]:
     out = []
     if dtype in ("bf16", "tf32") and not getattr(dev.gpu.peak_flops_per_s, dtype):
         out.append(f"{dev.gpu.name} has no {dtype} units: its matmuls are costed at the "
@@ -240,8 +258,7 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
                    "with outlier split, 2 host syncs, col32 transform, int8 GEMM, dequantization, fp16 outlier "
                    "matmul; aisim.graph.engine); the LM head stays 16-bit")
     elif quant == "fp8" and dev.gpu.peak_flops_per_s.fp8:
-        out.append(f"--quant fp8 on {dev.gpu.name}: W8A8 linears (vLLM's Fp8LinearMethod: dynamic per-tensor "
-                   "activation quantization, 2 kernels, then an fp8 x fp8 GEMM at the fp8 rate); MoE expert weights "
+        out.append(f"--quant fp8 on {dev.gpu.name} with {runtime}: {_fp8_engine(runtime)}; MoE expert weights "
                    "stored fp8 (their grouped GEMMs costed at the 16-bit rate); embeddings and the LM head 16-bit")
     elif quant == "fp8":
         out.append(f"--quant fp8: {dev.gpu.name} has no fp8 tensor cores: weight-only fallback (fp8 weights "

@@ -127,3 +127,27 @@ def test_plots_write_pngs(tmp_path):
              plots.train_plan_png(trained(), tmp_path / "train.png")]
     for p in paths:
         assert p.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plan_serve_json_names_the_model_as_serve_does_and_counts_are_integers():
+    out = CliRunner().invoke(app, ["plan", "serve", "-m", "opt-125m", "--devices", "h100", "--runtime", "vllm",
+                                   "--rate", "2", "--num-requests", "20", "--max-gpus", "1", "--input-len", "100",
+                                   "--output-len", "20", "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    served_name = json.loads(CliRunner().invoke(app, ["serve", "-m", "opt-125m", "-d", "h100", "--num-requests",
+                                                      "5", "--input-len", "10", "--output-len", "5",
+                                                      "--json"]).output)["model"]
+    assert data["model"] == served_name == "facebook/opt-125m"
+    best = data["ranked"][0]
+    assert best["runtime"] == "vllm"
+    assert isinstance(best["metrics"]["completed"], int) and isinstance(best["metrics"]["num_steps"], int)
+    assert "replicas" not in best["metrics"]     # the simulated one replica; the candidate's count is its own
+
+
+def test_plan_train_table_is_full_width_when_piped():
+    out = CliRunner().invoke(app, ["plan", "train", "-m", "opt-125m", "--tokens", "1e9", "--seq", "512",
+                                   "--global-batch", "32", "--devices", "h100", "--gpus", "8", "--tp", "1",
+                                   "--pp", "1", "--zero", "0", "--micro-batch", "1"])
+    assert out.exit_code == 0, out.output
+    assert "h100-sxm" in out.output and "…" not in out.output

@@ -1,6 +1,8 @@
 """`aisim serve` end to end: the scenario's step costs drive the request-level simulator."""
 import json
 
+import pytest
+
 from typer.testing import CliRunner
 
 from aisim.cli import app
@@ -131,3 +133,88 @@ def test_vllm_batch1_decode_step_agrees_with_estimate_at_long_context():
         estimate_s = step_cost(scenario("Meta-Llama-3-8B", "h100", dtype="bf16", runtime="vllm", phase="decode"),
                                StepShape(phase="decode", batch=1, seq=ctx)).runtime_s
         assert abs(serve_s / estimate_s - 1) < 0.03, (ctx, serve_s, estimate_s)
+
+
+SERVE_GPT2 = ["serve", "-m", "gpt2", "-d", "h100", "--runtime", "vllm", "--num-requests", "20", "--input-len", "100",
+              "--output-len", "20"]
+
+
+def test_replicas_beyond_the_devices_gpus_are_an_error():
+    r = runner.invoke(app, SERVE_GPT2 + ["--replicas", "8"])
+    assert r.exit_code == 2 and "needs 8 GPUs, but h100-sxm has 1" in r.output and "Traceback" not in r.output
+    ok = runner.invoke(app, ["serve", "-m", "gpt2", "-d", "h100x2", "--runtime", "vllm", "--num-requests", "20",
+                             "--input-len", "100", "--output-len", "20", "--replicas", "2", "--json"])
+    assert ok.exit_code == 0 and json.loads(ok.output)["replicas"] == 2
+
+
+def test_requests_over_max_model_len_fail_loudly():
+    # gpt2: n_positions 1024 < 2000 + 100
+    r = runner.invoke(app, ["serve", "-m", "gpt2", "-d", "h100", "--runtime", "vllm", "--num-requests", "20",
+                            "--input-len", "2000", "--output-len", "100"])
+    assert r.exit_code == 2, r.output
+    assert "no request completed" in r.output and "max_model_len 1024" in r.output and "--input-len" in r.output
+    some = runner.invoke(app, ["serve", "-m", "gpt2", "-d", "h100", "--runtime", "vllm", "--num-requests", "40",
+                               "--input-len", "uniform:100:1800", "--output-len", "100"])
+    assert some.exit_code == 0 and "failed:" in some.output and "max_model_len 1024" in some.output
+
+
+def test_serve_table_prints_counts_as_integers_and_na_latencies_without_completions():
+    from aisim.report import print_serve
+    from aisim.studies.serve.cli_run import ServeReport
+    from aisim.workload import ParallelPlan
+
+    r = runner.invoke(app, SERVE_GPT2)
+    assert r.exit_code == 0 and "Preemptions" in r.output
+    line = next(ln for ln in r.output.splitlines() if "Preemptions" in ln)
+    assert line.split()[-2] == "0", line
+    rep = ServeReport(model="m", device="d", runtime="vllm", plan=ParallelPlan(), replicas=1, engine={},
+                      metrics={"completed": 0, "failed": 3, "median_ttft_ms": 0.0, "p99_tpot_ms": 0.0,
+                               "num_preemptions": 0})
+    import io
+
+    from rich.console import Console
+
+    import aisim.report as report
+    saved, report.console = report.console, Console(file=io.StringIO(), width=120)
+    try:
+        print_serve(rep)
+        text = report.console.file.getvalue()
+    finally:
+        report.console = saved
+    ttft = next(ln for ln in text.splitlines() if "Median TTFT" in ln)
+    assert "n/a" in ttft and "0.000" not in ttft
+
+
+def test_output_paths_are_checked_before_the_run():
+    r = runner.invoke(app, SERVE_GPT2 + ["--per-request", "/nonexist/dir/pr.csv"])
+    assert r.exit_code == 2 and "folder /nonexist/dir does not exist" in r.output and "Traceback" not in r.output
+    for cmd in (["plan", "serve", "-m", "gpt2", "--rate", "1"], ["plan", "train", "-m", "gpt2", "--tokens", "1e9"]):
+        r = runner.invoke(app, cmd + ["--csv", "/nonexist/x.csv"])
+        assert r.exit_code == 2 and "folder /nonexist does not exist" in r.output, r.output
+
+
+@pytest.mark.parametrize("args, flag", [(["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
+                                        (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization"),
+                                        (["--block-size", "7"], "--block-size"),
+                                        (["--block-size", "0"], "--block-size"),
+                                        (["--rate", "0"], "--rate: "),
+                                        (["--max-num-seqs", "0"], "--max-num-seqs: ")])
+def test_engine_and_request_values_out_of_range_name_the_flag(args, flag):
+    r = runner.invoke(app, SERVE_GPT2 + args)
+    assert r.exit_code == 2 and r.output.startswith(f"error: {flag}"), r.output
+    assert "ServeRequest" not in r.output and "EngineConfig" not in r.output and "fields:" not in r.output
+
+
+def test_block_sizes_follow_the_engine():
+    assert runner.invoke(app, SERVE_GPT2 + ["--block-size", "32"]).exit_code == 0
+    cb = SERVE_GPT2[:6] + ["transformers-cb"] + SERVE_GPT2[7:]
+    assert runner.invoke(app, cb + ["--block-size", "8"]).exit_code == 0    # transformers CB: at least 4
+    assert runner.invoke(app, cb + ["--block-size", "2"]).exit_code == 2
+
+
+def test_fp8_note_names_the_chosen_runtime():
+    cb = runner.invoke(app, ["serve", "-m", "gpt2", "-d", "h100", "--runtime", "transformers-cb", "--quant", "fp8",
+                             "--num-requests", "10", "--input-len", "100", "--output-len", "10"])
+    assert cb.exit_code == 0 and "FineGrainedFP8" in cb.output and "with transformers-cb" in cb.output
+    vllm = runner.invoke(app, SERVE_GPT2 + ["--quant", "fp8"])
+    assert "Fp8LinearMethod" in vllm.output and "FineGrainedFP8" not in vllm.output

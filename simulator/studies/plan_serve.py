@@ -19,7 +19,7 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..catalog import gpu_device, resolve_gpu
+from ..catalog import gpu_device, resolve_gpu, resolve_model
 from ..errors import AisimError
 from ..plan import check_tp
 from ..scenario import ScenarioRequest, resolve_scenario
@@ -59,7 +59,8 @@ class Candidate(BaseModel):
     gpus: int
     max_num_seqs: int
     meets_slo: bool
-    metrics: dict[str, float]
+    metrics: dict[str, int | float] = Field(description="one replica's simulation at its share of the rate "
+                                                       "(vLLM bench-serve names; counts are integers)")
     price_usd_per_gpu_hour: float | None
     usd_per_hour: float | None
     usd_per_million_output_tokens: float | None
@@ -132,6 +133,7 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
     found: list[Candidate] = []
     infeasible: dict[str, str] = {}
     notes: set[str] = set()
+    model = resolve_model(req.model)[0]   # the resolved name, as `aisim serve` reports it
     for device in _devices(req.devices):
         for runtime in req.runtimes:
             if runtime not in all_runtimes() or all_runtimes()[runtime].serving is None:
@@ -144,7 +146,7 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
     for c in ok:
         cheapest.setdefault(c.device, c)
         min_gpus[c.device] = min(min_gpus.get(c.device, c.gpus), c.gpus)
-    return PlanServeResult(model=req.model, rate_per_s=req.rate_per_s, slo=req.slo, considered=counts["considered"],
+    return PlanServeResult(model=model, rate_per_s=req.rate_per_s, slo=req.slo, considered=counts["considered"],
                            simulated=counts["simulated"], ranked=ok, cheapest_per_device=cheapest,
                            min_gpus_per_device=min_gpus, pareto=pareto(ok), not_feasible=infeasible,
                            assumptions=sorted(notes))
@@ -233,7 +235,8 @@ def _candidate(req, sc, tp, replicas, max_num_seqs, r) -> Candidate:
     tpot = r.median_tpot_ms or math.inf
     return Candidate(device=sc.device.gpu.name, runtime=sc.runtime.name, tp=tp, replicas=replicas, gpus=gpus,
                      max_num_seqs=max_num_seqs, meets_slo=_meets(metrics, req.slo),
-                     metrics={k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
+                     metrics={k: v for k, v in metrics.items()
+                              if isinstance(v, (int, float)) and k != "replicas"},   # the simulated one replica
                      price_usd_per_gpu_hour=price, usd_per_hour=usd_h,
                      usd_per_million_output_tokens=(usd_h / (tokens_per_s * 3600) * 1e6
                                                     if usd_h and tokens_per_s else None),

@@ -42,17 +42,24 @@ __all__ = ["BatchShape", "EngineConfig", "LinearStepTimer", "RequestTable", "Ser
 M = TypeVar("M", bound=BaseModel)
 
 
-def validated(model: type[M], data: dict[str, Any]) -> M:
-    """model(**data), with pydantic's multi-line errors turned into one-line AisimErrors."""
+def validated(model: type[M], data: dict[str, Any], flags: dict[str, str] | None = None) -> M:
+    """model(**data), with pydantic's multi-line errors turned into one-line AisimErrors. ``flags`` maps field
+    names to the command-line flags that set them: an error then names the flag and the value given
+    ("--rate: Input should be greater than 0 (got 0.0)"), as ``estimate``'s errors do."""
     try:
         return model.model_validate(data)
     except ValidationError as e:
         parts = []
         for err in e.errors():
             where = ".".join(str(x) for x in err["loc"]) or model.__name__
+            if flags and err["loc"] and err["loc"][0] in flags:
+                parts.append(f"{flags[err['loc'][0]]}: {err['msg']} (got {err.get('input')!r})")
+                continue
             close = difflib.get_close_matches(where, list(model.model_fields), n=1)
             hint = f" (did you mean {close[0]}?)" if err["type"] == "extra_forbidden" and close else ""
             parts.append(f"{where}: {err['msg']}{hint}")
+        if flags and all(p.startswith("--") for p in parts):
+            raise AisimError("; ".join(parts)) from None
         known = ", ".join(model.model_fields)
         raise AisimError(f"bad {model.__name__}: {'; '.join(parts)} (fields: {known})") from None
 

@@ -12,7 +12,7 @@ from ...errors import AisimError
 from ...scenario import ScenarioRequest, build_request, resolve_scenario
 from ...workload import ParallelPlan
 from . import ServeRequest, ServeResult, validated
-from .run import serve
+from .run import failure_summary, serve
 
 
 class ServeReport(BaseModel):
@@ -25,6 +25,11 @@ class ServeReport(BaseModel):
     engine: dict[str, Any]
     metrics: dict[str, float | int | str]
     assumptions: list[str] = Field(default_factory=list)
+
+
+SERVE_FLAGS = {"num_requests": "--num-requests", "input_len": "--input-len", "output_len": "--output-len",
+               "rate_per_s": "--rate", "arrival": "--arrival", "seed": "--seed", "trace_path": "--trace",
+               "replicas": "--replicas", "router": "--router", "metric_percentiles": "--metric-percentiles"}
 
 
 def _percentiles(text: str) -> list[float]:
@@ -44,19 +49,27 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
     replicas = replicas or sc.plan.dp
     if replicas < 1 or replicas > 4096:
         raise AisimError("--replicas must be between 1 and 4096")
+    per_replica = sc.plan.tp * sc.plan.pp
+    if replicas * per_replica > sc.device.count:
+        raise AisimError(f"--replicas {replicas} x tp {sc.plan.tp} x pp {sc.plan.pp} needs "
+                         f"{replicas * per_replica} GPUs, but {sc.device.name} has {sc.device.count}: lower "
+                         f"--replicas to {sc.device.count // per_replica} or less, or give a device with more GPUs "
+                         f"(-d NAMExN, e.g. -d {sc.device.gpu.name}x{replicas * per_replica})")
     replica = sc.with_plan(sc.plan.model_copy(update={"dp": 1}))
     if math.isnan(rate):
         raise AisimError("--rate must be a positive number of requests per second, or inf")
     req = validated(ServeRequest, {"num_requests": num_requests, "input_len": input_len, "output_len": output_len,
                                    "rate_per_s": rate, "arrival": arrival, "seed": seed, "trace_path": trace,
                                    "replicas": replicas, "router": router,
-                                   "metric_percentiles": _percentiles(percentiles)})
+                                   "metric_percentiles": _percentiles(percentiles)}, SERVE_FLAGS)
     bar = _progress_bar() if progress else None
     try:
         run, cfg, notes = serve(replica, req, knobs, bar.update if bar else None)
     finally:
         if bar:
             bar.close()
+    if run.result.completed == 0:
+        raise AisimError(f"no request completed: {failure_summary(run, cfg) or 'none was simulated'}")
     report = ServeReport(model=sc.model, device=sc.device.name, runtime=sc.runtime.name, plan=replica.plan,
                          replicas=replicas, engine=cfg.model_dump(), metrics=run.result.flat(), assumptions=notes)
     return report, run, notes

@@ -19,6 +19,29 @@ from .timer import ModelDims, StepCostTimer
 
 ENGINE_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "block_size",
                 "preemption_mode", "gpu_memory_utilization")
+ENGINE_FLAGS = {"max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
+                "enable_chunked_prefill": "--chunked-prefill", "block_size": "--block-size",
+                "preemption_mode": "--preemption-mode", "gpu_memory_utilization": "--gpu-memory-utilization"}
+
+# --block-size values each engine accepts. vLLM: CacheConfig's BlockSize = Literal[1, 8, 16, 32, 64, 128, 256]
+# (vllm/config/cache.py), and its FlashAttention backend takes multiples of 16 only (vllm/v1/attention/backends/
+# flash_attn.py get_kv_cache_shape: "Block size must be a multiple of 16."). transformers CB: at least 4
+# (generation/continuous_batching/cache.py PagedAttentionCache: _min_block_size = 4, checked in __init__).
+BLOCK_SIZES: dict[str, tuple[tuple[int, ...] | None, int, str]] = {
+    "vllm": ((16, 32, 64, 128, 256), 16, "one of 16, 32, 64, 128, 256 (vLLM's CacheConfig sizes its FlashAttention "
+                                         "backend takes)"),
+    "transformers-cb": (None, 4, "at least 4 (transformers' PagedAttentionCache)"),
+}
+
+# why a request was rejected (engine.ReplicaScheduler.reject_reason) and what to do about it
+FAILURE_HINTS = {
+    "max_model_len": "have input + output tokens over max_model_len {max_model_len} (the model's "
+                     "max_position_embeddings): shorten --input-len / --output-len, or choose a longer-context model",
+    "kv_capacity": "need more KV cache than one replica holds ({kv_tokens:,} tokens): raise "
+                   "--gpu-memory-utilization, use more GPUs per replica (--tp) or a larger GPU",
+    "max_num_batched_tokens": "have prompts over --max-num-batched-tokens {max_num_batched_tokens} with chunked "
+                              "prefill off: raise it, or use --chunked-prefill",
+}
 
 
 @dataclass(frozen=True)
@@ -70,14 +93,37 @@ def engine_config(sc: Scenario, knobs: dict[str, Any]) -> tuple[EngineConfig, Kv
     if unknown:
         raise AisimError(f"unknown engine setting(s) {sorted(unknown)}; known: {', '.join(ENGINE_KNOBS)}")
     values = {**s.model_dump(), **{k: v for k, v in knobs.items() if v is not None}}
+    _check_knobs(sc.runtime.name, values)
     cap = kv_capacity(sc, values["block_size"], values["max_num_batched_tokens"], values["gpu_memory_utilization"])
     cfg = validated(EngineConfig, {
         "num_kv_blocks": cap.blocks, "block_size": values["block_size"], "max_num_seqs": values["max_num_seqs"],
         "max_num_batched_tokens": values["max_num_batched_tokens"],
         "enable_chunked_prefill": values["enable_chunked_prefill"], "preemption_mode": values["preemption_mode"],
         "kv_bytes_per_token": cap.bytes_per_token,
-        "max_model_len": _max_model_len(sc)})
+        "max_model_len": _max_model_len(sc)}, ENGINE_FLAGS)
     return cfg, cap
+
+
+def _check_knobs(runtime: str, values: dict[str, Any]) -> None:
+    """The memory fraction and block size the engine would accept (vLLM's CacheConfig: gpu_memory_utilization
+    gt=0, le=1; block sizes in BLOCK_SIZES)."""
+    util = values["gpu_memory_utilization"]
+    if not 0 < util <= 1:
+        raise AisimError(f"--gpu-memory-utilization: give a fraction of GPU memory in (0, 1], e.g. 0.9 (got {util:g})")
+    allowed, least, text = BLOCK_SIZES.get(runtime, (None, 1, "a positive number of tokens"))
+    size = values["block_size"]
+    if (allowed is not None and size not in allowed) or size < least:
+        raise AisimError(f"--block-size: {runtime} takes {text} (got {size})")
+
+
+def failure_summary(run: ServeRun, cfg: EngineConfig) -> str | None:
+    """The failed requests by reason, each with what to do; None when every request completed."""
+    reasons = run.result.failed_reasons
+    if not reasons:
+        return None
+    fill = {"max_model_len": cfg.max_model_len, "kv_tokens": cfg.num_kv_blocks * cfg.block_size,
+            "max_num_batched_tokens": cfg.max_num_batched_tokens}
+    return "; ".join(f"{n} request(s) " + FAILURE_HINTS.get(why, why).format(**fill) for why, n in reasons.items())
 
 
 def _max_model_len(sc: Scenario) -> int | None:
@@ -98,6 +144,9 @@ def serve(sc: Scenario, request: ServeRequest, knobs: dict[str, Any] | None = No
         f"{'on' if cfg.enable_chunked_prefill else 'off'}, preemption by {cfg.preemption_mode}; {s.source[:160]}...",
         f"step times from aisim's step costs of {sc.model} on {sc.device.name} (aisim.studies.serve.timer: dense "
         f"forward traced at 1..{cfg.max_num_batched_tokens} tokens, {s.attention} attention)"]
+    failures = failure_summary(run, cfg)
+    if failures:
+        notes.append(f"failed: {failures}")
     if request.replicas > 1:
         notes.append(f"{request.replicas} replicas of tp {sc.plan.tp} x pp {sc.plan.pp} GPUs behind a "
                      f"{request.router} router")
