@@ -155,6 +155,7 @@ def run(req: EstimateRequest) -> Estimate:
         if req.workload not in ("decode", "generate") or req.static_cache_len < need:
             raise AisimError(f"--static-cache-len {req.static_cache_len}: the static KV cache of a --workload decode "
                              f"or generate, at least the longest context ({need})")
+    _check_workload_options(req)
     scenario_fields = {k: getattr(req, k) for k in ScenarioRequest.model_fields}
     if req.workload != "train" and (req.train, req.nodes, req.token_budget) != (None, None, None):
         raise AisimError("the training plan, --nodes and --token-budget apply to --workload train only")
@@ -179,6 +180,24 @@ def run(req: EstimateRequest) -> Estimate:
         result = single_step(sc, StepShape(phase=req.workload, batch=req.batch, seq=req.seq,
                                            step_tokens=req.step_tokens, static_cache_len=req.static_cache_len))
     return result if req.top_ops is None else result.model_copy(update={"top_ops": result.top_ops[:req.top_ops]})
+
+
+def _check_workload_options(req: EstimateRequest) -> None:
+    """Options the workload would silently ignore are refused: quantized training is not modelled (the traced
+    step runs in the precision mode's dtype), a training step keeps no KV cache, and the optimizer belongs to a
+    training step."""
+    from .errors import AisimError
+
+    if req.workload == "train" and req.quant != "none":
+        raise AisimError(f"--quant {req.quant}: quantized training is not modelled (aisim trains in the --precision "
+                         "mode's dtype); drop --quant, or use --workload prefill, decode or generate for quantized "
+                         "inference")
+    if req.workload in ("train", "forward-backward") and req.kv_dtype != "auto":
+        raise AisimError(f"--kv-dtype {req.kv_dtype}: a {req.workload} step keeps no KV cache; drop --kv-dtype (it "
+                         "applies to --workload prefill, decode and generate)")
+    if req.workload != "train" and req.optimizer != "adamw":
+        raise AisimError(f"--optimizer {req.optimizer} applies to --workload train only (a {req.workload} step runs "
+                         "no optimizer); drop --optimizer or use --workload train")
 
 
 def _train(req: EstimateRequest, scenario_fields: dict) -> Estimate:

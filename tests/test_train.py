@@ -10,7 +10,7 @@ from aisim.cost.memory import train_breakdown
 from aisim.graph.ops import Graph
 from aisim.scenario import scenario
 from aisim.studies.train import (TrainRequest, _pipeline_s, micro_batching, multi_node_device, train)
-from aisim.workload import TrainPlan, Workload
+from aisim.workload import StepShape, TrainPlan, Workload
 
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
         "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256,
@@ -99,7 +99,16 @@ def test_grad_accumulation_scales_compute(tiny):
     one = train(sc, TrainRequest(batch=2, seq=64))
     four = train(sc, TrainRequest(batch=8, seq=64, plan=TrainPlan(grad_accum=4)))
     assert four.phases["compute_ms"] == pytest.approx(4 * one.phases["compute_ms"])
-    assert four.memory.total_gb == pytest.approx(one.memory.total_gb)
+    # micro-batches 2-4 run their forwards beside the gradients .grad accumulated from the earlier backwards
+    from aisim.step import op_arrays, step_cost
+    from aisim.studies.train import traced_options
+
+    g = op_arrays(sc, step_cost(sc, StepShape(phase="forward-backward", batch=2, seq=64),
+                                **traced_options(TrainPlan())).workload).graph
+    peak, forward = g.peak_activation_bytes, g.meta["peak_forward_bytes"]
+    grads = g.param_bytes   # fp32 under autocast
+    added = max(forward + grads, peak, grads) - max(peak, grads)
+    assert four.memory.total_gb - one.memory.total_gb == pytest.approx(added / 1e9)
 
 
 def test_mixed_precision_traces_autocast_and_keeps_fp32_states(tiny):
@@ -162,3 +171,86 @@ def test_multi_node_hybrid_shard_all_reduces_across_nodes(tiny):
     assert any(r.name.startswith("nccl.all_reduce (HSDP") for r in hybrid.top_ops)
     with pytest.raises(Exception, match="contradicts"):
         TrainPlan(zero=1, fsdp="full")
+
+
+def test_pipeline_first_stage_holds_pp_micro_batches_hand_worked():
+    """1F1B: the first stage holds min(pp, m) micro-batches' saved activations (Narayanan et al. 2021 sec. 2.2).
+    A 10-layer stage saving 2 GB per layer of a micro-batch, forward peak 21 GB (the 20 GB saved + the loss),
+    backward peak 22 GB (20 GB of bf16 gradients + 2 GB), 10e9 bf16-true parameters, pp 4, m 16 > pp:
+    held = (4 - 1) x 10 x 2 = 60 GB; live = 60 + max(21 + 20 accumulated gradients, 22) = 101 GB;
+    total = weights 20 + AdamW 40 + 101 = 161 GB (+ workspace); activations = 60 + max(21, 22 - 20) = 81 GB.
+    (The peak less the gradients, 2 GB, used to stand for a micro-batch: 8 GB of activations.)"""
+    dev = multi_node_device("h100")
+    g = Graph(ops=[], repeats=[], param_count=10**10, param_bytes=2e10, peak_activation_bytes=22e9,
+              persistent_bytes=0.0, layers=10, traced_layers=(2, 3),
+              meta={"saved_per_layer_bytes": 2e9, "peak_forward_bytes": 21e9})
+    w = Workload(phase="forward-backward", dtype="bf16")
+    mem = train_breakdown(g, w, TrainPlan(precision="bf16-true"), 1, dev, in_flight=4.0, accumulating=True)
+    assert mem.activations_gb == pytest.approx(81.0)
+    assert mem.total_gb - mem.workspace_gb == pytest.approx(161.0)
+    drained = train_breakdown(g, w, TrainPlan(precision="bf16-true"), 1, dev, in_flight=4.0)   # m = pp: no forward
+    assert drained.total_gb - drained.workspace_gb == pytest.approx(20 + 40 + 60 + 22)    # after a backward
+
+
+def test_pipeline_stage_of_a_70b_model_holds_its_micro_batches():
+    """llama-2-70b, pp 4 (20 layers a stage), micro-batch 1 x 16, seq 4096: the first stage holds 4 micro-batches
+    of 20 layers (about 1.7 GB each at bf16, no recompute): over 130 GB, far beyond an H100. It reported 1.84 GB
+    of activations and a 7B model's stage 17.3 GB (issue 15)."""
+    from aisim.step import op_arrays, step_cost
+    from aisim.studies.train import traced_options
+
+    plan = TrainPlan(zero=1, micro_batch=1)
+    sc = scenario("llama-2-70b", "h100x8", dtype="bf16", tp=1, pp=4, dp=2, batch=32)
+    r = train(sc, TrainRequest(batch=32, seq=4096, plan=plan))
+    mb = step_cost(sc, StepShape(phase="forward-backward", batch=2, seq=4096), **traced_options(plan))
+    g = op_arrays(sc, mb.workload).graph
+    per_layer = g.meta["saved_per_layer_bytes"]
+    assert 1.0e9 < per_layer < 2.5e9 and g.layers == 20
+    assert r.memory.activations_gb * 1e9 >= 4 * 20 * per_layer
+    assert not r.fits and r.flops_per_gpu > 0 and r.bytes_per_gpu > 0   # the work of a plan that does not fit
+    # one micro-batch in flight and no pipeline: the whole model's 80 layers over tp 8
+    full = train(scenario("llama-2-70b", "h100x8", dtype="bf16", tp=8, pp=1, dp=1, batch=32),
+                 TrainRequest(batch=32, seq=4096, plan=TrainPlan(zero=1, micro_batch=1)))
+    assert full.memory.activations_gb > 50
+
+
+def test_model_flops_per_token_hand_worked(tiny):
+    """TINY: h 64, 2 layers, 4 heads x 16, 2 KV heads, SwiGLU 128, vocab 256. Attention projections
+    64 x 16 x (2 x 4 + 2 x 2) = 12288, MLP 3 x 64 x 128 = 24576, per layer 36864, x 2 = 73728, logit layer
+    256 x 64 = 16384: N = 90112, 6 N = 540672; causal attention 6 x 2 layers x 64 x (64 + 1) = 49920 at seq 64:
+    590592 (PaLM's full square, 12 x 2 x 64 x 64 = 98304, counted work a causal kernel skips)."""
+    from aisim.studies.train import model_flops_per_token
+
+    assert model_flops_per_token(TINY, 64) == 540672 + 49920
+    assert model_flops_per_token(TINY, 0) == 540672
+
+
+def test_mfu_never_exceeds_hardware_utilisation_without_recompute(tiny):
+    sc = scenario(tiny, "h100x2", dtype="bf16", tp=1, dp=2, batch=8)
+    for seq in (64, 512):
+        r = train(sc, TrainRequest(batch=8, seq=seq, plan=TrainPlan(fsdp="full", precision="bf16-mixed")))
+        assert r.model_tflops_per_gpu <= r.hardware_tflops_per_gpu
+
+
+def test_training_that_does_not_fit_reports_its_work(tiny):
+    sc = scenario(tiny, "h100", dtype="bf16", tp=1, dp=1)
+    fits = train(sc, TrainRequest(batch=2, seq=4096))
+    big = train(sc, TrainRequest(batch=4096, seq=4096))
+    assert fits.fits and not big.fits
+    # it used to report 0 FLOPs; the work of 2048 x the batch (to the per-batch terms of the loss)
+    assert big.flops_per_gpu == pytest.approx(2048 * fits.flops_per_gpu, rel=1e-4)
+    assert big.bytes_per_gpu > 0 and big.top_ops
+
+
+def test_options_a_workload_would_ignore_are_refused(tiny):
+    from aisim.api import estimate
+    from aisim.errors import AisimError
+
+    with pytest.raises(AisimError, match="quantized training is not modelled"):
+        estimate(tiny, "h100", workload="train", batch=2, seq=64, quant="int4")
+    with pytest.raises(AisimError, match="keeps no KV cache"):
+        estimate(tiny, "h100", workload="train", batch=2, seq=64, kv_dtype="fp8")
+    with pytest.raises(AisimError, match="applies to --workload train only"):
+        estimate(tiny, "h100", workload="decode", batch=2, seq=64, optimizer="sgd")
+    sgd = estimate(tiny, "h100", workload="train", batch=2, seq=64, optimizer="sgd")
+    assert sgd.memory.optimizer_gb == 0.0 and any("SGD" in a for a in sgd.assumptions)

@@ -35,7 +35,9 @@ def breakdown(graph: Graph, workload: Workload, device: Device) -> MemoryBreakdo
     grads = graph.param_bytes if training else 0.0
     optimizer = OPTIMIZER_STATES[workload.optimizer] * graph.param_bytes if workload.phase == "train" else 0.0
     kv = graph.persistent_bytes if workload.phase in ("prefill", "decode", "generate") else 0.0
-    activations = max(graph.peak_activation_bytes - kv - grads, 0.0)
+    # a training step's activations peak at the forward's end, before any gradient exists
+    forward = graph.meta.get("peak_forward_bytes", 0.0) if training else 0.0
+    activations = max(graph.peak_activation_bytes - kv - grads, forward, 0.0)
     workspace = CUBLAS_WORKSPACE_BYTES.get(device.gpu.architecture, CUBLAS_WORKSPACE_BYTES["default"])
     during_step = (grads + OPTIMIZER_TEMPORARIES[workload.optimizer] * graph.param_bytes
                    if workload.phase == "train" else 0.0)
@@ -60,19 +62,27 @@ ADAM_STATES = 2               # exp_avg, exp_avg_sq, in the weights' dtype
 FSDP_PREFETCHED_UNITS = 2     # the unit computing and the one being all-gathered (FSDP2 implicit prefetch)
 
 
-def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device, in_flight: float = 1.0
-                    ) -> MemoryBreakdown:
+def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device, in_flight: float = 1.0,
+                    accumulating: bool = False) -> MemoryBreakdown:
     """Peak memory per GPU of a training step (``tp_plan``: aisim.workload.TrainPlan).
 
     persistent = weights + optimizer states (+ sharded gradients for ZeRO-2/3), each divided by ``dp`` from its
-    ZeRO stage on (stage 1: optimizer, 2: + gradients, 3: + weights); the traced peak of one micro-batch (live
-    activations, and the full gradients unless released) plus the saved activations of the other micro-batches a
-    1F1B stage holds (``in_flight`` - 1); DDP's gradient buckets (a second copy of the gradients,
-    gradient_as_bucket_view=False);
-    for stage 3 the unsharded compute copy of the prefetched units and the root unit (embeddings and head stay
-    unsharded between forward and backward in FSDP2); the step's temporaries (foreach AdamW's sqrt).
-    Known inaccuracies: the allocator's rounding and fragmentation; each further micro-batch in flight holds
-    what the traced forward left live for backward (its saved activations)."""
+    ZeRO stage on (stage 1: optimizer, 2: + gradients, 3: + weights); DDP's gradient buckets (a second copy of the
+    gradients, gradient_as_bucket_view=False); plus the largest of three moments:
+      forward end  = held + F (+ the gradients when ``accumulating``: an earlier micro-batch's backward of the
+                     same step made them, and .grad accumulates, so they live through the later forwards)
+      backward     = held + the traced peak (full gradients growing as activations are freed)
+      late step    = gradients + one unit's full gradient and its reduce copy (ZeRO-2/3) + AdamW temporaries
+    held = (``in_flight`` - 1) x layers x saved-per-layer: what the forwards of the other micro-batches a 1F1B
+    stage holds saved for their backward (Narayanan et al. 2021, SC21, sec. 2.2: the first stage holds
+    min(pp, m) micro-batches; interleaved, pp (1 + (pp - 1) / (pp v)); Korthikanti et al. 2022 sec. 4.2.3);
+    F = the traced forward's peak (its saved activations and the loss's working set); for stage 3 the unsharded
+    compute copy of the prefetched units and the root unit (embeddings and head stay unsharded between forward
+    and backward in FSDP2).
+    ``activations_gb`` is held + the larger of F and the backward's non-gradient peak; the parts are each at
+    their largest, so when the activation peak comes before any gradient exists their sum exceeds ``total_gb``.
+    Known inaccuracies: the allocator's rounding and fragmentation; the costed stage holds both the embedding
+    (the first stage's) and the head and loss (the last stage's)."""
     p = graph.param_count
     weight_b, grad_b, compute_b = TRAIN_STATE_BYTES[tp_plan.precision]
     stage = tp_plan.stage
@@ -86,14 +96,13 @@ def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device,
     if stage >= 1 and tp_plan.fsdp == "none":
         grad_b = compute_b   # DeepSpeed ZeRO reduces and keeps 16-bit gradients (ZeRO paper: 2 bytes)
     sharded_grads = p * grad_b / dp if stage >= 2 else 0.0
-    activations = max(graph.peak_activation_bytes - traced_grads, 0.0)
-    # a 1F1B stage also holds what its layers' forwards of the other in-flight micro-batches saved for their
-    # backward (the first stage holds pp of them; the loss's tensors belong to the last stage, which holds one)
-    saved = min(graph.meta.get("saved_per_layer_bytes", 0.0) * graph.layers, activations)
-    live = traced_grads + activations + saved * (in_flight - 1)
+    peak = graph.peak_activation_bytes
+    forward = graph.meta.get("peak_forward_bytes", max(peak - traced_grads, 0.0))
+    held = graph.meta.get("saved_per_layer_bytes", 0.0) * graph.layers * (in_flight - 1)
+    kept = traced_grads + sharded_grads if accumulating else 0.0
     buckets = traced_grads if stage == 0 and dp > 1 else 0.0
     layer = graph.meta.get("layer_params", 0)
-    # at the loss (the activation peak) no gradient exists yet (zero_grad(set_to_none) freed the last step's);
+    # at the loss no gradient of this micro-batch exists yet (zero_grad(set_to_none) freed the last step's);
     # stage 3 then holds the root unit (embeddings, final norm, head: FSDP2 never reshards the root after
     # forward) and the last layer's parameters, prefetched for backward, unsharded in the compute dtype.
     # Later in backward the sharded gradients grow while one unit's full gradient and its reduce-dtype copy wait
@@ -103,11 +112,11 @@ def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device,
     temporaries = (OPTIMIZER_TEMPORARIES[w.optimizer] * p * weight_b / shard(1)
                    if tp_plan.optimizer_impl == "foreach" else 0.0)
     workspace = CUBLAS_WORKSPACE_BYTES.get(device.gpu.architecture, CUBLAS_WORKSPACE_BYTES["default"])
+    live = held + max(forward + kept, max(peak, traced_grads) + (sharded_grads if accumulating else 0.0))
     total = (weights + optimizer + buckets + workspace
              + max(live + unsharded, traced_grads + sharded_grads + grad_unit + temporaries))
-    transient = unsharded
-    return MemoryBreakdown(weights_gb=weights / GB,
-                           activations_gb=(activations + saved * (in_flight - 1) + transient) / GB,
+    activations = held + max(forward, peak - traced_grads, 0.0) + unsharded
+    return MemoryBreakdown(weights_gb=weights / GB, activations_gb=activations / GB,
                            kv_cache_gb=0.0, gradients_gb=(traced_grads + sharded_grads + buckets) / GB,
                            optimizer_gb=optimizer / GB, workspace_gb=workspace / GB, total_gb=total / GB,
                            capacity_gb=device.gpu.memory_bytes / GB)

@@ -124,7 +124,23 @@ def _trace_scaled(config: dict, workload: Workload, plan: ParallelPlan) -> Graph
                        "linear_weights": int(round(scale("linear_weights"))),
                        "layer_params": int(round(per_layer(low["param_count"], high["param_count"]))),
                        "forward_end_bytes": max(scale("saved_bytes"), 0.0),
-                       "saved_per_layer_bytes": max(per_layer(low["saved_bytes"], high["saved_bytes"]), 0.0)})
+                       "peak_forward_bytes": max(scale("peak_forward_bytes"), 0.0),
+                       "peak_backward_bytes": max(scale("peak_backward_bytes"), 0.0),
+                       "saved_per_layer_bytes": _saved_per_layer(config, workload, plan, (k1, k2), low, high)})
+
+
+def _saved_per_layer(config: dict, workload: Workload, plan: ParallelPlan, depths: tuple[int, int], low: dict,
+                     high: dict) -> float:
+    """What one layer's forward keeps for its backward (the growth of the forward end's live bytes per layer):
+    the activations each further micro-batch in flight holds. A stage too short to trace at two depths is traced
+    at the usual two for this alone."""
+    k1, k2 = depths
+    if workload.phase not in ("forward-backward", "train"):
+        return 0.0
+    if k1 == k2:
+        k1, k2 = _traced_layers(config, 10**6)
+        low, high = (_trace_once(config, workload, plan, k) for k in (k1, k2))
+    return max((high["saved_bytes"] - low["saved_bytes"]) / (k2 - k1), 0.0)
 
 
 def _trace_once(config: dict, workload: Workload, plan: ParallelPlan, layers: int) -> dict:

@@ -19,10 +19,12 @@ sets its dtype and autocast, checkpointing recomputes each layer in backward, TP
 Sources: Li et al. 2020 "PyTorch Distributed" (VLDB; DDP buckets, overlap, no_sync); Rajbhandari et al. 2020
 "ZeRO" (SC20; stages, 2+2+12 bytes, traffic); Zhao et al. 2023 "PyTorch FSDP" (VLDB; prefetch, units);
 Narayanan et al. 2021 (SC21; 1F1B and interleaved schedules, bubble (p - 1) / m and (p - 1) / (v m)).
-MFU = 6 N tokens (+ attention 12 L h s per token, PaLM appendix B) / (step x GPUs x dense peak).
+MFU = model FLOPs (6 N + causal attention 6 L d_attn (s + 1) per token, see model_flops_per_token) / (step x
+GPUs x dense peak).
 Known inaccuracies: communication kernels are taken not to slow the compute they overlap (they take SMs and
-memory bandwidth in reality); pipeline p2p sends are exposed only in the fill and drain; the activations of the
-micro-batches a 1F1B stage holds are the traced peak less the gradients; energy covers the compute only.
+memory bandwidth in reality); pipeline p2p sends are exposed only in the fill and drain; the first 1F1B stage
+holds min(pp, m) micro-batches' saved activations (aisim.cost.memory.train_breakdown), and the costed stage carries
+both the embedding and the head and loss; energy covers the compute only.
 """
 from __future__ import annotations
 
@@ -121,15 +123,19 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     in_flight = _in_flight(par.pp, m, plan)
     # a forward that follows a backward of the same step (m > pp) runs beside the accumulated gradients
     memory = train_breakdown(graph, w, plan, par.dp, sc.device, in_flight, accumulating=m > par.pp)
-    notes = list(sc.assumptions) + _notes(plan, par, b, m)
+    notes = list(sc.assumptions) + _notes(plan, par, b, m, {"adamw": "AdamW", "sgd": "SGD"}[sc.optimizer])
     cal = calibration_note(sc)
     notes += [cal] if cal else []
     tokens = req.batch * req.seq
     reason = not_fit_reason(memory, sc.device.gpu.name)
-    if reason is not None:
+    rows = [r.model_copy(update={"count": round(r.count * m), "flops": r.flops * m, "bytes": r.bytes * m,
+                                 "time_ms": r.time_ms * m}) for r in mb.table]
+    if reason is not None:   # no times (it would not run), but the work it would do, as inference reports it
         return TrainResult(fits=False, not_fit_reason=reason, step_ms=None, memory=memory, micro_batch=b,
                            grad_accum=m, tokens_per_step=tokens, tokens_per_s=None, tokens_per_s_per_gpu=None,
-                           model_tflops_per_gpu=None, mfu=None, hardware_tflops_per_gpu=None, assumptions=notes)
+                           model_tflops_per_gpu=None, mfu=None, hardware_tflops_per_gpu=None,
+                           flops_per_gpu=mb.flops * m, bytes_per_gpu=mb.bytes * m, top_ops=rows,
+                           unknown_ops=list(mb.unknown), assumptions=notes)
     from .train_comm import dp_comm, optimizer_cost, pipeline_p2p
 
     t_mb = mb.runtime_s / par.pp
@@ -140,8 +146,6 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     comm = dp_comm(sc, graph, plan, m, t_mb * (1 - bwd_frac), t_mb * bwd_frac, w.autocast)
     p2p_s = pipeline_p2p(sc, b, req.seq, compute_b, plan) if par.pp > 1 else 0.0
     step_s = compute_s + comm.exposed_s + opt.time_s + p2p_s
-    rows = [r.model_copy(update={"count": round(r.count * m), "flops": r.flops * m, "bytes": r.bytes * m,
-                                 "time_ms": r.time_ms * m}) for r in mb.table]
     rows += comm.rows + opt.rows
     rows = sorted((r.model_copy(update={"share": r.time_ms / (step_s * MS_PER_S)}) for r in rows),
                   key=lambda r: -r.time_ms)
@@ -192,8 +196,16 @@ def _backward_fraction(sc: Scenario, w) -> float:
 
 
 def model_flops_per_token(config: dict, seq: int) -> float:
-    """6 N + 12 L d_attn seq (Chowdhery et al. 2022, PaLM, appendix B: the model FLOPs of training one token,
-    non-embedding parameters N counted from the config, attention as the full square)."""
+    """Model FLOPs of training one token (no recompute): 6 N + 6 L d_attn (seq + 1).
+
+    N counts the weight matmuls of the decoder layers (attention projections, MLP) and the logit layer, not the
+    input embedding (a lookup): Megatron's model FLOPs (Narayanan et al. 2021, appendix; Korthikanti et al. 2022
+    use it for MFU), each matmul once forward and twice backward, 2 FLOPs per multiply-add. The attention term
+    counts QK^T and PV (4 d_attn FLOPs per query-key pair forward, 12 with backward) over the causal triangle, a
+    mean of (seq + 1) / 2 keys per query: half of PaLM's 12 L H Q T (Chowdhery et al. 2022, appendix B) and of
+    Megatron's s / 6h term, which count the full square although a causal flash kernel computes only the
+    triangle (aisim.formulas.attention_pairs). So MFU <= hardware FLOPs utilisation without recompute.
+    Known inaccuracies: MoE layers count one expert's MLP, not the routed top-k."""
     from ..graph.build import make_config
 
     hf = make_config(config)
@@ -205,15 +217,15 @@ def model_flops_per_token(config: dict, seq: int) -> float:
     gated = getattr(hf, "hidden_act", "gelu") in ("silu", "swiglu") or hf.model_type in ("llama", "mistral", "qwen2")
     attn = h * head_dim * (2 * heads + 2 * kv)
     mlp = (3 if gated else 2) * h * inter
-    vocab = hf.vocab_size * h
-    n = layers * (attn + mlp) + vocab
-    return 6.0 * n + 12.0 * layers * heads * head_dim * seq
+    logits = hf.vocab_size * h
+    n = layers * (attn + mlp) + logits
+    return 6.0 * n + 6.0 * layers * heads * head_dim * (seq + 1) * (seq > 0)
 
 
-def _notes(plan: TrainPlan, par, b: int, m: int) -> list[str]:
+def _notes(plan: TrainPlan, par, b: int, m: int, optimizer: str = "AdamW") -> list[str]:
     out = [f"training: {plan.precision}, ZeRO stage {plan.stage}" + (f" (FSDP {plan.fsdp})" if plan.fsdp != "none"
            else "") + f", recompute {plan.recompute}, micro-batch {b} x {m} per replica, dp {par.dp}, "
-           f"AdamW {plan.optimizer_impl}"]
+           f"{optimizer} {plan.optimizer_impl}"]
     if plan.recompute == "selective":
         out.append("recompute selective (Megatron: the attention core) saves nothing over none with a fused "
                    "attention kernel, which never stores the score matrix: traced as none")
@@ -250,9 +262,9 @@ def train_estimate(sc: Scenario, req: TrainRequest):
                  recompute=req.plan.recompute, grad_release=options["grad_release"])
     notes = list(r.assumptions)
     if r.fits:
-        notes.append(f"MFU {r.mfu:.1%} (6 N + attention model FLOPs per token; {r.model_tflops_per_gpu:.0f} TFLOP/s "
-                     f"per GPU), hardware {r.hardware_tflops_per_gpu:.0f} TFLOP/s per GPU (traced FLOPs, "
-                     "recompute included)")
+        notes.append(f"MFU {r.mfu:.1%} (model FLOPs 6 N + causal attention per token; "
+                     f"{r.model_tflops_per_gpu:.0f} TFLOP/s per GPU), hardware {r.hardware_tflops_per_gpu:.0f} "
+                     "TFLOP/s per GPU (traced FLOPs, recompute included)")
         if r.time_to_train_s is not None:
             notes.append(f"time to train {req.token_budget:.3g} tokens: {r.time_to_train_s / 86400:.2f} days")
     step_s = (r.step_ms or 0.0) / MS_PER_S

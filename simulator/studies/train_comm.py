@@ -119,7 +119,8 @@ def dp_comm(sc: Scenario, graph, plan: TrainPlan, m: int, fwd_s: float, bwd_s: f
 
 
 def optimizer_cost(sc: Scenario, graph, plan: TrainPlan, dp: int) -> Added:
-    """AdamW over the parameters this GPU updates (all; 1/dp from ZeRO-1), in the weights' dtype."""
+    """The optimizer (AdamW, or SGD with --optimizer sgd) over the parameters this GPU updates (all; 1/dp from
+    ZeRO-1), in the weights' dtype."""
     from ..cost.memory import TRAIN_STATE_BYTES
     from ..cost.ops_time import op_time
     from ..formulas import op_cost
@@ -129,12 +130,12 @@ def optimizer_cost(sc: Scenario, graph, plan: TrainPlan, dp: int) -> Added:
     shard = dp if plan.stage >= 1 else 1
     n = max(1, round(graph.param_count / shard))
     tensors = max(1, round(graph.meta.get("n_param_tensors", 1) / (shard if plan.stage >= 3 else 1)))
-    op = Op(name="optimizer.adamw", args=(TensorMeta((n,), "fp32" if weight_b == 4 else "bf16"),), kwargs={},
-            outputs=(), alias=False, phase="optimizer", attrs={"n_tensors": tensors})
+    op = Op(name=f"optimizer.{sc.optimizer}", args=(TensorMeta((n,), "fp32" if weight_b == 4 else "bf16"),),
+            kwargs={}, outputs=(), alias=False, phase="optimizer", attrs={"n_tensors": tensors})
     cost = op_cost(op)
     t = op_time(op, cost, sc.device, sc.calibration, "fp32").gpu_s
-    return Added(time_s=t, rows=[_row(f"optimizer.adamw ({plan.optimizer_impl})", 1, cost.bytes, t, "memory",
-                                      cost.flops)])
+    return Added(time_s=t, rows=[_row(f"optimizer.{sc.optimizer} ({plan.optimizer_impl})", 1, cost.bytes, t,
+                                      "memory", cost.flops)])
 
 
 def pipeline_p2p(sc: Scenario, micro_batch: int, seq: int, compute_b: int, plan: TrainPlan) -> float:
