@@ -352,3 +352,41 @@ def parse_ints(text: str) -> list[int]:
 
 def parse_floats(text: str) -> list[float]:
     return [float(x) for x in str(text).split(",") if x.strip()]
+
+
+def time_calls(calls, device, window_ms: float, windows: int, warm: int = 2, max_reps: int = 5000
+               ) -> tuple[list[float], list[float]]:
+    """Per-call milliseconds, device and host: ``windows`` event-timed windows of repeated calls (cycling through
+    ``calls``); host = CPU time of the loop before the end event is waited for. Where host >= device the loop was
+    host-bound and the device figure is the dispatch rate, not the kernel time."""
+    import torch
+
+    cuda = device.type == "cuda"
+    for fn in calls[:warm]:
+        fn()
+    sync(device)
+    t0 = time.perf_counter()
+    for fn in calls:
+        fn()
+    sync(device)
+    per_call_s = max((time.perf_counter() - t0) / len(calls), 1e-7)
+    reps = min(max(len(calls), int(math.ceil(window_ms / 1e3 / per_call_s))), max_reps)
+    device_ms, host_ms = [], []
+    for _ in range(windows):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            t = time.perf_counter()
+            for i in range(reps):
+                calls[i % len(calls)]()
+            host_ms.append((time.perf_counter() - t) * 1e3 / reps)
+            end.record()
+            end.synchronize()
+            device_ms.append(start.elapsed_time(end) / reps)
+        else:
+            t = time.perf_counter()
+            for i in range(reps):
+                calls[i % len(calls)]()
+            host_ms.append((time.perf_counter() - t) * 1e3 / reps)
+            device_ms.append(host_ms[-1])
+    return device_ms, host_ms

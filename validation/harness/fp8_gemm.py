@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import time
 
 from . import common
 
@@ -72,39 +71,6 @@ def _quantize(x, per_row: bool):
     return q, scale
 
 
-def _time_calls(calls, device, window_ms: float, windows: int) -> list[float]:
-    """Per-call milliseconds: ``windows`` event-timed windows of repeated calls (cycling through ``calls``)."""
-    import torch
-
-    cuda = device.type == "cuda"
-    for fn in calls[:3]:
-        fn()
-    common.sync(device)
-    t0 = time.perf_counter()
-    for fn in calls:
-        fn()
-    common.sync(device)
-    per_call_s = max((time.perf_counter() - t0) / len(calls), 1e-7)
-    reps = max(len(calls), int(math.ceil(window_ms / 1e3 / per_call_s)))
-    reps = min(reps, 20000)
-    out = []
-    for _ in range(windows):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for i in range(reps):
-                calls[i % len(calls)]()
-            end.record()
-            end.synchronize()
-            out.append(start.elapsed_time(end) / reps)
-        else:
-            t = time.perf_counter()
-            for i in range(reps):
-                calls[i % len(calls)]()
-            out.append((time.perf_counter() - t) * 1e3 / reps)
-    return out
-
-
 def run_shape(m: int, k: int, n: int, device, kernels: list[str], args, peaks: dict | None) -> list[dict]:
     import torch
 
@@ -143,7 +109,7 @@ def run_shape(m: int, k: int, n: int, device, kernels: list[str], args, peaks: d
                 row["use_fast_accum"] = fast
             err = ((result.float() - reference).norm() / reference.norm().clamp(min=1e-12)).item()
             row["rel_err_vs_bf16"] = round(err, 5)
-            times = _time_calls(calls, device, args.window_ms, args.windows)
+            times = common.time_calls(calls, device, args.window_ms, args.windows, warm=3, max_reps=20000)[0]
             median = statistics.median(times)
             row.update({"median_ms": round(median, 5), "min_ms": round(min(times), 5),
                         "max_ms": round(max(times), 5), "windows": len(times),

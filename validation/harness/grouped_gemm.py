@@ -74,45 +74,8 @@ def grouped_mm_fn():
         return (lambda x, w, offs: fn(x, w, offs=offs)), fn.__name__
 
 
-def time_calls(calls, device, window_ms: float, windows: int) -> tuple[list[float], list[float]]:
-    """Per-call milliseconds, device and host: ``windows`` event-timed windows of repeated calls (cycling through
-    ``calls``); host = CPU time of the loop before the end event is waited for. Where host >= device the loop was
-    host-bound and the device figure is the dispatch rate, not the kernel time."""
-    import torch
-
-    cuda = device.type == "cuda"
-    for fn in calls[:2]:
-        fn()
-    common.sync(device)
-    t0 = time.perf_counter()
-    for fn in calls:
-        fn()
-    common.sync(device)
-    per_call_s = max((time.perf_counter() - t0) / len(calls), 1e-7)
-    reps = min(max(len(calls), int(math.ceil(window_ms / 1e3 / per_call_s))), 5000)
-    device_ms, host_ms = [], []
-    for _ in range(windows):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            t = time.perf_counter()
-            for i in range(reps):
-                calls[i % len(calls)]()
-            host_ms.append((time.perf_counter() - t) * 1e3 / reps)
-            end.record()
-            end.synchronize()
-            device_ms.append(start.elapsed_time(end) / reps)
-        else:
-            t = time.perf_counter()
-            for i in range(reps):
-                calls[i % len(calls)]()
-            host_ms.append((time.perf_counter() - t) * 1e3 / reps)
-            device_ms.append(host_ms[-1])
-    return device_ms, host_ms
-
-
 def timed(row: dict, calls, device, args) -> dict:
-    times, host = time_calls(calls, device, args.window_ms, args.windows)
+    times, host = common.time_calls(calls, device, args.window_ms, args.windows)
     median, host_median = statistics.median(times), statistics.median(host)
     row.update({"median_ms": round(median, 6), "min_ms": round(min(times), 6), "max_ms": round(max(times), 6),
                 "windows": len(times), "loop_host_ms": round(host_median, 6),
@@ -251,7 +214,7 @@ def grid_case(e: int, m: int, n: int, k: int, device, dtype, args, grouped_mm) -
         offsets = torch.arange(1, e + 1, device=device, dtype=torch.int32) * m
         row.update(flop=2 * e * m * n * k, bytes=e * m * k * elem + e * n * k * elem + e * m * n * elem + e * 4,
                    weight_copies=len(ws))
-        timed(row, [lambda w=w: grouped_mm(x, w.transpose(-2, -1), offsets) for w in ws], device, args)
+        timed(row, [lambda w=w, x=x: grouped_mm(x, w.transpose(-2, -1), offsets) for w in ws], device, args)
         row["tflops"] = round(row["flop"] / (row["median_ms"] / 1e3) / 1e12, 3)
         del x, ws
     except Exception as exc:  # noqa: BLE001
