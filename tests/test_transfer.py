@@ -7,11 +7,12 @@ import pytest
 from aisim.cost.efficiency import gemm_efficiency, graph_replay_credit_s, memory_efficiency, size_scale
 from aisim.specs import all_hardware, default_calibration, load_calibration
 
-# Goal of the issue: >= 70% of datasheet bandwidth for the Llama-3-8B decode step (graphs, batch 1, context 1024).
+# Goal of the issue: >= 70% of datasheet bandwidth for the Llama-3-8B decode step (batch 1, context 1024) under the
+# serving-engine runtime (transfer.DECODE_RUNTIME, vllm; the issue's `graphs` before graphs became HF's StaticCache).
 # Below it, with the reason, and the floor each must keep (its value when this test was written, less 2 points):
 # the fixed per-kernel time (GEMV ~6.5 us back to back, ~3 us of it shed in a graph replay; 1.0 us per replayed
 # kernel) is a larger share of a step whose weights stream in 2-6 ms.
-BELOW_GOAL_FLOORS = {"b200": 0.43, "h20": 0.58, "h200": 0.60, "h100-sxm": 0.66}
+BELOW_GOAL_FLOORS = {"b200": 0.54, "h20": 0.67, "h200": 0.66, "mi300x": 0.62}
 DECODE_BW_GOAL = 0.70
 
 

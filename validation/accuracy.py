@@ -184,7 +184,7 @@ def ceiling_violations(summaries: dict[str, list] | None = None) -> list[str]:
 
 def studies_sections() -> list[str]:
     """The sections of the studies built on step costs: serving, training, MoE, and the GPU transfer."""
-    from .moe_report import moe_section
+    from .moe_report import engines_section, moe_section
     from .published_train import published_section
     from .serve_report import serve_section
     from .train_report import train_section
@@ -202,6 +202,7 @@ def studies_sections() -> list[str]:
             + ["# Training steps (DDP, FSDP2, precision modes, checkpointing)", "", *train_section(), ""]
             + ["# Published large-scale training table", "", *published_section(), ""]
             + ["# Mixture-of-experts (HF eager on H100)", "", *moe_section(), ""]
+            + ["# Engine profiles: HF static cache + torch.compile (graphs), vLLM", "", *engines_section(), ""]
             + ["# GPUs not measured: calibration transfer and datasheet rules", "", *transfer_section(), ""])
 
 
