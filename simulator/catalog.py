@@ -118,14 +118,14 @@ def multi_node(dev: Device, nodes: int) -> Device:
     """``nodes`` nodes of a multi-node system device: gpus_per_node x nodes GPUs whose collectives run
     hierarchically (aisim.cost.comm.collective_s)."""
     system = dev.system
+    if nodes == 1:
+        return dev
     if system is None or system.network is None or system.gpus_per_node is None:
         raise AisimError(f"--nodes needs a multi-node system spec (with gpus_per_node and network), e.g. a100x8-hdr "
                          f"or h100x8-ndr; {dev.name} has none")
     if not 1 <= nodes <= MAX_GPUS // system.gpus_per_node:
         raise AisimError(f"device {dev.name}: the node count must be between 1 and "
                          f"{MAX_GPUS // system.gpus_per_node}")
-    if nodes == 1:
-        return dev
     count = system.gpus_per_node * nodes
     spec = system.model_copy(update={"name": f"{system.name}x{nodes}", "gpu_count": count})
     return replace(dev, count=count, system=spec)

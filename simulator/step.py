@@ -165,7 +165,7 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     energy_j = stage_j * plan.pp + waiting_power_w(dev.gpu, cal) * (plan.pp - 1) * stage_s * plan.gpus
     table = tuple(op_rows(a.ops, a.costs, times, a.repeats, stage_s))
     return StepCost(runtime_s, energy_j, energy_j / (runtime_s * plan.gpus) if runtime_s else 0.0, a.flops, a.bytes,
-                    table, a.unknown, expert_memory(kv_memory(static_kv(breakdown(a.graph, w, dev), w, rt), w.dtype,
+                    table, a.unknown, expert_memory(kv_memory(static_kv(breakdown(a.graph, w, dev), w, rt, sc.config), w.dtype,
                                                               sc.kv_dtype), sc, w.dtype), w,
                     timeline.gpu_busy_s, timeline.cpu_busy_s)
 
@@ -188,12 +188,19 @@ def expert_memory(mem: MemoryBreakdown, sc: Scenario, dtype: str) -> MemoryBreak
     return mem.model_copy(update={"weights_gb": mem.weights_gb - saved, "total_gb": mem.total_gb - saved})
 
 
-def static_kv(mem: MemoryBreakdown, w: Workload, rt) -> MemoryBreakdown:
+def static_kv(mem: MemoryBreakdown, w: Workload, rt, config: dict) -> MemoryBreakdown:
     """A static-cache runtime's decode holds max_cache_len slots per sequence (StaticLayer preallocates them),
-    not the context's: the KV cache scaled by static_cache_len / seq."""
+    not the context's; a sliding-window layer min(max_cache_len, window) (StaticSlidingWindowLayer) where the traced
+    step held min(seq, window)."""
+    from .graph.engine import sliding_windows, windowed_fraction
+
     if not (rt.static_cache and w.phase == "decode" and w.static_cache_len and mem.kv_cache_gb):
         return mem
-    kv = mem.kv_cache_gb * w.static_cache_len / w.seq
+    windows, share = sliding_windows(config), windowed_fraction(config)
+    window = windows["window"] if windows else w.seq
+    held = share * min(w.seq, window) + (1 - share) * w.seq
+    slots = share * min(w.static_cache_len, window) + (1 - share) * w.static_cache_len
+    kv = mem.kv_cache_gb * slots / held
     return mem.model_copy(update={"kv_cache_gb": kv, "total_gb": mem.total_gb - mem.kv_cache_gb + kv})
 
 

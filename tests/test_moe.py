@@ -226,3 +226,15 @@ def test_graphs_harness_cache_len_option():
     assert decoder.cache.layers[0].keys.shape[2] == 64 and default_cache_len(32) == 47
     with pytest.raises(ValueError, match="write past the cache"):
         Decoder(model, 1, 32, torch.device("cpu"), 0, max_cache_len=40)
+
+
+def test_graphs_static_cache_of_a_sliding_window_model_past_its_window():
+    """Mistral's windowed layers hold min(max_cache_len, window) static slots, and past the window the decode
+    attention is still the static-cache one (the rewrite used to skip layers whose traced keys were the window)."""
+    kw = dict(model="mistral-7b", device="h100", workload="decode", batch=16, runtime="graphs", static_cache_len=16384,
+              top_ops=40)
+    inside, past = _estimate(seq=4000, **kw), _estimate(seq=4097, **kw)
+    kv_4096_slots = 32 * 2 * 8 * 128 * 4096 * 2 * 16 / 1e9          # layers x K,V x kv heads x dim x slots x B x batch
+    for est in (inside, past):
+        assert est.memory.kv_cache_gb == pytest.approx(kv_4096_slots, rel=0.02)
+        assert any(r.name == "static_cache.fill_level" for r in est.top_ops)

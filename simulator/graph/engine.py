@@ -366,6 +366,15 @@ def sliding_windows(config: dict) -> dict | None:
     return {"window": int(window), "layer_types": config.get("layer_types")}
 
 
+def windowed_fraction(config: dict) -> float:
+    """The share of decoder layers whose attention is windowed (1.0 without per-layer ``layer_types``)."""
+    windows = sliding_windows(config)
+    if not windows:
+        return 0.0
+    types = windows["layer_types"]
+    return 1.0 if not types else sum("full" not in str(t) for t in types) / len(types)
+
+
 def _layer_index(scope: str) -> int | None:
     parts = scope.split(".")
     for a, b in zip(parts, parts[1:]):
@@ -474,15 +483,15 @@ def static_cache_decode(ops: list[Op], repeats: list[float], context: int, cache
     Known inaccuracy: the mask's own construction (one small kernel per step) is not added."""
     out, rep = [], []
     for op, r in zip(ops, repeats):
+        windowed = bool(windows) and _windowed(op.scope, windows)
+        traced_keys = {context, min(context, windows["window"])} if windowed else {context}
         if (op.name not in ATTENTION_OPS or op.inputs[0].shape[-2] != 1 or len(op.inputs[1].shape) != 4
-                or op.inputs[1].shape[-2] != context):
+                or op.inputs[1].shape[-2] not in traced_keys):
             out.append(op)
             rep.append(r)
             continue
         q, k, v = op.inputs[:3]
-        length = cache_len
-        if windows and _windowed(op.scope, windows):
-            length = min(length, windows["window"])
+        length = min(cache_len, windows["window"]) if windowed else cache_len
         b, heads, kv_heads = q.shape[0], q.shape[1], k.shape[1]
         keys, values = (TensorMeta((b, kv_heads, length, t.shape[-1]), t.dtype) for t in (k, v))
         if kv_heads < heads:

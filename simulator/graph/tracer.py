@@ -157,7 +157,12 @@ def _tensors(args, kwargs):
 
 
 def sdpa_backend(query, key, attn_mask) -> str:
-    """The backend PyTorch's CUDA SDPA dispatcher picks (flash > efficient > math; cuDNN is last and wants 16-bit).
+    """The backend PyTorch's CUDA SDPA dispatcher picks among flash, a masked/fused kernel and math.
+
+    "efficient" stands for the fused kernel that takes a mask: the memory-efficient one, or cuDNN's where the build
+    ranks it first (torch 2.11 on H100 ran cuDNN for masked 16-bit calls: validation/data/profiles/cb-*-profile.txt;
+    masked calls are costed from the calibration's masked table measured with that same kernel). cuDNN takes 16-bit
+    only, so the fp32 choice below does not depend on it.
 
     aten/src/ATen/native/transformers/cuda/sdp_utils.cpp (torch 2.5-2.11): flash needs fp16/bf16, head_dim <= 256 and
     no explicit mask (check_for_attn_mask), and admits grouped KV heads (check_batch_size_and_num_heads_dense<true>);
