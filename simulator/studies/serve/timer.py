@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...cost.efficiency import SDPA_QUERY_BLOCK, masked_attention_efficiency
 from ...scenario import Scenario
 from ...step import step_cost
 from ...units import DTYPE_BYTES
 from ...workload import StepShape
 from .steptime import BatchShape
 
-SDPA_QUERY_BLOCK = 64          # rows of queries per thread block of PyTorch's memory-efficient attention kernel
 KEY_ROUND = 64                 # shapes are memoised with contexts rounded to this many tokens
 
 # Split-KV decode as vLLM runs it on Hopper: vLLM v1's FlashAttention backend calls FlashAttention-3
@@ -47,14 +47,6 @@ KEY_ROUND = 64                 # shapes are memoised with contexts rounded to th
 SPLIT_KV_MAX_SPLITS = 16
 SPLIT_KV_MARGIN = 1.1
 BEST_DECODE_BYTES = 1e12       # a size beyond every decode curve's last point: its best (largest-size) efficiency
-
-
-def _log_interp2(xs: list[int], ys: list[int], grid: list[list[float]], x: float, y: float) -> float:
-    """Bilinear interpolation in log10 of both axes, clamped to the grid."""
-    lx, ly = np.log10(xs), np.log10(ys)
-    px, py = np.log10(max(x, 1.0)), np.log10(max(y, 1.0))
-    rows = [float(np.interp(py, ly, row)) for row in grid]
-    return float(np.interp(px, lx, rows))
 
 
 @dataclass(frozen=True)
@@ -266,16 +258,12 @@ class StepCostTimer:
         return d.layers * (self._masked_sdpa_s(q, k, flops, sdpa_bytes) + layer) + mask_s
 
     def _masked_sdpa_s(self, q: int, k: float, flops: float, nbytes: float) -> float:
-        """SDPA with an explicit mask: the calibration's measured Q x K table (log-interpolated; the table's head
-        count sets the kernel's grid, rescaled to this model's heads by SM occupancy), else the attention curve on
-        the SMs the grid fills."""
-        table = self.sc.calibration.masked_attention_table
-        blocks = math.ceil(q / SDPA_QUERY_BLOCK) * self.dims.q_heads
-        if table is None:
-            return self._attention_kernel_s(flops, nbytes, blocks)
+        """SDPA with an explicit mask: the calibration's measured Q x K table, rescaled to this model's heads by SM
+        occupancy and capped at its row's best (aisim.cost.efficiency.masked_attention_efficiency, as estimate's
+        static-cache decode reads it), else the attention curve on the SMs the grid fills."""
         gpu = self.sc.device.gpu
+        eff = masked_attention_efficiency(self.sc.calibration, gpu, q, k, self.dims.q_heads)
+        if eff is None:
+            return self._attention_kernel_s(flops, nbytes, math.ceil(q / SDPA_QUERY_BLOCK) * self.dims.q_heads)
         roofline = max(flops / gpu.peak_for(self.sc.dtype), nbytes / gpu.memory_bw_bytes_per_s)
-        eff = _log_interp2(table.q, table.k, table.efficiency, q, k)
-        measured_blocks = math.ceil(q / SDPA_QUERY_BLOCK) * table.heads
-        occupancy = min(1.0, blocks / gpu.sm_count) / min(1.0, measured_blocks / gpu.sm_count)
-        return roofline / (eff * occupancy)
+        return roofline / eff
