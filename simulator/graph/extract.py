@@ -361,7 +361,7 @@ _DRIVERS = {"forward": _forward, "prefill": _prefill, "decode": _decode, "forwar
 
 def _compact_cache(past) -> None:
     """Give every cached key/value its own storage. After a prefill, a sliding-window layer's cache is a slice of
-    the whole prompt's keys (transformers 5.17 cache_utils.py DynamicSlidingWindowLayer.update keeps
+    the whole prompt's keys (transformers 5.17 cache_utils.py:255, DynamicSlidingWindowLayer.update keeps
     ``full_key_states[:, :, -sliding_window + 1:, :]``), a view that pins the prompt-length storage until the first
     decode step replaces it; a steady decode step holds only the window."""
     import torch
