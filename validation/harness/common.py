@@ -390,3 +390,15 @@ def time_calls(calls, device, window_ms: float, windows: int, warm: int = 2, max
             host_ms.append((time.perf_counter() - t) * 1e3 / reps)
             device_ms.append(host_ms[-1])
     return device_ms, host_ms
+
+
+def device_events(prof):
+    """(name, microseconds) of every device-side event (CUDA kernels, memcpys, syncs) of a torch.profiler session."""
+    for event in prof.events():
+        if not str(getattr(event, "device_type", "")).endswith(("CUDA", "PrivateUse1")):
+            continue
+        try:
+            duration = event.time_range.elapsed_us()
+        except Exception:  # noqa: BLE001
+            duration = getattr(event, "device_time", 0.0) or getattr(event, "cuda_time", 0.0) or 0.0
+        yield event.name, float(duration)

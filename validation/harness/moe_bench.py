@@ -202,17 +202,10 @@ def run_case(model, model_name: str, impl: str, workload: str, batch: int, conte
 def _kernel_table(prof, limit: int = 25) -> list[dict]:
     """Device kernels aggregated by name: calls, total and mean time (us), sorted by total time."""
     totals = defaultdict(lambda: [0, 0.0])
-    for event in prof.events():
-        device_type = str(getattr(event, "device_type", ""))
-        if not device_type.endswith(("CUDA", "PrivateUse1")):
-            continue
-        try:
-            duration = event.time_range.elapsed_us()
-        except Exception:  # noqa: BLE001
-            duration = getattr(event, "device_time", 0.0) or getattr(event, "cuda_time", 0.0)
-        entry = totals[event.name]
+    for name, duration in common.device_events(prof):
+        entry = totals[name]
         entry[0] += 1
-        entry[1] += float(duration)
+        entry[1] += duration
     grand = sum(v[1] for v in totals.values()) or 1.0
     rows = [{"kernel": name, "calls": calls, "total_us": round(total, 2), "mean_us": round(total / calls, 3),
              "share": round(total / grand, 4)} for name, (calls, total) in totals.items()]

@@ -229,17 +229,10 @@ def profile_report(prof, steps: int, label: str, limit: int = 20) -> tuple[dict,
     """Per-step kernel time, kernel count and CPU operator time of a profiled window, and its text tables."""
     kernels = defaultdict(lambda: [0, 0.0])
     syncs = defaultdict(lambda: [0, 0.0])
-    for event in prof.events():
-        device_type = str(getattr(event, "device_type", ""))
-        if not device_type.endswith(("CUDA", "PrivateUse1")):
-            continue
-        try:
-            duration = event.time_range.elapsed_us()
-        except Exception:  # noqa: BLE001
-            duration = getattr(event, "device_time", 0.0) or 0.0
-        entry = (syncs if "Sync" in event.name or "Wait Event" in event.name else kernels)[event.name]
+    for name, duration in common.device_events(prof):
+        entry = (syncs if "Sync" in name or "Wait Event" in name else kernels)[name]
         entry[0] += 1
-        entry[1] += float(duration)
+        entry[1] += duration
     averages = prof.key_averages()
     cpu_rows = sorted(averages, key=lambda a: -a.self_cpu_time_total)
     kernel_us = sum(v[1] for v in kernels.values())
