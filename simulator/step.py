@@ -127,19 +127,36 @@ def workload_cost(sc: Scenario, w: Workload) -> StepCost:
     return _remember(_STEPS, key, _device_half(sc, w, op_arrays(sc, w)), STEP_CACHE_SIZE)
 
 
+def runtime_calibration(sc: Scenario):
+    """The device calibration as the runtime runs it: a CUDA-graph engine's measured replay gap, where its profile
+    has one, replaces the calibration's per-kernel launch cost."""
+    rt, cal = sc.runtime, sc.calibration
+    if rt.dispatch == "graphs" and rt.replay_kernel_gap_s is not None:
+        return cal.model_copy(update={"launch_overhead_s": rt.replay_kernel_gap_s})
+    return cal
+
+
+def graph_credit_s(sc: Scenario, cal) -> float:
+    """Under CUDA graphs (the calibration's graph replay cost per kernel) each kernel sheds the eager stream's
+    launch gap; 0 for eager dispatch or an engine with its own per-kernel overhead."""
+    from .cost.efficiency import graph_replay_credit_s
+
+    rt = sc.runtime
+    return graph_replay_credit_s(cal, sc.device.gpu) if rt.dispatch == "graphs" and rt.kernel_overhead_s is None \
+        else 0.0
+
+
 def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
-    from .cost.efficiency import graph_replay_credit_s, runtime_scales
+    from .cost.efficiency import runtime_scales
     from .cost.energy import step_energy_j, waiting_power_w
     from .cost.memory import breakdown
     from .cost.ops_time import op_time
     from .cost.timeline import cpu_costs, simulate
 
-    dev, cal, rt, plan = sc.device, sc.calibration, sc.runtime, sc.plan
-    if rt.dispatch == "graphs" and rt.replay_kernel_gap_s is not None:   # the engine's measured replay gap
-        cal = cal.model_copy(update={"launch_overhead_s": rt.replay_kernel_gap_s})
+    dev, rt, plan = sc.device, sc.runtime, sc.plan
+    cal = runtime_calibration(sc)
     compute_scale, memory_scale = runtime_scales(rt, dev.gpu, cal, w.dtype)
-    # CUDA graphs (the calibration's graph replay cost per kernel): each kernel sheds the eager stream's launch gap
-    credit_s = graph_replay_credit_s(cal, dev.gpu) if rt.dispatch == "graphs" and rt.kernel_overhead_s is None else 0.0
+    credit_s = graph_credit_s(sc, cal)
     times = [op_time(op, c, dev, cal, w.dtype, compute_scale, memory_scale, rt.matvec_max_tokens, credit_s)
              for op, c in zip(a.ops, a.costs)]
     gpu_s = np.array([t.gpu_s for t in times])

@@ -108,14 +108,12 @@ class StepCostTimer:
     def _kernel_adjustments(self) -> tuple[float, float, float]:
         """What aisim.step's device half applies to every kernel of this runtime (step._device_half): the
         engine's compute-efficiency scale, the CUDA-graph replay credit and the replayed kernel's floor."""
-        from ...cost.efficiency import graph_replay_credit_s, runtime_scales
+        from ...cost.efficiency import runtime_scales
+        from ...step import graph_credit_s, runtime_calibration
 
-        rt, cal, gpu = self.sc.runtime, self.sc.calibration, self.sc.device.gpu
-        if rt.dispatch == "graphs" and rt.replay_kernel_gap_s is not None:
-            cal = cal.model_copy(update={"launch_overhead_s": rt.replay_kernel_gap_s})
-        compute_scale, _ = runtime_scales(rt, gpu, cal, self.sc.dtype)
-        graphs = rt.dispatch == "graphs" and rt.kernel_overhead_s is None
-        return compute_scale, graph_replay_credit_s(cal, gpu) if graphs else 0.0, cal.launch_overhead_s
+        cal = runtime_calibration(self.sc)
+        compute_scale, _ = runtime_scales(self.sc.runtime, self.sc.device.gpu, cal, self.sc.dtype)
+        return compute_scale, graph_credit_s(self.sc, cal), cal.launch_overhead_s
 
     def _dense(self, n: int) -> tuple[float, float, float]:
         cost = step_cost(self.sc, StepShape(phase="prefill", batch=1, seq=n))
