@@ -238,3 +238,5 @@ def test_graphs_static_cache_of_a_sliding_window_model_past_its_window():
     for est in (inside, past):
         assert est.memory.kv_cache_gb == pytest.approx(kv_4096_slots, rel=0.02)
         assert any(r.name == "static_cache.fill_level" for r in est.top_ops)
+        assert not any(r.name == "aten.clone" for r in est.top_ops)   # the traced repeat_kv became repeat_kv.copy
+    assert past.runtime_ms == pytest.approx(inside.runtime_ms, rel=0.01)   # both hold the same 4096 slots

@@ -27,6 +27,8 @@ prefill where the engine computes prompt logprobs there, as TGI 0.x did).
 """
 from __future__ import annotations
 
+import math
+
 from ..specs import RuntimeSpec
 from ..workload import Workload
 from .ops import Op, TensorMeta
@@ -459,6 +461,17 @@ REPEAT_KV = "repeat_kv.copy"
 FILL_LEVEL = "static_cache.fill_level"
 
 
+def _traced_repeat_kv(done: list[Op], attention: Op) -> list[Op]:
+    """The traced step's own repeat_kv copies of this attention's K and V (HF ran them because its step had a mask:
+    a sliding window past its length): the last two ``aten.clone`` of a (B, Hkv, n_rep, L, D) expand in the same
+    scope, as many elements as K, else []."""
+    k = attention.inputs[1]
+    numel = math.prod(k.shape)
+    found = [o for o in done[-12:] if o.name == "aten.clone" and o.scope == attention.scope and o.outputs
+             and len(o.outputs[0].shape) == 5 and math.prod(o.outputs[0].shape) == numel]
+    return found[-2:] if len(found) >= 2 else []
+
+
 def static_cache_decode(ops: list[Op], repeats: list[float], context: int, cache_len: int,
                         windows: dict | None = None) -> tuple[list[Op], list[float]]:
     """Decode attention as HF runs it with a ``StaticCache`` (transformers 5.17), compiled or not:
@@ -493,6 +506,13 @@ def static_cache_decode(ops: list[Op], repeats: list[float], context: int, cache
         q, k, v = op.inputs[:3]
         length = min(cache_len, windows["window"]) if windowed else cache_len
         b, heads, kv_heads = q.shape[0], q.shape[1], k.shape[1]
+        traced = _traced_repeat_kv(out, op)
+        if traced:   # the traced step already repeated the heads (a mask there too): its copies become ours
+            kv_heads = traced[0].inputs[0].shape[1]
+            for found in traced:
+                i = next(j for j in range(len(out) - 1, -1, -1) if out[j] is found)
+                del out[i], rep[i]
+            k, v = (TensorMeta((b, kv_heads, *t.shape[2:]), t.dtype) for t in (k, v))
         keys, values = (TensorMeta((b, kv_heads, length, t.shape[-1]), t.dtype) for t in (k, v))
         if kv_heads < heads:
             expanded = [TensorMeta((b, heads, length, t.shape[-1]), t.dtype) for t in (keys, values)]
