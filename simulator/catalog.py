@@ -70,9 +70,9 @@ def resolve_device(name) -> Device:
     text = str(name).strip().lower()
     if not text:
         raise AisimError("--device is empty; give a GPU name (h100), NAMExN (a6000x8) or a spec YAML path")
-    for spec in all_systems().values():
-        if text in {spec.name.lower(), *(a.lower() for a in spec.aliases)}:
-            return _system_device(spec)
+    system = _system_named(text)
+    if system is not None:
+        return _system_device(system)
     nodes = _nodes_of_system(text)
     if nodes is not None:
         return nodes
