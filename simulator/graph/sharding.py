@@ -90,8 +90,8 @@ def shard_experts(model, tp: int, ep: int, tracer) -> int:
         if tp > 1:
             m.register_forward_hook(_collective_hook(tracer, "all_reduce", tp))
         if ep > tp:
-            m.register_forward_pre_hook(_all_to_all_hook(tracer, ep, model.config))
-            m.register_forward_hook(_all_to_all_after(tracer, ep, model.config))
+            m.register_forward_pre_hook(_all_to_all(tracer, ep, model.config, "dispatch"))
+            m.register_forward_hook(_all_to_all(tracer, ep, model.config, "combine"))
     return len(found)
 
 
@@ -124,22 +124,14 @@ def _routed_copy(tracer, hidden, config, ep: int):
         return hidden.new_empty((hidden.shape[0] * top_k, hidden.shape[-1]))
 
 
-def _all_to_all_hook(tracer, ep: int, config):
-    def hook(module, args):
+def _all_to_all(tracer, ep: int, config, direction: str):
+    """A hook recording the expert-parallel all-to-all of the routed tokens: ``dispatch`` as a forward pre-hook
+    (module, args), ``combine`` as a forward hook (module, args, output)."""
+    def hook(module, args, *output):
         if tracer.suppress or not args:
             return None
         routed = _routed_copy(tracer, args[0], config, ep)
-        tracer.record("nccl.all_to_all", (routed,), {}, (routed,), alias=False, attrs={"group": ep, "moe": "dispatch"})
-        return None
-    return hook
-
-
-def _all_to_all_after(tracer, ep: int, config):
-    def hook(module, args, output):
-        if tracer.suppress or not args:
-            return None
-        routed = _routed_copy(tracer, args[0], config, ep)
-        tracer.record("nccl.all_to_all", (routed,), {}, (routed,), alias=False, attrs={"group": ep, "moe": "combine"})
+        tracer.record("nccl.all_to_all", (routed,), {}, (routed,), alias=False, attrs={"group": ep, "moe": direction})
         return None
     return hook
 
