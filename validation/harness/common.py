@@ -402,3 +402,15 @@ def device_events(prof):
         except Exception:  # noqa: BLE001
             duration = getattr(event, "device_time", 0.0) or getattr(event, "cuda_time", 0.0) or 0.0
         yield event.name, float(duration)
+
+
+def harness_parser(doc: str, smoke_help: str):
+    """The arguments every harness script takes (README.md): ``--out`` (JSONL, appended), ``--max-minutes`` (soft
+    budget, checked between cases) and ``--smoke`` (``smoke_help``: what the script's CPU smoke run does)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=None, help="JSONL output (appended)")
+    parser.add_argument("--max-minutes", type=float, default=None)
+    parser.add_argument("--smoke", action="store_true", help=smoke_help)
+    return parser

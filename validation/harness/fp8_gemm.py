@@ -19,7 +19,6 @@ relative error of the fp8 result against the bf16 product is recorded as a check
 """
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 
@@ -127,10 +126,7 @@ def run_shape(m: int, k: int, n: int, device, kernels: list[str], args, peaks: d
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=None, help="JSONL output (appended)")
-    parser.add_argument("--max-minutes", type=float, default=None)
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes, seconds on a CPU")
+    parser = common.harness_parser(__doc__, "tiny shapes, seconds on a CPU")
     parser.add_argument("--m", default=DEFAULT_M, help="comma list of M (tokens)")
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma list of KxN (in x out features)")
     parser.add_argument("--kernels", default="bf16,fp8-tensor,fp8-row,fp8-tensor-fast")

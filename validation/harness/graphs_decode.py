@@ -43,7 +43,6 @@ breaks) is checked, as reduce-overhead needs CUDA.
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 from . import common
@@ -237,10 +236,7 @@ def run_case(model, name: str, mode: str, batch: int, context: int, device, args
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--max-minutes", type=float, default=None)
-    parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU (dynamo trace only)")
+    parser = common.harness_parser(__doc__, "tiny model on the CPU (dynamo trace only)")
     parser.add_argument("--models", default=DEFAULT_MODELS)
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--context", type=int, default=1024)

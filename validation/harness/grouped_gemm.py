@@ -35,7 +35,6 @@ its experts from HBM as distinct layers do.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import time
@@ -349,10 +348,7 @@ def profile_once(blocks: dict, device, dtype) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=None, help="JSONL output (appended)")
-    parser.add_argument("--max-minutes", type=float, default=None)
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes, seconds on a CPU")
+    parser = common.harness_parser(__doc__, "tiny shapes, seconds on a CPU")
     parser.add_argument("--models", default=DEFAULT_MODELS, help="comma list of MoE config names / paths")
     parser.add_argument("--tokens", default=DEFAULT_TOKENS, help="tokens per step of the model section")
     parser.add_argument("--sections", default="host,layers,model,grid,residue")

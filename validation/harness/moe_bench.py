@@ -34,7 +34,6 @@ more; the 2026-11-26 H100 run profiled between its first and second model (see g
 """
 from __future__ import annotations
 
-import argparse
 import time
 from collections import defaultdict
 
@@ -303,10 +302,7 @@ def parse_case(text: str) -> tuple[str, int, int]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--max-minutes", type=float, default=None)
-    parser.add_argument("--smoke", action="store_true", help="tiny models on the CPU (or the GPU), seconds")
+    parser = common.harness_parser(__doc__, "tiny models on the CPU (or the GPU), seconds")
     parser.add_argument("--models", default=DEFAULT_MODELS, help="comma list of config names / paths")
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--contexts", default="128,1024")

@@ -430,10 +430,7 @@ def run_step_mix(model, mixes: list[str], args, device, out, budget: common.Budg
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--max-minutes", type=float, default=None)
-    parser.add_argument("--smoke", action="store_true", help="tiny model, few requests, seconds on a CPU")
+    parser = common.harness_parser(__doc__, "tiny model, few requests, seconds on a CPU")
     parser.add_argument("--model", default="qwen2.5-1.5b", help="config name (harness/configs, model_specs) or path")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     parser.add_argument("--modes", default="offline,poisson", help="serving runs: offline, poisson (or none)")

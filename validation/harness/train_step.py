@@ -93,6 +93,8 @@ SUITE_FP32 = [
     ("llama-3b", "32-true", False, 1, 2048, "plain", 1),
     ("llama-1b", "32-true", False, 4, 2048, "plain", 1),        # expected: oom
 ]
+# the suite flags (argparse dests) in the order they take precedence
+SUITES = {"suite4": SUITE4, "suite_precision": SUITE_PRECISION, "suite_fp32": SUITE_FP32, "suite": SUITE}
 SMOKE = [
     ("tiny-llama", "bf16-mixed", True, 2, 32, "plain", 1),
     ("tiny-llama", "bf16-true", False, 2, 32, "plain", 1),
@@ -499,10 +501,7 @@ def emit(case: dict, payload: dict, out: common.JsonlOut, state: dict) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--max-minutes", type=float, default=None)
-    parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU: plain, DDP and FSDP2 (gloo)")
+    parser = common.harness_parser(__doc__, "tiny model on the CPU: plain, DDP and FSDP2 (gloo)")
     parser.add_argument("--suite", action="store_true", help="the predefined case list (module SUITE)")
     parser.add_argument("--suite4", action="store_true", help="the 4-GPU case list (module SUITE4)")
     parser.add_argument("--suite-precision", action="store_true", help="every precision mode on one GPU")
@@ -526,9 +525,8 @@ def main(argv=None) -> int:
         cases = [make_case(*c) for c in SMOKE]
         args.steps, args.warmup = 2, 1
         args.gpus = max(args.gpus, 2)
-    elif args.suite or args.suite4 or args.suite_precision or args.suite_fp32:
-        chosen = (SUITE4 if args.suite4 else SUITE_PRECISION if args.suite_precision
-                  else SUITE_FP32 if args.suite_fp32 else SUITE)
+    elif any(getattr(args, flag) for flag in SUITES):
+        chosen = next(SUITES[flag] for flag in SUITES if getattr(args, flag))
         cases = [make_case(*c) for c in chosen]
     else:
         strategy = args.strategy or ("plain" if args.gpus == 1 else "fsdp2")
