@@ -1,0 +1,202 @@
+"""Host files (`aisim calibrate --host-only`, `--host PATH`): HostSpec.apply swaps only the eager CPU costs of a
+calibration, estimates feel them where the host bounds the step and not where the GPU does, the path/CLI errors are
+one line, and the harness's host records (median over a run, errors recorded instead of raised). No GPU needed."""
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import aisim
+from aisim.cli import app
+from aisim.errors import AisimError
+from aisim.specs import HOST_FIELDS, HostSpec, load_calibration
+
+DECODE = dict(model="Meta-Llama-3-8B", device="h100", workload="decode", batch=1, seq=128, dtype="bf16")
+FORWARD_GPU_BOUND = dict(model="Meta-Llama-3-8B", device="h100", workload="forward", batch=16, seq=1024,
+                         dtype="bf16")
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def cal():
+    return load_calibration("h100-sxm")
+
+
+def scaled_host(cal, factor: float) -> HostSpec:
+    """The calibration's own host constants with every dispatch cost times ``factor``."""
+    values = {f: getattr(cal, f) for f in HOST_FIELDS}
+    for f in HOST_FIELDS:
+        if f != "eager_framework_scale" and values[f] is not None:
+            values[f] *= factor
+    return HostSpec(**values, provenance={"cpu": "test host"})
+
+
+# ---------------------------------------------------------------- HostSpec.apply
+
+def test_apply_replaces_exactly_the_host_fields(cal):
+    host = HostSpec(eager_dispatch_s=1.1e-5, graphs_dispatch_s=2.2e-6, module_overhead_s=3.3e-6,
+                    eager_python_call_s=4.4e-6, eager_kernel_dispatch_s=2 * cal.eager_kernel_dispatch_s,
+                    eager_view_dispatch_s=6.6e-6, eager_framework_scale=1.4)
+    out = host.apply(cal)
+    for f in HOST_FIELDS:
+        assert getattr(out, f) == getattr(host, f), f
+        assert getattr(out, f) != getattr(cal, f), f"{f}: the test host must differ from the calibration"
+    before, after = cal.model_dump(), out.model_dump()
+    changed = {k for k in before if before[k] != after[k]}
+    assert changed == set(HOST_FIELDS) | {"eager_op_dispatch_s"}
+    # the GPU curves are the very same data
+    assert after["gemm_tables"] == before["gemm_tables"] and after["gemm_tables"]
+    assert after["memory_efficiency"] == before["memory_efficiency"]
+    assert after["gemm_efficiency"] == before["gemm_efficiency"]
+    assert after["attention_efficiency"] == before["attention_efficiency"]
+    assert out.launch_overhead_s == cal.launch_overhead_s and out.device == cal.device
+    # the input calibration is not mutated
+    assert load_calibration("h100-sxm").eager_dispatch_s == cal.eager_dispatch_s == before["eager_dispatch_s"]
+
+
+def test_apply_scales_the_measured_op_costs_by_the_kernel_dispatch_ratio(cal):
+    assert cal.eager_op_dispatch_s and cal.eager_kernel_dispatch_s
+    host = HostSpec(eager_dispatch_s=1e-5, graphs_dispatch_s=1e-6, eager_kernel_dispatch_s=1.5e-5)
+    ratio = 1.5e-5 / cal.eager_kernel_dispatch_s
+    out = host.apply(cal)
+    assert set(out.eager_op_dispatch_s) == set(cal.eager_op_dispatch_s)
+    for op, value in cal.eager_op_dispatch_s.items():
+        assert out.eager_op_dispatch_s[op] == pytest.approx(value * ratio), op
+    # a host without a kernel-dispatch fit leaves them as they were
+    bare = HostSpec(eager_dispatch_s=1e-5, graphs_dispatch_s=1e-6).apply(cal)
+    assert bare.eager_op_dispatch_s == cal.eager_op_dispatch_s
+    assert bare.eager_kernel_dispatch_s is None
+
+
+def test_own_constants_as_host_change_nothing(cal):
+    assert scaled_host(cal, 1.0).apply(cal).model_dump() == cal.model_dump()
+
+
+# ---------------------------------------------------------------- estimates
+
+def test_slower_host_slows_decode_and_none_is_the_default(cal):
+    base = aisim.estimate(**DECODE)
+    same = aisim.estimate(**DECODE, host=None)
+    slow = aisim.estimate(**DECODE, host=scaled_host(cal, 2.0))
+    assert same.runtime_ms == base.runtime_ms
+    assert slow.runtime_ms > base.runtime_ms * 1.3, (slow.runtime_ms, base.runtime_ms)
+    assert any(n.startswith("--host") and "test host" in n for n in slow.assumptions)
+    assert not any(n.startswith("--host") for n in base.assumptions)
+
+
+def test_gpu_bound_forward_barely_feels_the_host(cal):
+    base = aisim.estimate(**FORWARD_GPU_BOUND)
+    slow = aisim.estimate(**FORWARD_GPU_BOUND, host=scaled_host(cal, 2.0))
+    assert slow.runtime_ms >= base.runtime_ms
+    assert slow.runtime_ms < base.runtime_ms * 1.02, (slow.runtime_ms, base.runtime_ms)
+
+
+def test_host_yaml_path_equals_the_spec(cal, tmp_path):
+    host = scaled_host(cal, 2.0)
+    path = tmp_path / "my.host.yaml"
+    path.write_text("# a host file\n" + yaml.safe_dump(host.model_dump(), sort_keys=False))
+    from_path = aisim.estimate(**DECODE, host=path)
+    from_str = aisim.estimate(**DECODE, host=str(path))
+    from_spec = aisim.estimate(**DECODE, host=host)
+    assert from_path.runtime_ms == from_str.runtime_ms == from_spec.runtime_ms
+    assert any(str(path) in n for n in from_path.assumptions)
+
+
+def test_missing_host_path_is_one_line_naming_the_option(tmp_path):
+    with pytest.raises(AisimError) as info:
+        aisim.estimate(**DECODE, host=tmp_path / "nope.yaml")
+    message = str(info.value)
+    assert "--host" in message and "nope.yaml" in message and "\n" not in message
+
+
+def test_cli_missing_host_exits_2_with_one_line():
+    result = runner.invoke(app, ["estimate", "--model", "Meta-Llama-3-8B", "--device", "h100", "--workload",
+                                 "decode", "--batch", "1", "--seq", "128", "--host", "/nonexistent.yaml"],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert "--host" in lines[0] and "/nonexistent.yaml" in lines[0] and "Traceback" not in result.output
+
+
+def test_cli_calibrate_host_only_without_cuda_is_one_line(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: --host-only would measure it")
+    out = tmp_path / "h.host.yaml"
+    result = runner.invoke(app, ["calibrate", "--device", "h100-sxm", "--host-only", "--out", str(out)],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code != 0
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert "CUDA" in lines[0] and "Traceback" not in result.output
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------- harness records
+
+def record(**constants) -> dict:
+    return {"type": "host", "constants": constants, "provenance": {"hostname": "node-1", "cpu_count": 16}}
+
+
+def test_host_spec_takes_the_median_of_the_records():
+    from aisim.validation.host import host_spec
+
+    dispatch = [1.0e-5, 3.0e-5, 1.2e-5]
+    scale = [1.37, 1.41, 1.39]
+    records = [record(eager_dispatch_s=d, graphs_dispatch_s=1e-6 * (i + 1), eager_kernel_dispatch_s=2 * d,
+                      eager_framework_scale=s) for i, (d, s) in enumerate(zip(dispatch, scale))]
+    spec = host_spec(records)
+    assert spec.eager_dispatch_s == pytest.approx(statistics.median(dispatch)) == pytest.approx(1.2e-5)
+    assert spec.eager_kernel_dispatch_s == pytest.approx(2.4e-5)
+    assert spec.graphs_dispatch_s == pytest.approx(2e-6)
+    assert spec.eager_framework_scale == pytest.approx(1.39)
+    assert spec.provenance["hostname"] == "node-1" and spec.provenance["cpu_count"] == "16"
+    assert "3" in spec.provenance["records"]
+    # one record: its constants as they are, no "median of" note
+    single = host_spec(records[1])
+    assert single.eager_dispatch_s == 3.0e-5 and "records" not in single.provenance
+
+
+def test_host_spec_without_optional_fields_builds():
+    from aisim.validation.host import host_spec
+
+    spec = host_spec([record(eager_dispatch_s=1e-5, graphs_dispatch_s=1e-6),
+                      record(eager_dispatch_s=2e-5, graphs_dispatch_s=3e-6, eager_view_dispatch_s=5e-6)])
+    assert spec.eager_dispatch_s == pytest.approx(1.5e-5) and spec.graphs_dispatch_s == pytest.approx(2e-6)
+    assert spec.eager_view_dispatch_s == pytest.approx(5e-6)        # median of the one record that has it
+    assert spec.eager_kernel_dispatch_s is None and spec.eager_python_call_s is None
+    assert spec.module_overhead_s == 0.0 and spec.eager_framework_scale == 1.0
+    cal = load_calibration("h100-sxm")
+    applied = spec.apply(cal)
+    assert applied.eager_kernel_dispatch_s is None and applied.eager_op_dispatch_s == cal.eager_op_dispatch_s
+
+
+def test_host_record_records_a_failure_instead_of_raising(monkeypatch):
+    import aisim.validation.host as host_module
+    from aisim.validation.harness.common import host_record
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no CUDA GPU here")
+
+    monkeypatch.setattr(host_module, "measure_host", broken)
+    rec = host_record("start")
+    assert rec["type"] == "host" and rec["when"] == "start"
+    assert rec["status"] == "error"
+    assert "RuntimeError" in rec["error"] and "no CUDA GPU here" in rec["error"]
+    assert "constants" not in rec and rec["host_s"] >= 0
+
+
+def test_host_record_keeps_a_measurement(monkeypatch):
+    import aisim.validation.host as host_module
+    from aisim.validation.harness.common import host_record
+
+    monkeypatch.setattr(host_module, "measure_host", lambda: record(eager_dispatch_s=1e-5, graphs_dispatch_s=1e-6))
+    rec = host_record("end")
+    assert rec["when"] == "end" and rec["constants"]["eager_dispatch_s"] == 1e-5 and "error" not in rec
