@@ -13,7 +13,7 @@ from pydantic import ConfigDict, Field
 
 from .results import Estimate
 from .scenario import ScenarioRequest, build_request, resolve_scenario
-from .specs import CalibrationSpec, Device, RuntimeSpec
+from .specs import CalibrationSpec, Device, HostSpec, RuntimeSpec
 from .studies.common import TOP_OPS
 from .workload import MAX_AUDIO_S, MAX_BATCH, MAX_TOKENS, Phase, StepShape, TrainPlan, Workload
 
@@ -56,7 +56,7 @@ def estimate(model: Union[str, Path], device: Union[str, Path, Device], workload
              power_mode: Optional[str] = None, step_tokens: int = 1, transcript_counts: Any = None, ep: int = 1,
              kv_dtype: Literal["auto", "fp16", "bf16", "fp8"] = "auto", train: Optional[TrainPlan] = None,
              nodes: Optional[int] = None, token_budget: Optional[float] = None,
-             static_cache_len: Optional[int] = None) -> Estimate:
+             static_cache_len: Optional[int] = None, host: Union[str, Path, HostSpec, None] = None) -> Estimate:
     """Estimate runtime, peak memory per GPU, energy and throughput of one workload.
 
     Args:
@@ -78,6 +78,8 @@ def estimate(model: Union[str, Path], device: Union[str, Path, Device], workload
             transcribe).
         calibration: auto (the GPU's calibration file, else the default rules), none (datasheet rules only), or
             the path of a calibration YAML (measured on this or another GPU).
+        host: a host YAML (``aisim calibrate --host-only``) or HostSpec: that machine's eager CPU costs replace
+            the calibration's (the GPU curves stay); None: the calibration's own.
         with_loss: forward includes the LM loss over the full logits.
         optimizer: train: adamw or sgd.
         quant: weight quantization: none, bitsandbytes-int8, int8, fp8 or int4.

@@ -70,6 +70,8 @@ def estimate(
                                           "kernel-sum, ggml-cuda, ggml-vulkan, tgi-2023 (aisim list runtimes)"),
     calibration: str = typer.Option("auto", help="auto (the GPU's calibration file, else default rules) | none "
                                     "(datasheet rules only) | PATH to a calibration YAML"),
+    host: Optional[Path] = typer.Option(None, help="host YAML from `aisim calibrate --host-only`: that machine's "
+                                        "eager CPU costs replace the calibration's"),
     with_loss: bool = typer.Option(False, "--with-loss", help="forward includes the LM loss over all logits"),
     optimizer: str = typer.Option("adamw", help="train: adamw|sgd"),
     quant: str = typer.Option("none", help="weight quantization: none|bitsandbytes-int8|int8|fp8|int4"),
@@ -117,7 +119,7 @@ def estimate(
                          transcript_tokens=tokens, windows=windows, power_mode=power_mode,
                          power_limit_w=power_limit, gpu_clock_mhz=gpu_clock, step_tokens=step_tokens, ep=ep,
                          kv_dtype=kv_dtype, train=train_plan, nodes=nodes, token_budget=token_budget,
-                         static_cache_len=static_cache_len)
+                         static_cache_len=static_cache_len, host=host)
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
     else:
@@ -502,10 +504,16 @@ def calibrate(
                                        "read it first)"),
     quick: bool = typer.Option(False, help="small grids (about a minute)"),
     max_minutes: float = typer.Option(4.0, help="time budget"),
+    host_only: bool = typer.Option(False, "--host-only", help="only this machine's eager CPU costs (dispatch loops, "
+                                   "tiny HF models; about 20 s): a host YAML for --host"),
 ):
     """Run microbenchmarks on the local GPU and write its calibration file."""
     try:
         from .validation.calibrate import default_output, run_calibration
+        if host_only:
+            from .validation.host import write_host_file
+            typer.echo(f"wrote {write_host_file(out or default_output(device).with_suffix('.host.yaml'))}")
+            return
         target = out or default_output(device)
         path = run_calibration(device, target, quick=quick, max_minutes=max_minutes)
         typer.echo(f"wrote {path}")

@@ -18,8 +18,8 @@ from . import catalog
 from .cost.power import PowerMode
 from .errors import AisimError
 from .plan import check_ep, choose_plan
-from .specs import (CalibrationSpec, Device, RuntimeSpec, all_runtimes, default_calibration, load_calibration,
-                    load_spec_file)
+from .specs import (CalibrationSpec, Device, HostSpec, RuntimeSpec, all_runtimes, default_calibration,
+                    load_calibration, load_spec_file)
 from .workload import DType, ParallelPlan, Quant, StepShape, TpScope, Workload
 
 TRANSCRIBE_RUNTIME = "ggml-cuda"
@@ -44,6 +44,8 @@ class ScenarioRequest(BaseModel):
                                                               "the model dtype)")
     runtime: Union[str, RuntimeSpec, None] = None
     calibration: Union[str, Path, CalibrationSpec] = "auto"
+    host: Union[str, Path, HostSpec, None] = Field(None, description="host file (aisim calibrate --host-only): "
+                                                   "this machine's eager dispatch costs replace the calibration's")
     power_mode: str | None = None
     power_limit_w: float | None = Field(None, gt=0)
     gpu_clock_mhz: float | None = Field(None, gt=0)
@@ -96,6 +98,7 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     dev = catalog.resolve_device(request.device)
     rt, default_note = _runtime(request.runtime, phase)
     cal, cal_note = _calibration(request.calibration, dev)
+    cal, host_note = _host(request.host, cal)
     if dev.interconnect.allreduce_cpu_s is not None:  # measured on this host's GPU count: it replaces the device's
         cal = cal.model_copy(update={"allreduce_cpu_s": dev.interconnect.allreduce_cpu_s})
     plan, plan_note = choose_plan(config, dev.count, dev.name, batch, request.tp, request.pp, request.dp,
@@ -106,7 +109,7 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
                          f"{dev.gpu.vendor}: choose another --runtime (aisim list runtimes)")
     power, power_note = resolve_power_mode(dev.gpu, cal, request.power_mode, request.power_limit_w,
                                            request.gpu_clock_mhz)
-    notes = list(dev.assumptions) + [n for n in (plan_note, default_note, cal_note, power_note) if n]
+    notes = list(dev.assumptions) + [n for n in (plan_note, default_note, cal_note, host_note, power_note) if n]
     notes += _precision_notes(dev, request.dtype, request.quant, plan, config, rt.name)
     notes += _runtime_notes(rt, dev, request.dtype)
     return Scenario(model=name, config=config, device=dev, calibration=cal, runtime=rt, power=power, plan=plan,
@@ -181,6 +184,22 @@ def _calibration(choice, dev: Device) -> tuple[CalibrationSpec, str | None]:
         cal, where = load_spec_file(CalibrationSpec, path), str(path)
     measured_on = "" if cal.device == dev.gpu.name else f", measured on {cal.device}, applied to {dev.gpu.name}"
     return cal, f"--calibration {where}{measured_on}"
+
+
+def _host(choice, cal: CalibrationSpec) -> tuple[CalibrationSpec, str | None]:
+    """The calibration with a host file's CPU costs (eager dispatch, framework scale) in place of its own."""
+    if choice is None:
+        return cal, None
+    if isinstance(choice, HostSpec):
+        host, where = choice, "given object"
+    else:
+        path = Path(choice).expanduser()
+        if not catalog.path_exists(path, "host", Path.is_file):
+            raise AisimError(f"--host {str(choice)!r}: give the path of a host YAML written by "
+                             "`aisim calibrate --host-only`")
+        host, where = load_spec_file(HostSpec, path), str(path)
+    measured = host.provenance.get("cpu") or host.provenance.get("hostname")
+    return host.apply(cal), f"--host {where}: eager CPU costs of {measured or 'that host'} replace the calibration's"
 
 
 def resolve_power_mode(gpu, cal, mode: str | None, limit_w: float | None,

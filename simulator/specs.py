@@ -237,6 +237,11 @@ class CalibrationSpec(Spec):
         "relative to a masked_fill_ in the same loop); replaces eager_kernel_dispatch_s for them")
     eager_framework_scale: Positive = Field(1.0, description="measured / predicted CPU time of tiny HF models "
                                          "(validation/framework_overhead.py): the Python between the ops")
+    eager_phase_scale: dict[Literal["decode", "train"], Positive] = Field(
+        default_factory=dict, description="multiplies eager_framework_scale in steps of this phase: the tiny models' "
+        "host time per predicted op in a DynamicCache decode step (decode) or a forward-backward (train: autograd's "
+        "recording and backward engine) over the same in their forward, timed in one loop "
+        "(validation/framework_overhead.py bench_framework_phases); absent: 1")
     allreduce_cpu_s: NonNegative | None = Field(None, description="CPU time to issue one small NCCL all-reduce")
     power_compute_fraction: PowerFraction = Field(description="power at full compute load / board power")
     power_memory_fraction: PowerFraction = Field(description="power at full memory-bound load / board power")
@@ -260,6 +265,35 @@ class CalibrationSpec(Spec):
     masked_attention_table: MaskedAttentionTable | None = Field(
         None, description="SDPA with an explicit mask (validation/harness/sdpa_mask.py; absent: the attention curve)")
     notes: str = ""
+
+
+# host-side constants of a calibration: the machine's CPU, Python and driver, not the GPU
+HOST_FIELDS = ("eager_dispatch_s", "graphs_dispatch_s", "module_overhead_s", "eager_python_call_s",
+               "eager_kernel_dispatch_s", "eager_view_dispatch_s", "eager_framework_scale")
+
+
+class HostSpec(Spec):
+    """The host half of a calibration (``aisim calibrate --host-only``): CPU costs of eager PyTorch measured on one
+    machine (tight op loops and tiny HF models, validation/framework_overhead.py). Two VMs of the same GPU kind
+    differ here by up to 1.5x (docs/accuracy.md), so a host file replaces these fields of the GPU's calibration
+    (``--host PATH``); the GPU curves stay."""
+    eager_dispatch_s: NonNegative
+    graphs_dispatch_s: NonNegative
+    module_overhead_s: NonNegative = 0.0
+    eager_python_call_s: NonNegative | None = None
+    eager_kernel_dispatch_s: NonNegative | None = None
+    eager_view_dispatch_s: NonNegative | None = None
+    eager_framework_scale: Positive = 1.0
+    provenance: dict[str, str] = Field(default_factory=dict)
+
+    def apply(self, cal: "CalibrationSpec") -> "CalibrationSpec":
+        """``cal`` with this host's constants. The ops with their own measured host cost (eager_op_dispatch_s,
+        stored in units of the calibration's per-kernel cost) scale with the per-kernel cost."""
+        update = {f: getattr(self, f) for f in HOST_FIELDS}
+        ratio = (self.eager_kernel_dispatch_s / cal.eager_kernel_dispatch_s
+                 if self.eager_kernel_dispatch_s and cal.eager_kernel_dispatch_s else 1.0)
+        update["eager_op_dispatch_s"] = {k: v * ratio for k, v in cal.eager_op_dispatch_s.items()}
+        return cal.model_copy(update=update)
 
 
 class BackendEfficiency(Spec):

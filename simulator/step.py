@@ -170,7 +170,7 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
 
         gpu_s, power_w = apply_power_mode(dev.gpu, cal, sc.power, gpu_s, busy_c, busy_m)
         times = [replace(t, gpu_s=g) for t, g in zip(times, gpu_s.tolist())]
-    cpu_s = cpu_costs(a.ops, list(a.kinds), a.launches, cal, rt)
+    cpu_s = cpu_costs(a.ops, list(a.kinds), a.launches, cal, rt, w.phase)
     syncs = np.array([k == "sync" for k in a.kinds])
     timeline = simulate(gpu_s, cpu_s, a.repeats, syncs)
     stage_s = timeline.runtime_s + rt.per_step_overhead_s

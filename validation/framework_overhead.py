@@ -25,16 +25,22 @@ TINY = {
               "n_head": 4, "vocab_size": 1000},
 }
 BATCH, SEQ = 1, 8
+DECODE_STEPS = 50            # decode calls timed per loop, from a cache of SEQ tokens (reset before each loop)
+# workload phases whose host cost the phase benchmark measures, and the eager_phase_scale key each one sets
+PHASE_KEYS = {"decode": "decode", "forward-backward": "train"}
 
 
-def op_counts(config: dict) -> dict[str, float]:
-    """Kernel ops, view ops, Python-level calls and module calls of one traced forward (aisim's tracer)."""
+def op_counts(config: dict, phase: str = "forward") -> dict[str, float]:
+    """Kernel ops, view ops, Python-level calls and module calls of one traced step (aisim's tracer): a forward of
+    BATCH x SEQ, a decode step at context SEQ + DECODE_STEPS / 2 (the middle of the timed calls), or a
+    forward-backward with the loss."""
     from aisim.formulas import op_cost
     from aisim.graph.extract import trace_workload
     from aisim.workload import ParallelPlan, Workload
 
-    graph = trace_workload(config, Workload(phase="forward", batch=BATCH, seq=SEQ, dtype="fp16"), ParallelPlan(),
-                           use_cache=False)
+    seq = SEQ + DECODE_STEPS // 2 if phase == "decode" else SEQ
+    workload = Workload(phase=phase, batch=BATCH, seq=seq, dtype="fp16", with_loss=phase == "forward-backward")
+    graph = trace_workload(config, workload, ParallelPlan(), use_cache=False)
     counts = {"kernels": 0.0, "views": 0.0, "py_calls": 0.0, "modules": 0.0}
     for op, r in zip(graph.ops, graph.repeats):
         cost = op_cost(op)
@@ -82,6 +88,94 @@ def bench_framework_overhead(repeats: int = 5, calls: int = 50, device: str = "c
     return records
 
 
+def bench_framework_phases(repeats: int = 5, device: str = "cuda") -> list[dict]:
+    """Wall time per step of each tiny model in three phases, interleaved in one loop so that host drift hits them
+    alike: a forward under inference_mode (as bench_framework_overhead), a decode step with HF's DynamicCache (as
+    validation/measure.py's decode: model(new_ids, past_key_values=cache, use_cache=True)), and a forward-backward
+    with the loss, grads set to None after each (as measure.py's forward-backward); fp16 weights, as above."""
+    import torch
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from aisim.graph.build import make_config, model_class
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    records = []
+    for family, config in TINY.items():
+        attn = "sdpa" if getattr(model_class(config), "_supports_sdpa", False) else "eager"
+        hf_config = make_config(config)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation=attn,
+                                                     trust_remote_code=False)
+        model.eval()
+        ids = torch.randint(0, 1000, (BATCH, SEQ), device=device)
+        new = ids[:, -1:]
+
+        def forward():
+            with torch.inference_mode():
+                model(input_ids=ids, use_cache=False)
+
+        def decode_loop():
+            with torch.inference_mode():
+                cache = DynamicCache(config=hf_config)
+                model(input_ids=ids, past_key_values=cache, use_cache=True)
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(DECODE_STEPS):
+                    model(input_ids=new, past_key_values=cache, use_cache=True)
+                sync()
+                return (time.perf_counter() - t0) / DECODE_STEPS
+
+        def backward():
+            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+            model.zero_grad(set_to_none=True)
+
+        def timed(fn, calls=DECODE_STEPS):
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            sync()
+            return (time.perf_counter() - t0) / calls
+
+        for fn in (forward, backward):
+            for _ in range(3):
+                fn()
+        decode_loop()
+        samples = {"forward": [], "decode": [], "forward-backward": []}
+        for _ in range(repeats):
+            samples["forward"].append(timed(forward))
+            samples["decode"].append(decode_loop())
+            samples["forward-backward"].append(timed(backward))
+        for phase, vals in samples.items():
+            records.append({"bench": "framework_phase", "family": family, "phase": phase,
+                            "time_s": statistics.median(vals), "samples_s": vals, "counts": op_counts(config, phase)})
+        model = None   # free it before the next family (the closures above are done with it)
+    return records
+
+
+def fit_phase_scales(records: list[dict], kernel_s: float, view_s: float, module_s: float) -> dict[str, float]:
+    """eager_phase_scale: per phase (decode, train), the median over the tiny models of (measured / predicted host
+    time of that phase's step) / (the same ratio of the forward measured in the same loop): how much more (or less)
+    HF's Python between the ops costs there than in the forward that eager_framework_scale describes (the cache
+    update of a decode step; autograd's graph recording and backward engine)."""
+    def ratio(r):
+        c = r["counts"]
+        predicted = c["kernels"] * kernel_s + c["views"] * view_s + c["modules"] * module_s
+        return r["time_s"] / predicted if predicted > 0 else None
+
+    by_family: dict[str, dict[str, float]] = {}
+    for r in records:
+        if r.get("bench") == "framework_phase" and (x := ratio(r)) is not None:
+            by_family.setdefault(r["family"], {})[r["phase"]] = x
+    scales = {}
+    for phase, key in PHASE_KEYS.items():
+        rel = [f[phase] / f["forward"] for f in by_family.values() if phase in f and "forward" in f]
+        if rel:
+            scales[key] = round(statistics.median(rel), 4)
+    return scales
+
+
 def fit_framework_scale(records: list[dict], kernel_s: float, view_s: float, module_s: float) -> float | None:
     """Median over the tiny models of measured time / (kernels K + views V + modules M)."""
     ratios = []
@@ -93,3 +187,50 @@ def fit_framework_scale(records: list[dict], kernel_s: float, view_s: float, mod
         if predicted > 0:
             ratios.append(r["time_s"] / predicted)
     return statistics.median(ratios) if ratios else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """On a CUDA machine: ``python -m aisim.validation.framework_overhead --out FILE.jsonl [--rounds 3]`` measures
+    the dispatch loops and the tiny models' forward / decode / forward-backward, a JSONL line per record plus a
+    ``fit`` line per round (appended: a killed run keeps its finished rounds). ``--derive FILE.jsonl`` prints the
+    eager_phase_scale those rounds give (median over rounds), for a calibration file."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--out")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--derive")
+    args = parser.parse_args(argv)
+    if args.derive:
+        fits = [r for r in map(json.loads, open(args.derive)) if r.get("type") == "fit"]
+        if not fits:
+            raise SystemExit(f"{args.derive}: no fit lines")
+        keys = sorted(set().union(*(f["eager_phase_scale"] for f in fits)))
+        scales = {k: round(statistics.median(f["eager_phase_scale"][k] for f in fits if k in f["eager_phase_scale"]), 3)
+                  for k in keys}
+        print(json.dumps({"eager_phase_scale": scales, "rounds": len(fits)}))
+        return 0
+    from .calibrate_bench import bench_overheads
+    from .calibrate_fit import fit_overheads
+    from .harness.common import header
+
+    with open(args.out, "a") as out:
+        out.write(json.dumps(header("framework_overhead", args)) + "\n")
+        for round_ in range(args.rounds):
+            raw = bench_overheads() + bench_framework_overhead() + bench_framework_phases()
+            fitted = fit_overheads(raw)
+            phase = fit_phase_scales(raw, fitted["eager_kernel_dispatch_s"], fitted["eager_view_dispatch_s"],
+                                     fitted["module_overhead_s"])
+            for r in raw:
+                out.write(json.dumps({"type": "record", "round": round_, **{k: v for k, v in r.items()
+                                                                             if k != "config"}}) + "\n")
+            out.write(json.dumps({"type": "fit", "round": round_, **fitted, "eager_phase_scale": phase}) + "\n")
+            out.flush()
+            print(f"round {round_}: framework scale {fitted.get('eager_framework_scale')}, phase scales {phase}",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -195,12 +195,15 @@ def _progress(enabled: bool):
 
 def run_suite(suite_path: str | Path, out_jsonl: str | Path, *, gpus: list[int] | None = None,
               device_name: str | None = None, max_minutes: float | None = None, new_section: bool = False,
-              only: str | None = None, settings: MeasureSettings | None = None, progress: bool = True) -> dict:
+              only: str | None = None, settings: MeasureSettings | None = None, progress: bool = True,
+              host: bool = True) -> dict:
     """Measure every unfinished case of a suite, appending to ``out_jsonl``; returns counts per status.
 
     gpus: CUDA device indices to use (rank r of a TP case uses gpus[r]); default all. device_name: the GPU
     name to record (default torch's name; 'cpu' without CUDA). only: run just the cases whose key contains
-    this text. settings: override the suite's MeasureSettings. Raises RunError on a GPU-name mismatch with
+    this text. settings: override the suite's MeasureSettings. host: record this machine's eager CPU costs
+    (validation/host.py, a ``type: host`` line) before the first and after the last case of a single-GPU CUDA
+    run, for reports that estimate with the host the run had. Raises RunError on a GPU-name mismatch with
     the file's last header unless new_section.
     """
     from .distributed import run_tp_group
@@ -225,6 +228,8 @@ def run_suite(suite_path: str | Path, out_jsonl: str | Path, *, gpus: list[int] 
                                          "out": str(out)}
     deadline = time.time() + max_minutes * 60 if max_minutes is not None else None
     writer = _Writer(out)
+    host = host and bool(todo) and device_name != "cpu" and all(c.tp == 1 for c in todo)
+    host_start = _host_line("start") if host else None
     try:
         with _progress(progress) as bar:
             task = bar.add_task(suite.name, total=len(todo))
@@ -232,6 +237,8 @@ def run_suite(suite_path: str | Path, out_jsonl: str | Path, *, gpus: list[int] 
             def emit(case: Case, status: str, result: dict | None = None, error: str | None = None) -> None:
                 if not writer.lines:
                     writer.write(header)   # a header only for a run that adds lines
+                    if host_start is not None:
+                        writer.write(host_start)
                 writer.write(case_record(case, status, result, error))
                 counts[status] += 1
                 bar.update(task, advance=1, description=f"{case.key} [{status}]")
@@ -256,8 +263,16 @@ def run_suite(suite_path: str | Path, out_jsonl: str | Path, *, gpus: list[int] 
                     counts["stopped_by_budget"] = True
                     break
     finally:
+        if host and writer.lines and counts["aborted"] is None:
+            writer.write(_host_line("end"))
         writer.close()
     return counts
+
+
+def _host_line(when: str) -> dict:
+    from .harness.common import host_record
+
+    return host_record(when)
 
 
 def _load_suite(path) -> Suite:

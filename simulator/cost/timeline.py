@@ -24,15 +24,20 @@ class Timeline:
     cpu_busy_s: float
 
 
+# workload phase -> the eager_phase_scale key its host cost takes
+PHASE_SCALE_KEY = {"decode": "decode", "forward-backward": "train", "train": "train"}
+
+
 def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
-              runtime: RuntimeSpec) -> np.ndarray:
+              runtime: RuntimeSpec, phase: str = "forward") -> np.ndarray:
     """CPU seconds to issue each op once.
 
     Eager, with the calibrated split: py_calls * P (Python-level torch calls the op's Python code made) plus K
     for a kernel-launching aten op (its own measured cost where the calibration's eager_op_dispatch_s has it) or V
     for a view; M per nn.Module call; a collective its measured issue cost.
     Without the split (older files): one ``eager_dispatch_s`` per aten op. All scaled by the calibrated
-    ``eager_framework_scale`` (the HF Python between the ops, measured on tiny non-judged models)."""
+    ``eager_framework_scale`` (the HF Python between the ops, measured on tiny non-judged models), times the
+    calibration's ``eager_phase_scale`` for the workload ``phase`` (decode, training) where it has one."""
     if runtime.dispatch == "none":
         return np.zeros(len(kinds))
     if runtime.dispatch == "graphs":
@@ -56,7 +61,7 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
             own = cal.eager_op_dispatch_s.get(op.name) if launches[i] else None
             costs[i] = op.attrs.get("py_calls", 0) * cal.eager_python_call_s + (
                 own if own is not None else per_op * max(launches[i], 1))
-    return costs * cal.eager_framework_scale
+    return costs * (cal.eager_framework_scale * cal.eager_phase_scale.get(PHASE_SCALE_KEY.get(phase, ""), 1.0))
 
 
 def simulate(gpu_s: np.ndarray, cpu_s: np.ndarray, repeats: np.ndarray, syncs: np.ndarray) -> Timeline:

@@ -151,6 +151,19 @@ def header(script: str, args, **extra) -> dict:
     return record
 
 
+def host_record(when: str) -> dict:
+    """This machine's eager CPU costs (validation/host.py, about 10-20 s on CUDA device 0) as a ``type: host`` line,
+    so that a report can estimate the run with the host it ran on; a failure is recorded, never raised."""
+    t0 = time.perf_counter()
+    try:
+        from aisim.validation.host import measure_host
+        record = measure_host()
+    except Exception as exc:  # noqa: BLE001 - the cases matter more than the host line
+        record = {"type": "host", "status": classify_error(exc)[0], "error": classify_error(exc)[1]}
+    record.update(when=when, host_s=round(time.perf_counter() - t0, 2))
+    return record
+
+
 def rounded(values, digits: int = 3) -> list:
     return [None if v is None else round(float(v), digits) for v in values]
 

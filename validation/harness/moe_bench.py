@@ -316,6 +316,8 @@ def main(argv=None) -> int:
     parser.add_argument("--min-trials", type=int, default=5)
     parser.add_argument("--max-trials", type=int, default=30)
     parser.add_argument("--min-time-s", type=float, default=0.3)
+    parser.add_argument("--no-host", action="store_true", help="skip the host microbenchmark (validation/host.py) "
+                        "run before the first and after the last timed case")
     parser.add_argument("--profile", action="store_true", help="torch.profiler kernel tables of the first model")
     parser.add_argument("--profile-out", default=None, help="text file of the profile tables")
     parser.add_argument("--seed", type=int, default=0)
@@ -341,6 +343,9 @@ def main(argv=None) -> int:
     out = common.JsonlOut(args.out)
     out.write(common.header(SCRIPT, args))
     budget = common.Budget(args.max_minutes)
+    measure_host = device.type == "cuda" and not args.no_host
+    if measure_host:
+        out.write(common.host_record("start"))
     batches, contexts = common.parse_ints(args.batches), common.parse_ints(args.contexts)
     workloads = [w for w in args.workloads.split(",") if w]
     all_cases = [(w, b, c) for w in workloads for b in batches for c in contexts]
@@ -406,6 +411,8 @@ def main(argv=None) -> int:
             common.free_memory()
             if stopped:
                 break
+        if measure_host:
+            out.write(common.host_record("end"))
         if args.profile and budget.allows(10):
             profile_first_model(args, device, dtype, out)
     except KeyboardInterrupt:
