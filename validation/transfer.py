@@ -160,7 +160,7 @@ def transfer_table() -> tuple[list[Column], list[list[str]]]:
             name = dataset if dataset == MEDIAN_RUNS else f"`{dataset}`"
             cells.append([name, label, *[_pct(mape.get(c)) for c in RUNTIME_CATEGORIES]])
     noise = run_to_run_mape()
-    cells.append(["H100 run vs H100 run", "none: one run's measured times as the estimate of another's (6 pairs)",
+    cells.append(["H100 run vs H100 run", "no model: one run's measured times as the estimate of another's (6 pairs)",
                   *[_pct(noise.get(c)) for c in RUNTIME_CATEGORIES]])
     return columns, cells
 
