@@ -517,7 +517,7 @@ def calibrate(
         target = out or default_output(device)
         path = run_calibration(device, target, quick=quick, max_minutes=max_minutes)
         typer.echo(f"wrote {path}")
-    except (AisimError, RuntimeError, ValueError) as exc:
+    except (AisimError, RuntimeError, ValueError, OSError) as exc:
         _fail(str(exc))
 
 

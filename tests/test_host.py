@@ -200,3 +200,63 @@ def test_host_record_keeps_a_measurement(monkeypatch):
     monkeypatch.setattr(host_module, "measure_host", lambda: record(eager_dispatch_s=1e-5, graphs_dispatch_s=1e-6))
     rec = host_record("end")
     assert rec["when"] == "end" and rec["constants"]["eager_dispatch_s"] == 1e-5 and "error" not in rec
+
+
+def test_phase_scale_multiplies_the_host_cost_of_training_steps_only():
+    """cpu_costs: a forward-backward or train step's ops cost eager_phase_scale['train'] x a forward's; prefill
+    and decode (no decode key in the shipped files) cost the same as the forward."""
+    import numpy as np
+
+    from aisim.cost.timeline import cpu_costs
+    from aisim.scenario import scenario
+    from aisim.step import op_arrays
+    from aisim.workload import StepShape
+
+    sc = scenario("gpt2", "h100", dtype="bf16")
+    arrays = op_arrays(sc, sc.workload(StepShape(phase="forward", batch=1, seq=64)))
+    cal = sc.calibration.model_copy(update={"eager_phase_scale": {"train": 1.5}})
+
+    def total(phase):
+        return float(np.sum(cpu_costs(arrays.ops, list(arrays.kinds), arrays.launches, cal, sc.runtime, phase)))
+
+    base = total("forward")
+    assert base > 0
+    assert total("forward-backward") == pytest.approx(1.5 * base)
+    assert total("train") == pytest.approx(1.5 * base)
+    assert total("prefill") == pytest.approx(base)
+    assert total("decode") == pytest.approx(base)
+
+
+def test_fit_phase_scales_hand_worked():
+    """Per family, (measured / predicted of the phase) / (the same of its forward); median over families."""
+    from aisim.validation.framework_overhead import fit_phase_scales
+
+    counts = {"kernels": 100.0, "views": 0.0, "modules": 0.0, "py_calls": 0.0}   # predicted 100 x 10 us = 1 ms
+    records = []
+    for family, fwd_s, bwd_s, dec_s in (("a", 2e-3, 6e-3, 2e-3), ("b", 1e-3, 4e-3, 1.1e-3)):
+        records += [{"bench": "framework_phase", "family": family, "phase": "forward", "time_s": fwd_s,
+                     "counts": counts},
+                    {"bench": "framework_phase", "family": family, "phase": "forward-backward", "time_s": bwd_s,
+                     "counts": {**counts, "kernels": 200.0}},
+                    {"bench": "framework_phase", "family": family, "phase": "decode", "time_s": dec_s,
+                     "counts": counts}]
+    scales = fit_phase_scales(records, kernel_s=10e-6, view_s=5e-6, module_s=1e-6)
+    # a: (6 / 2) / (2 / 1) = 1.5, b: (4 / 2) / (1 / 1) = 2.0 -> median 1.75; decode a 1.0, b 1.1 -> 1.05
+    assert scales == {"train": pytest.approx(1.75), "decode": pytest.approx(1.05)}
+
+
+def test_a_refit_calibration_keeps_the_documented_phase_scale():
+    from aisim.specs import default_calibration, load_calibration
+
+    assert default_calibration().eager_phase_scale.get("train", 1.0) > 1.0
+    assert load_calibration("h100-sxm").eager_phase_scale == default_calibration().eager_phase_scale
+
+
+def test_host_spec_skips_failed_host_lines():
+    from aisim.validation.host import host_spec
+
+    ok = {"type": "host", "constants": {"eager_dispatch_s": 1e-5, "graphs_dispatch_s": 1e-6}}
+    failed = {"type": "host", "status": "error", "error": "ModuleNotFoundError: pydantic"}
+    assert host_spec([failed, ok]).eager_dispatch_s == pytest.approx(1e-5)
+    with pytest.raises(ValueError):
+        host_spec([failed])

@@ -12,6 +12,8 @@ from __future__ import annotations
 import statistics
 import time
 
+from aisim.cost.timeline import PHASE_SCALE_KEY
+
 TINY = {
     "llama": {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
               "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
@@ -27,7 +29,8 @@ TINY = {
 BATCH, SEQ = 1, 8
 DECODE_STEPS = 50            # decode calls timed per loop, from a cache of SEQ tokens (reset before each loop)
 # workload phases whose host cost the phase benchmark measures, and the eager_phase_scale key each one sets
-PHASE_KEYS = {"decode": "decode", "forward-backward": "train"}
+# (simulator/cost/timeline.py PHASE_SCALE_KEY, which also maps train to the forward-backward's scale)
+PHASE_KEYS = {phase: key for phase, key in PHASE_SCALE_KEY.items() if phase in ("decode", "forward-backward")}
 
 
 def op_counts(config: dict, phase: str = "forward") -> dict[str, float]:

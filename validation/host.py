@@ -57,7 +57,9 @@ def host_spec(record: dict):
 
     from aisim.specs import HostSpec
 
-    records = record if isinstance(record, list) else [record]
+    records = [r for r in (record if isinstance(record, list) else [record]) if r.get("constants")]
+    if not records:
+        raise ValueError("no successful host measurement among the given type: host records")
     keys = set().union(*(r["constants"] for r in records))
     constants = {k: statistics.median(r["constants"][k] for r in records if k in r["constants"]) for k in keys}
     provenance = {k: str(v) for k, v in records[0].get("provenance", {}).items()}

@@ -262,9 +262,9 @@ def run_suite(suite_path: str | Path, out_jsonl: str | Path, *, gpus: list[int] 
                 if stopped:
                     counts["stopped_by_budget"] = True
                     break
-    finally:
-        if host and writer.lines and counts["aborted"] is None:
+        if host and writer.lines and counts["aborted"] is None and not counts["stopped_by_budget"]:
             writer.write(_host_line("end"))
+    finally:
         writer.close()
     return counts
 
