@@ -505,7 +505,7 @@ def calibrate(
     quick: bool = typer.Option(False, help="small grids (about a minute)"),
     max_minutes: float = typer.Option(4.0, help="time budget"),
     host_only: bool = typer.Option(False, "--host-only", help="only this machine's eager CPU costs (dispatch loops, "
-                                   "tiny HF models; about 20 s): a host YAML for --host"),
+                                   "tiny HF models; about 15 s): a host YAML for --host"),
 ):
     """Run microbenchmarks on the local GPU and write its calibration file."""
     try:

@@ -267,11 +267,6 @@ class CalibrationSpec(Spec):
     notes: str = ""
 
 
-# host-side constants of a calibration: the machine's CPU, Python and driver, not the GPU
-HOST_FIELDS = ("eager_dispatch_s", "graphs_dispatch_s", "module_overhead_s", "eager_python_call_s",
-               "eager_kernel_dispatch_s", "eager_view_dispatch_s", "eager_framework_scale")
-
-
 class HostSpec(Spec):
     """The host half of a calibration (``aisim calibrate --host-only``): CPU costs of eager PyTorch measured on one
     machine (tight op loops and tiny HF models, validation/framework_overhead.py). Two VMs of the same GPU kind
@@ -294,6 +289,10 @@ class HostSpec(Spec):
                  if self.eager_kernel_dispatch_s and cal.eager_kernel_dispatch_s else 1.0)
         update["eager_op_dispatch_s"] = {k: v * ratio for k, v in cal.eager_op_dispatch_s.items()}
         return cal.model_copy(update=update)
+
+
+# host-side constants of a calibration (the machine's CPU, Python and driver, not the GPU): HostSpec's fields
+HOST_FIELDS = tuple(f for f in HostSpec.model_fields if f != "provenance")
 
 
 class BackendEfficiency(Spec):

@@ -57,22 +57,34 @@ def op_counts(config: dict, phase: str = "forward") -> dict[str, float]:
     return counts
 
 
-def bench_framework_overhead(repeats: int = 5, calls: int = 50, device: str = "cuda") -> list[dict]:
-    """Wall time per forward call of each tiny model (median of ``repeats`` loops of ``calls``)."""
+def _tiny_model(config: dict, device: str, dtype):
+    """One TINY model on ``device``, eval mode, SDPA where the architecture has it."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from aisim.graph.build import make_config, model_class
 
+    attn = "sdpa" if getattr(model_class(config), "_supports_sdpa", False) else "eager"
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(make_config(config), dtype=dtype, attn_implementation=attn,
+                                                 trust_remote_code=False)
+    return model.eval()
+
+
+def _predicted_s(counts: dict, kernel_s: float, view_s: float, module_s: float) -> float:
+    """Host time the dispatch constants predict for a traced step's op counts (op_counts)."""
+    return counts["kernels"] * kernel_s + counts["views"] * view_s + counts["modules"] * module_s
+
+
+def bench_framework_overhead(repeats: int = 5, calls: int = 50, device: str = "cuda") -> list[dict]:
+    """Wall time per forward call of each tiny model (median of ``repeats`` loops of ``calls``)."""
+    import torch
+
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     dtype = torch.float16 if device == "cuda" else torch.float32
     records = []
     for family, config in TINY.items():
-        attn = "sdpa" if getattr(model_class(config), "_supports_sdpa", False) else "eager"
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(make_config(config), dtype=dtype, attn_implementation=attn,
-                                                         trust_remote_code=False)
-        model.eval()
+        model = _tiny_model(config, device, dtype)
         ids = torch.randint(0, 1000, (BATCH, SEQ), device=device)
         samples = []
         with torch.inference_mode():
@@ -97,20 +109,13 @@ def bench_framework_phases(repeats: int = 5, device: str = "cuda") -> list[dict]
     validation/measure.py's decode: model(new_ids, past_key_values=cache, use_cache=True)), and a forward-backward
     with the loss, grads set to None after each (as measure.py's forward-backward); fp16 weights, as above."""
     import torch
-    from transformers import AutoModelForCausalLM, DynamicCache
-
-    from aisim.graph.build import make_config, model_class
+    from transformers import DynamicCache
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     dtype = torch.float16 if device == "cuda" else torch.float32
     records = []
     for family, config in TINY.items():
-        attn = "sdpa" if getattr(model_class(config), "_supports_sdpa", False) else "eager"
-        hf_config = make_config(config)
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation=attn,
-                                                     trust_remote_code=False)
-        model.eval()
+        model = _tiny_model(config, device, dtype)
         ids = torch.randint(0, 1000, (BATCH, SEQ), device=device)
         new = ids[:, -1:]
 
@@ -120,7 +125,7 @@ def bench_framework_phases(repeats: int = 5, device: str = "cuda") -> list[dict]
 
         def decode_loop():
             with torch.inference_mode():
-                cache = DynamicCache(config=hf_config)
+                cache = DynamicCache(config=model.config)
                 model(input_ids=ids, past_key_values=cache, use_cache=True)
                 sync()
                 t0 = time.perf_counter()
@@ -163,8 +168,7 @@ def fit_phase_scales(records: list[dict], kernel_s: float, view_s: float, module
     HF's Python between the ops costs there than in the forward that eager_framework_scale describes (the cache
     update of a decode step; autograd's graph recording and backward engine)."""
     def ratio(r):
-        c = r["counts"]
-        predicted = c["kernels"] * kernel_s + c["views"] * view_s + c["modules"] * module_s
+        predicted = _predicted_s(r["counts"], kernel_s, view_s, module_s)
         return r["time_s"] / predicted if predicted > 0 else None
 
     by_family: dict[str, dict[str, float]] = {}
@@ -185,8 +189,7 @@ def fit_framework_scale(records: list[dict], kernel_s: float, view_s: float, mod
     for r in records:
         if r.get("bench") != "framework":
             continue
-        c = r["counts"]
-        predicted = c["kernels"] * kernel_s + c["views"] * view_s + c["modules"] * module_s
+        predicted = _predicted_s(r["counts"], kernel_s, view_s, module_s)
         if predicted > 0:
             ratios.append(r["time_s"] / predicted)
     return statistics.median(ratios) if ratios else None

@@ -100,13 +100,14 @@ def moe_mape(rows: list[MoeRow]) -> dict[str, float]:
     return out
 
 
-def median_of_runs(runs: tuple[Path, ...] = RUNS) -> list[MoeRow]:
-    """One row per case measured in any run: the estimate against the median of the runs' measured times."""
+def median_of_runs(per_run: list[list[MoeRow]]) -> list[MoeRow]:
+    """One row per case measured in any run (``per_run``: compare_moe of each run): the estimate against the
+    median of the runs' measured times."""
     import statistics
 
     by_case: dict[tuple, list[MoeRow]] = {}
-    for path in runs:
-        for r in compare_moe(path):
+    for rows in per_run:
+        for r in rows:
             by_case.setdefault((r.model, r.workload, r.batch, r.context), []).append(r)
     return [replace(rs[0], measured_ms=statistics.median(r.measured_ms for r in rs),
                     measured_gb=statistics.median(r.measured_gb for r in rs)) for rs in by_case.values()]
@@ -117,15 +118,17 @@ def runs_lines(runs: tuple[Path, ...] = RUNS) -> list[str]:
     per_run = {path: compare_moe(path) for path in runs}
     lines = ["| run | host | cases | prefill runtime MAPE (%) | decode runtime MAPE (%) |", "|---|---|---:|---:|---:|"]
     for path, rows in per_run.items():
-        header = json.loads(open(path).readline())
+        with open(path) as f:
+            header = json.loads(f.readline())
         mape = moe_mape(rows)
         lines.append(f"| {path.name} | {header.get('date', '?')[:16]} | {len(rows)} | "
                      f"{mape.get('prefill runtime', float('nan')):.1f} | {mape.get('decode runtime', float('nan')):.1f} |")
     pooled = moe_mape([r for rows in per_run.values() for r in rows])
-    median = moe_mape(median_of_runs(runs))
+    median_rows = median_of_runs(list(per_run.values()))
+    median = moe_mape(median_rows)
     lines += [f"| all runs pooled | | {sum(map(len, per_run.values()))} | {pooled['prefill runtime']:.1f} | "
               f"{pooled['decode runtime']:.1f} |",
-              f"| per-case median of the runs | | {len(median_of_runs(runs))} | {median['prefill runtime']:.1f} | "
+              f"| per-case median of the runs | | {len(median_rows)} | {median['prefill runtime']:.1f} | "
               f"{median['decode runtime']:.1f} |"]
     return lines
 

@@ -79,6 +79,12 @@ def runtime_mape(dataset: str, calibration) -> dict[str, float | None]:
     return {s.category: s.mape_pct for s in summarize(rows) if s.category in RUNTIME_CATEGORIES}
 
 
+@functools.cache
+def h100_runs() -> tuple[dict[str, dict], ...]:
+    """Each H100 run's case records by key (read once; callers do not change them)."""
+    return tuple({r["key"]: r for r in load_measurements([DATA_DIR / f])} for f in H100_RUNS)
+
+
 def measured_cases(dataset: str) -> list[dict]:
     """The dataset's case records; for MEDIAN_RUNS, the first H100 run's records with each runtime replaced by the
     median over the H100 runs that measured the case."""
@@ -86,7 +92,7 @@ def measured_cases(dataset: str) -> list[dict]:
 
     if dataset != MEDIAN_RUNS:
         return load_measurements([DATA_DIR / dataset])
-    runs = [{r["key"]: r for r in load_measurements([DATA_DIR / f])} for f in H100_RUNS]
+    runs = h100_runs()
     out = []
     for key, record in runs[0].items():
         times = [run[key]["runtime_ms_median"] for run in runs if run.get(key, {}).get("runtime_ms_median")]
@@ -97,7 +103,7 @@ def measured_cases(dataset: str) -> list[dict]:
 def run_to_run_mape() -> dict[str, float]:
     """Per category, the MAPE of one H100 run's runtimes 'predicting' another's, over every ordered pair of the
     H100 runs: the error a model that knew one host's times exactly would make on another host of the same kind."""
-    runs = [{r["key"]: r for r in load_measurements([DATA_DIR / f])} for f in H100_RUNS]
+    runs = h100_runs()
     selected = {"forward/prefill runtime": ("forward", "prefill"), "decode runtime": ("decode",),
                 "forward-backward/train runtime": ("forward-backward", "train")}
     out = {}
