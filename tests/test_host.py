@@ -260,3 +260,28 @@ def test_host_spec_skips_failed_host_lines():
     assert host_spec([failed, ok]).eager_dispatch_s == pytest.approx(1e-5)
     with pytest.raises(ValueError):
         host_spec([failed])
+
+
+def test_framework_overhead_cli_bad_input_is_one_line(tmp_path):
+    """--derive of a missing or non-JSONL file, and no --out/--derive, stop with one line, not a traceback; the
+    committed rounds derive the calibrations' train scale."""
+    from aisim.validation.framework_overhead import main
+
+    for argv in (["--derive", str(tmp_path / "missing.jsonl")], ["--derive", __file__]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert str(exc.value).startswith("error: --derive") and "\n" not in str(exc.value)
+    with pytest.raises(SystemExit):
+        main([])
+
+
+def test_committed_phase_rounds_derive_the_calibrations_train_scale(capsys):
+    import json
+    from pathlib import Path
+
+    from aisim.validation.framework_overhead import main
+
+    data = Path(__file__).resolve().parent.parent / "validation/data/kernels/framework-phases-h100.jsonl"
+    assert main(["--derive", str(data)]) == 0
+    derived = json.loads(capsys.readouterr().out)["eager_phase_scale"]
+    assert derived["train"] == load_calibration("h100-sxm").eager_phase_scale["train"]

@@ -208,8 +208,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--derive")
     args = parser.parse_args(argv)
+    if not (args.out or args.derive):
+        parser.error("give --out FILE.jsonl (measure, on a CUDA machine) or --derive FILE.jsonl")
     if args.derive:
-        fits = [r for r in map(json.loads, open(args.derive)) if r.get("type") == "fit"]
+        try:
+            with open(args.derive) as f:
+                fits = [r for r in map(json.loads, f) if r.get("type") == "fit"]
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"error: --derive {args.derive}: {exc}") from None
         if not fits:
             raise SystemExit(f"{args.derive}: no fit lines")
         keys = sorted(set().union(*(f["eager_phase_scale"] for f in fits)))
@@ -217,10 +223,17 @@ def main(argv: list[str] | None = None) -> int:
                   for k in keys}
         print(json.dumps({"eager_phase_scale": scales, "rounds": len(fits)}))
         return 0
+    from aisim.errors import AisimError
+
+    from .calibrate import _require_cuda
     from .calibrate_bench import bench_overheads
     from .calibrate_fit import fit_overheads
     from .harness.common import header
 
+    try:
+        _require_cuda()
+    except AisimError as exc:
+        raise SystemExit(f"error: {exc}") from None
     with open(args.out, "a") as out:
         out.write(json.dumps(header("framework_overhead", args)) + "\n")
         for round_ in range(args.rounds):
