@@ -19,7 +19,7 @@ from .cost.power import PowerMode
 from .errors import AisimError
 from .plan import check_ep, choose_plan
 from .specs import (CalibrationSpec, Device, HostSpec, RuntimeSpec, all_runtimes, default_calibration,
-                    load_calibration, load_spec_file)
+                    load_calibration, load_yaml, parse_spec)
 from .workload import DType, ParallelPlan, Quant, StepShape, TpScope, Workload
 
 TRANSCRIBE_RUNTIME = "ggml-cuda"
@@ -181,7 +181,11 @@ def _calibration(choice, dev: Device) -> tuple[CalibrationSpec, str | None]:
         path = Path(choice).expanduser()
         if not catalog.path_exists(path, "calibration", Path.is_file):
             raise AisimError(f"--calibration {str(choice)!r}: give auto, none, or the path of a calibration YAML")
-        cal, where = load_spec_file(CalibrationSpec, path), str(path)
+        data = load_yaml(path)
+        if data and "device" not in data and set(data) <= set(HostSpec.model_fields):
+            raise AisimError(f"--calibration {str(choice)!r} is a host file (aisim calibrate --host-only): pass it "
+                             "as --host")
+        cal, where = parse_spec(CalibrationSpec, data, path), str(path)
     measured_on = "" if cal.device == dev.gpu.name else f", measured on {cal.device}, applied to {dev.gpu.name}"
     return cal, f"--calibration {where}{measured_on}"
 
@@ -197,7 +201,11 @@ def _host(choice, cal: CalibrationSpec) -> tuple[CalibrationSpec, str | None]:
         if not catalog.path_exists(path, "host", Path.is_file):
             raise AisimError(f"--host {str(choice)!r}: give the path of a host YAML written by "
                              "`aisim calibrate --host-only`")
-        host, where = load_spec_file(HostSpec, path), str(path)
+        data = load_yaml(path)
+        if "device" in data:
+            raise AisimError(f"--host {str(choice)!r} is a calibration file (it names a device): pass it as "
+                             "--calibration; a host file comes from `aisim calibrate --host-only`")
+        host, where = parse_spec(HostSpec, data, path), str(path)
     measured = host.provenance.get("cpu") or host.provenance.get("hostname")
     return host.apply(cal), f"--host {where}: eager CPU costs of {measured or 'that host'} replace the calibration's"
 

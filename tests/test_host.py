@@ -285,3 +285,22 @@ def test_committed_phase_rounds_derive_the_calibrations_train_scale(capsys):
     assert main(["--derive", str(data)]) == 0
     derived = json.loads(capsys.readouterr().out)["eager_phase_scale"]
     assert derived["train"] == load_calibration("h100-sxm").eager_phase_scale["train"]
+
+
+def test_a_calibration_file_given_as_host_or_a_host_file_as_calibration_says_which_flag(tmp_path):
+    from aisim.errors import AisimError
+
+    host_file = tmp_path / "host.yaml"
+    host_file.write_text(yaml.safe_dump({"eager_dispatch_s": 1e-5, "graphs_dispatch_s": 1e-6}))
+    from pathlib import Path
+
+    cal_file = Path(__file__).resolve().parent.parent / "hardware_specs/calibration/h100-sxm.yaml"
+    with pytest.raises(AisimError, match="is a calibration file .* pass it as --calibration"):
+        aisim.estimate(model="gpt2", device="h100", host=cal_file)
+    with pytest.raises(AisimError, match="is a host file .* pass it as --host"):
+        aisim.estimate(model="gpt2", device="h100", calibration=host_file)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("{}\n")
+    with pytest.raises(AisimError) as exc:
+        aisim.estimate(model="gpt2", device="h100", calibration=empty)
+    assert "host file" not in str(exc.value)
