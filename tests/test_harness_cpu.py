@@ -27,8 +27,8 @@ AISIM_INSTALLED = ensure_aisim("aisim.validation.harness")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from aisim.validation.harness import (common, fp8_gemm, graphs_decode, moe_bench, serve_cb,  # noqa: E402
-                                      train_step)
+from aisim.validation.harness import (common, fp8_gemm, graphs_decode, host_scopes, moe_bench,  # noqa: E402
+                                      serve_cb, train_step)
 
 HARNESS = ROOT / "validation" / "harness"
 
@@ -234,6 +234,23 @@ def test_moe_bench_smoke(tmp_path, isolated_env):
     assert [p["workload"] for p in profiles] == ["decode", "prefill"] and all(p["status"] == "ok" for p in profiles)
     assert records.index(profiles[0]) > max(records.index(c) for c in cases)   # profiled after every timed case
     assert profile.read_text().count("====") >= 2
+
+
+def test_host_scopes_smoke(tmp_path, isolated_env):
+    path = tmp_path / "scopes.jsonl"
+    assert host_scopes.main(["--smoke", "--out", str(path)]) == 0
+    records = read_jsonl(path)
+    check_header(records[0], "host_scopes")
+    cases = [r for r in records if r["type"] == "case"]
+    assert [c["model"] for c in cases] == ["tiny-olmoe", "tiny-qwen2_moe"]
+    for c in cases:
+        assert c["status"] == "ok", c.get("error")
+        scopes = c["scopes"]["host_ms_per_step"]
+        assert {"self_attn", "mlp", "input_layernorm", "layer"} <= set(scopes)
+        assert scopes["layer"] > scopes["self_attn"] + scopes["mlp"] > 0     # the layers hold their children
+        names = {o["name"] for o in c["ops"]}
+        assert {"aten::mm", "aten::_grouped_mm"} & names and all(o["calls_per_step"] > 0 for o in c["ops"])
+        assert c["clean"]["median_ms"] > 0 and c["clean_after"]["trials"] == 3
 
 
 # ---------------------------------------------------------------------------------------------------- graphs

@@ -72,6 +72,23 @@ def test_engines_write_the_kv_cache_in_place(runtime):
         assert est.runtime_ms < 0.5 * eager.runtime_ms
 
 
+def test_vllm_runs_qkv_and_gate_up_as_one_gemm_each():
+    """vLLM's QKVParallelLinear and MergedColumnParallelLinear: 4 projection GEMMs per Llama layer, not 7, over the
+    same weight bytes; HF's eager and graphs runtimes keep the 7 separate linears."""
+    kw = {"model": "Meta-Llama-3-8B", "device": "h100", "workload": "decode", "batch": 8, "seq": 1024}
+    vllm = {r.name: r for r in _estimate(runtime="vllm", **kw).top_ops}
+    eager = {r.name: r for r in _estimate(**kw).top_ops}
+    assert eager["aten.mm"].count == 7 * 32 + 1 and vllm["aten.mm"].count == 4 * 32 + 1
+    assert vllm["aten.mm"].flops == pytest.approx(eager["aten.mm"].flops)
+    assert vllm["aten.mm"].bytes < eager["aten.mm"].bytes            # the activations are read once per merged GEMM
+    assert vllm["aten.mm"].bytes > 0.99 * eager["aten.mm"].bytes     # the weights dominate and are all still read
+    fp8 = {r.name: r for r in _estimate(runtime="vllm", quant="fp8", **kw).top_ops}
+    assert fp8["aten.mm"].count == 4 * 32 + 1 and fp8["fp8.quantize"].count == 4 * 32   # one per merged GEMM
+    opt = {r.name: r for r in _estimate(model="opt-1.3b", device="h100", workload="decode", batch=8, seq=512,
+                                        runtime="vllm", dtype="fp16").top_ops}
+    assert opt["aten.addmm"].count == 4 * 24                         # qkv (biased), out_proj, fc1, fc2
+
+
 def _graphs_rows(**kw):
     est = _estimate(model="Meta-Llama-3-8B", device="h100", workload="decode", runtime="graphs", **kw)
     return est, {r.name: r for r in est.top_ops}

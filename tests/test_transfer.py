@@ -11,8 +11,9 @@ from aisim.specs import all_hardware, default_calibration, load_calibration
 # serving-engine runtime (transfer.DECODE_RUNTIME, vllm; the issue's `graphs` before graphs became HF's StaticCache).
 # Below it, with the reason, and the floor each must keep (its value when this test was written, less 2 points):
 # the fixed per-kernel time (GEMV ~6.5 us back to back, ~3 us of it shed in a graph replay; 1.0 us per replayed
-# kernel) is a larger share of a step whose weights stream in 2-6 ms.
-BELOW_GOAL_FLOORS = {"b200": 0.54, "h20": 0.67, "h200": 0.66, "mi300x": 0.62}
+# kernel; 129 GEMMs per step with vLLM's merged q/k/v and gate/up projections) is a larger share of a step whose
+# weights stream in 2-3 ms on these two (7.7 and 5.3 TB/s, default rules).
+BELOW_GOAL_FLOORS = {"b200": 0.60, "mi300x": 0.66}
 DECODE_BW_GOAL = 0.70
 
 

@@ -186,7 +186,11 @@ def expand(ops: list[Op], repeats: list[float], w: Workload, rt: RuntimeSpec, vo
 # silu_and_mul, csrc/pos_encoding_kernels.cu rotary_embedding) or compiles the model (torch.compile's Inductor fuses
 # a chain of pointwise ops and a reduction into one kernel) replaces the HF module's chain of small kernels by one
 # kernel that reads the chain's inputs once and writes its outputs once. RuntimeSpec.fusions names the fusions.
-FUSIONS = ("add_rms_norm", "silu_and_mul", "rotary", "native_gqa")   # native_gqa: no repeat_kv copies
+FUSIONS = ("add_rms_norm", "silu_and_mul", "rotary", "native_gqa", "merged_projections")
+# native_gqa: no repeat_kv copies; merged_projections: the projections that read the same activations run as one
+# GEMM over the concatenated weights (vLLM's QKVParallelLinear and MergedColumnParallelLinear)
+MERGED_PROJECTIONS = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
+PROJECTION_GEMMS = frozenset({"aten.mm", "aten.addmm"})
 ROPE_OPS = frozenset({"aten.mul.Tensor", "aten.neg", "aten.add.Tensor", "aten.cat"})
 ACTIVATIONS = frozenset({"aten.silu", "aten.gelu", "aten.gelu_tanh"})
 
@@ -234,6 +238,8 @@ def fuse(ops: list[Op], repeats: list[float], fusions, kv_in_place: bool = False
     fusions = set(fusions)
     if not fusions:
         return ops, repeats
+    if "merged_projections" in fusions:
+        ops, repeats = merge_projections(ops, repeats)
     out, rep = [], []
     i, kv_heads = 0, 0
     while i < len(ops):
@@ -291,6 +297,60 @@ def fuse(ops: list[Op], repeats: list[float], fusions, kv_in_place: bool = False
         rep.append(r)
         i += 1
     return out, rep
+
+
+def merge_projections(ops: list[Op], repeats: list[float]) -> tuple[list[Op], list[float]]:
+    """The q/k/v projections of an attention module, and the gate/up projections of an MLP, as one GEMM each: the
+    first one's activations times the concatenated weights (N = the sum of theirs), the others' GEMMs dropped (their
+    views and module calls stay; they launch nothing), with the fp8 activation quantization of each dropped one.
+    Only forward GEMMs of the same activation shape merge: vLLM's model files build these as QKVParallelLinear and MergedColumnParallelLinear (hardware_specs/
+    runtimes/vllm.yaml cites the lines)."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, op in enumerate(ops):
+        kind = MERGED_PROJECTIONS.get(_leaf(op.scope)) if op.name in PROJECTION_GEMMS else None
+        if kind and op.phase == "forward":
+            groups.setdefault((op.scope.rsplit(".", 1)[0], kind), []).append(i)
+    merged: dict[int, Op] = {}
+    for members in groups.values():
+        first = ops[members[0]]
+        x = _activation(first)
+        same = [i for i in members if _activation(ops[i]) == x]
+        if len(same) < 2:
+            continue
+        merged[same[0]] = _merged_gemm([ops[i] for i in same])
+        for i in same[1:]:
+            merged[i] = None
+            if i and ops[i - 1].name == "fp8.quantize" and ops[i - 1].scope == ops[i].scope:
+                merged[i - 1] = None                             # one activation quantization per merged GEMM
+    if not merged:
+        return ops, repeats
+    out, rep = [], []
+    for i, (op, r) in enumerate(zip(ops, repeats)):
+        new = merged.get(i, op)
+        if new is not None:
+            out.append(new)
+            rep.append(r)
+    return out, rep
+
+
+def _activation(op: Op):
+    """The activation operand of a projection GEMM (mm(x, w_t) or addmm(bias, x, w_t))."""
+    return op.inputs[1] if op.name == "aten.addmm" else op.inputs[0]
+
+
+def _merged_gemm(gemms: list[Op]) -> Op:
+    first = gemms[0]
+    x = _activation(first)
+    weights = [g.inputs[-1] for g in gemms]
+    n = sum(w.shape[-1] for w in weights)
+    w = TensorMeta((weights[0].shape[0], n), weights[0].dtype)
+    y = TensorMeta((*first.outputs[0].shape[:-1], n), first.outputs[0].dtype)
+    biased = all(g.name == "aten.addmm" for g in gemms)
+    args = (TensorMeta((n,), first.inputs[0].dtype), x, w) if biased else (x, w)
+    attrs = {**first.attrs, "merged": len(gemms),
+             "weight_bytes": sum(g.attrs.get("weight_bytes", 0.0) for g in gemms)}
+    return Op(name="aten.addmm" if biased else "aten.mm", args=args, kwargs={}, outputs=(y,), alias=False,
+              phase=first.phase, scope=first.scope, attrs=attrs)
 
 
 def _is_repeat_kv(op: Op) -> bool:

@@ -1,0 +1,213 @@
+"""Where an eager decode step's host time goes: per module scope and per aten op, dense and MoE models, one GPU.
+
+    python3 -m aisim.validation.harness.host_scopes --out OUT/host_scopes.jsonl [--models ...] [--smoke]
+
+A diagnostic, not a validation dataset: the step times it records are not scored. For each model (random bf16
+weights, HF eager, DynamicCache decode as validation/harness/moe_bench.py runs it: one token per row over a cache
+holding ctx-1 tokens, ``cache.crop(-1)`` untimed after every step):
+
+1. ``clean``: the step timed with CUDA events (median), and the host's launch time of the step (perf_counter from
+   the call to its return, no sync; equal to the step where the host is the bottleneck).
+2. ``scopes``: forward pre/post hooks on every decoder layer and on each of its direct children (input_layernorm,
+   self_attn, post_attention_layernorm, mlp, ...); host milliseconds per step per child name summed over layers, the
+   layers' total, and the step's remainder (embedding, rotary, masks, final norm, head). The hooks cost the host a
+   few microseconds each; the hooked step's total is recorded beside the clean one.
+3. ``ops``: torch.profiler with CPU activities only (no CUPTI, which leaves the process slower: pytorch#144455) over
+   a few steps: per aten op name, calls and self CPU microseconds per step.
+4. ``clean`` again after the profile (the profiler's residue, if any).
+
+aisim's own per-scope host estimate for the same step is printed by ``python -m aisim.validation.scripts.host_scopes_report``.
+"""
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from collections import defaultdict
+
+from . import common
+from .moe_bench import prepare
+
+SCRIPT = "host_scopes"
+DEFAULT_MODELS = "olmoe-1b-7b,qwen1.5-moe-a2.7b,qwen3-30b-a3b:12,Meta-Llama-3-8B"
+LAYER = re.compile(r"^(.*\.layers\.)(\d+)(\.([A-Za-z_]+))?$")
+
+
+class ScopeTimer:
+    """Host seconds spent inside each decoder layer's direct children (by child name) and inside the layers."""
+
+    def __init__(self, model):
+        self.totals: dict[str, float] = defaultdict(float)
+        self.handles = []
+        self._open: dict[int, float] = {}
+        for name, module in model.named_modules():
+            m = LAYER.match(name)
+            if not m:
+                continue
+            key = m.group(4) or "layer"
+            self.handles.append(module.register_forward_pre_hook(self._pre(id(module))))
+            self.handles.append(module.register_forward_hook(self._post(id(module), key)))
+
+    def _pre(self, ident):
+        def hook(module, args):
+            self._open[ident] = time.perf_counter()
+        return hook
+
+    def _post(self, ident, key):
+        def hook(module, args, output):
+            self.totals[key] += time.perf_counter() - self._open.pop(ident)
+        return hook
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def launch_ms(step, after, device, n: int) -> list[float]:
+    """Host milliseconds from the call of ``step`` to its return (no sync inside), each step then drained."""
+    out = []
+    for _ in range(n):
+        common.sync(device)
+        t0 = time.perf_counter()
+        step()
+        out.append((time.perf_counter() - t0) * 1e3)
+        common.sync(device)
+        after()
+    return out
+
+
+def clean(step, after, device, args) -> dict:
+    times = common.time_steps(step, device, warmup=args.warmup, min_trials=args.trials, max_trials=args.trials,
+                              min_time_s=0.0, after=after)
+    launch = launch_ms(step, after, device, args.trials)
+    return {"median_ms": round(statistics.median(times), 4), "min_ms": round(min(times), 4),
+            "max_ms": round(max(times), 4), "launch_median_ms": round(statistics.median(launch), 4),
+            "trials": len(times)}
+
+
+def scopes(model, step, after, device, args) -> dict:
+    timer = ScopeTimer(model)
+    try:
+        launch_ms(step, after, device, 2)
+        timer.totals.clear()
+        launch = launch_ms(step, after, device, args.trials)
+    finally:
+        timer.remove()
+    per_step = {k: round(v * 1e3 / args.trials, 4) for k, v in sorted(timer.totals.items())}
+    hooked = statistics.fmean(launch)
+    return {"host_ms_per_step": per_step, "hooked_launch_mean_ms": round(hooked, 4),
+            "outside_layers_ms": round(hooked - per_step.get("layer", 0.0), 4)}
+
+
+def ops(step, after, device, args) -> list[dict]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    steps = args.profile_steps
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+            common.sync(device)
+            after()
+    table = []
+    for e in prof.key_averages():
+        table.append({"name": e.key, "calls_per_step": round(e.count / steps, 3),
+                      "self_cpu_us_per_step": round(e.self_cpu_time_total / steps, 2),
+                      "cpu_total_us_per_step": round(e.cpu_time_total / steps, 2)})
+    table.sort(key=lambda r: -r["self_cpu_us_per_step"])
+    del torch
+    return table
+
+
+def parse_model(text: str) -> tuple[str, int | None]:
+    name, _, layers = text.partition(":")
+    return name, (int(layers) if layers else None)
+
+
+def run_model(text: str, args, device, dtype, out) -> None:
+    name, layers = parse_model(text)
+    overrides = {"num_hidden_layers": layers} if layers else {}
+    t0 = time.perf_counter()
+    try:
+        model = common.build_causal_lm(common.hf_config(name, **overrides), dtype, device, seed=args.seed)
+        common.sync(device)
+    except Exception as exc:  # noqa: BLE001 - recorded per model
+        out.write({"type": "model", "model": name, "status": common.classify_error(exc)[0],
+                   "error": common.classify_error(exc)[1]})
+        return
+    out.write({"type": "model", "model": name, "num_hidden_layers": model.config.num_hidden_layers,
+               "attn_implementation": model.config._attn_implementation,
+               "experts_implementation": getattr(model.config, "_experts_implementation", None),
+               "build_s": round(time.perf_counter() - t0, 2), "status": "ok"})
+    for batch, context in args.cases:
+        row = {"type": "case", "model": name, "num_hidden_layers": model.config.num_hidden_layers,
+               "workload": "decode", "batch": batch, "context": context, "status": "ok"}
+        cleanup = lambda: None  # noqa: E731
+        try:
+            step, after, cleanup = prepare(model, "decode", batch, context, device, args.seed)
+            row["clean"] = clean(step, after, device, args)
+            row["scopes"] = scopes(model, step, after, device, args)
+            row["ops"] = ops(step, after, device, args)[: args.top_ops]
+            row["clean_after"] = clean(step, after, device, args)
+        except Exception as exc:  # noqa: BLE001 - recorded per case
+            row["status"], row["error"] = common.classify_error(exc)
+            if common.is_fatal_device_error(exc):
+                raise
+        finally:
+            try:
+                cleanup()
+            except Exception:  # noqa: BLE001
+                pass
+        out.write(row)
+        c = row.get("clean", {})
+        print(f"[host_scopes] {name} b{batch} ctx{context}: {row['status']} step {c.get('median_ms')} ms, "
+              f"launch {c.get('launch_median_ms')} ms, scopes {row.get('scopes', {}).get('host_ms_per_step')}",
+              flush=True)
+    del model
+    common.free_memory()
+
+
+def main(argv=None) -> int:
+    parser = common.harness_parser(__doc__, "tiny models on the CPU (or the GPU), seconds")
+    parser.add_argument("--models", default=DEFAULT_MODELS,
+                        help="comma list of config names; NAME:L builds it with L decoder layers")
+    parser.add_argument("--cases", default="1:128,8:128", help="comma list of batch:context decode cases")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--profile-steps", type=int, default=5)
+    parser.add_argument("--top-ops", type=int, default=80)
+    parser.add_argument("--no-host", action="store_true", help="skip the host microbenchmark lines")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    common.set_env()
+    import torch
+
+    if args.smoke:
+        args.models = "tiny-olmoe,tiny-qwen2_moe"
+        args.cases, args.trials, args.warmup, args.profile_steps = "2:16", 3, 1, 2
+    args.cases = [tuple(int(x) for x in c.split(":")) for c in args.cases.split(",") if c]
+    device = common.pick_device()
+    if args.smoke:
+        common.smoke_threads(device)
+    if args.smoke and device.type == "cpu":
+        args.dtype = "fp32"
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    out = common.JsonlOut(args.out)
+    out.write(common.header(SCRIPT, args))
+    budget = common.Budget(args.max_minutes)
+    measure_host = device.type == "cuda" and not args.no_host
+    if measure_host:
+        out.write(common.host_record("start"))
+    for text in (m for m in args.models.split(",") if m):
+        if not budget.allows(30):
+            print("[host_scopes] budget spent; stopping", flush=True)
+            break
+        run_model(text, args, device, dtype, out)
+    if measure_host:
+        out.write(common.host_record("end"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
