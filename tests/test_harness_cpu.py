@@ -28,7 +28,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from aisim.validation.harness import (common, fp8_gemm, graphs_decode, host_scopes, moe_bench,  # noqa: E402
-                                      serve_cb, train_step)
+                                      op_host, serve_cb, train_step)
 
 HARNESS = ROOT / "validation" / "harness"
 
@@ -234,6 +234,18 @@ def test_moe_bench_smoke(tmp_path, isolated_env):
     assert [p["workload"] for p in profiles] == ["decode", "prefill"] and all(p["status"] == "ok" for p in profiles)
     assert records.index(profiles[0]) > max(records.index(c) for c in cases)   # profiled after every timed case
     assert profile.read_text().count("====") >= 2
+
+
+def test_op_host_smoke(tmp_path, isolated_env):
+    path = tmp_path / "ops.jsonl"
+    assert op_host.main(["--smoke", "--out", str(path)]) == 0
+    records = read_jsonl(path)
+    check_header(records[0], "op_host")
+    ops = {r["name"]: r for r in records if r["type"] == "op"}
+    assert {"add", "mm", "view", "sdpa_decode", "sort"} <= set(ops)
+    assert all(r["status"] == "ok" and len(r["samples_s"]) == 2 for r in ops.values()), \
+        {k: r.get("error") for k, r in ops.items() if r["status"] != "ok"}
+    assert ops["add"]["ratio_to_add"] == 1.0 and all(r["ratio_to_add"] > 0 for r in ops.values())
 
 
 def test_host_scopes_smoke(tmp_path, isolated_env):

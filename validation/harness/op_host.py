@@ -1,0 +1,138 @@
+"""Host cost of one eager call of each common aten op, on tiny tensors, relative to a plain add in the same loop.
+
+    python3 -m aisim.validation.harness.op_host --out OUT/op-host.jsonl [--repeats 7] [--count 2000] [--smoke]
+
+A microbenchmark on non-judged shapes (8 x 64 activations, bf16 on a GPU): per op, the wall time of ``count``
+back-to-back calls plus one synchronize, / count (host-bound: the kernels are tiny), ``repeats`` rounds with every op
+interleaved so that host drift hits them alike. Each record holds the samples, the median and the median's ratio to
+``add`` (torch.add(a, a): one kernel op, what the calibration's eager_kernel_dispatch_s describes). The ratios are
+what a per-op host cost would carry from one host to another (as eager_phase_scale does for phases); the eager decode
+steps of MoE and dense models differ in their op mix (harness/host_scopes.py), not in their op count alone.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+from . import common
+
+SCRIPT = "op_host"
+
+
+def op_calls(device, dtype) -> dict[str, tuple[str, object]]:
+    """name -> (aten op(s) it dispatches, the call)."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(8, 64, device=device, dtype=dtype, generator=g)
+    w = torch.randn(64, 64, device=device, dtype=dtype, generator=g)
+    b = torch.randn(64, device=device, dtype=dtype, generator=g)
+    a3 = a.view(2, 4, 64)
+    w3 = torch.randn(2, 64, 64, device=device, dtype=dtype, generator=g)
+    f = a.float()
+    idx = torch.randint(0, 8, (4,), device=device, generator=g)
+    ids = torch.randint(0, 60, (32,), device=device, generator=g)
+    table = torch.randn(1000, 64, device=device, dtype=dtype, generator=g)
+    mask = a > 0
+    q = torch.randn(1, 8, 1, 64, device=device, dtype=dtype, generator=g)
+    kv = torch.randn(1, 8, 16, 64, device=device, dtype=dtype, generator=g)
+    return {
+        "add": ("aten.add.Tensor", lambda: torch.add(a, a)),
+        "mul": ("aten.mul.Tensor", lambda: a * a),
+        "neg": ("aten.neg", lambda: -a),
+        "rsqrt": ("aten.rsqrt", lambda: torch.rsqrt(a)),
+        "pow": ("aten.pow.Tensor_Scalar", lambda: a.pow(2)),
+        "mean": ("aten.mean.dim", lambda: a.mean(-1, keepdim=True)),
+        "sum": ("aten.sum.dim_IntList", lambda: a.sum(-1)),
+        "silu": ("aten.silu", lambda: F.silu(a)),
+        "sigmoid": ("aten.sigmoid", lambda: torch.sigmoid(a)),
+        "softmax": ("aten._softmax", lambda: torch.softmax(f, -1)),
+        "to_fp32": ("aten._to_copy", lambda: a.to(torch.float32)),
+        "cat": ("aten.cat", lambda: torch.cat([a, a], -1)),
+        "t_contiguous": ("aten.t + aten.clone", lambda: a.t().contiguous()),
+        "masked_fill": ("aten.masked_fill.Scalar", lambda: a.masked_fill(mask, 0.0)),
+        "index": ("aten.index.Tensor", lambda: a[idx]),
+        "index_select": ("aten.index_select", lambda: a.index_select(0, idx)),
+        "embedding": ("aten.embedding", lambda: F.embedding(ids, table)),
+        "mm": ("aten.mm", lambda: torch.mm(a, w)),
+        "addmm": ("aten.addmm", lambda: torch.addmm(b, a, w)),
+        "linear": ("aten.t + aten.mm", lambda: F.linear(a, w)),
+        "linear_bias": ("aten.t + aten.addmm", lambda: F.linear(a, w, b)),
+        "bmm": ("aten.bmm", lambda: torch.bmm(a3, w3)),
+        "topk": ("aten.topk", lambda: torch.topk(f, 4, dim=-1)),
+        "sort": ("aten.sort", lambda: torch.sort(ids)),
+        "cumsum": ("aten.cumsum", lambda: torch.cumsum(ids, 0)),
+        "sdpa_decode": ("attention (SDPA, q_len 1)", lambda: F.scaled_dot_product_attention(q, kv, kv)),
+        "view": ("aten.view", lambda: a.view(-1)),
+        "transpose": ("aten.transpose.int", lambda: a.transpose(0, 1)),
+        "unsqueeze": ("aten.unsqueeze", lambda: a.unsqueeze(0)),
+        "slice": ("aten.slice.Tensor", lambda: a[:, :32]),
+        "expand": ("aten.expand", lambda: a.unsqueeze(0).expand(2, 8, 64)),
+    }
+
+
+def wall_per_call_s(fn, count: int, device) -> float:
+    common.sync(device)
+    t0 = time.perf_counter()
+    for _ in range(count):
+        fn()
+    common.sync(device)
+    return (time.perf_counter() - t0) / count
+
+
+def main(argv=None) -> int:
+    parser = common.harness_parser(__doc__, "the CPU, a few calls per op, seconds")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--count", type=int, default=2000)
+    parser.add_argument("--no-host", action="store_true", help="skip the host microbenchmark lines")
+    args = parser.parse_args(argv)
+    common.set_env()
+    import torch
+
+    device = common.pick_device()
+    if args.smoke:
+        common.smoke_threads(device)
+        args.repeats, args.count = 2, 20
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    out = common.JsonlOut(args.out)
+    out.write(common.header(SCRIPT, args))
+    budget = common.Budget(args.max_minutes)
+    measure_host = device.type == "cuda" and not args.no_host
+    if measure_host:
+        out.write(common.host_record("start"))
+    calls = op_calls(device, dtype)
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    errors: dict[str, str] = {}
+    with torch.inference_mode():
+        for name, (_, fn) in calls.items():          # warm-up: first-call dispatch and library handles
+            try:
+                for _ in range(5):
+                    fn()
+            except Exception as exc:  # noqa: BLE001 - recorded per op
+                errors[name] = common.classify_error(exc)[1]
+        for _ in range(args.repeats):
+            if budget.expired():
+                break
+            for name, (_, fn) in calls.items():
+                if name not in errors:
+                    samples[name].append(wall_per_call_s(fn, args.count, device))
+    base = statistics.median(samples["add"]) if samples["add"] else None
+    for name, (aten, _) in calls.items():
+        vals = samples[name]
+        rec = {"type": "op", "name": name, "aten": aten, "status": "error" if name in errors else "ok",
+               "samples_s": vals, "median_s": statistics.median(vals) if vals else None}
+        if name in errors:
+            rec["error"] = errors[name]
+        if vals and base:
+            rec["ratio_to_add"] = round(rec["median_s"] / base, 4)
+        out.write(rec)
+        print(f"[op_host] {name:14s} {rec['median_s'] and rec['median_s'] * 1e6 or float('nan'):8.2f} us  "
+              f"x{rec.get('ratio_to_add', float('nan')):.2f}", flush=True)
+    if measure_host:
+        out.write(common.host_record("end"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
