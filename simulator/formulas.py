@@ -103,7 +103,8 @@ def quantized(cost: Cost, op: Op, quant: str) -> Cost:
     # routed expert GEMMs price their stored width themselves (_grouped_mm, moe weight_element_bytes)
     if quant not in QUANT_BYTES_PER_WEIGHT or cost.kind != "gemm" or not weight or "moe" in op.attrs:
         return cost
-    element = op.inputs[0].nbytes / max(op.inputs[0].numel, 1) if op.inputs else 2.0
+    w = op.inputs[-1] if op.inputs else None     # the weight operand: mm(x, w_t), addmm(bias, x, w_t)
+    element = w.nbytes / max(w.numel, 1) if w is not None else 2.0
     saved = weight * (1.0 - QUANT_BYTES_PER_WEIGHT[quant] / element)
     return Cost(cost.flops, max(cost.bytes_read - saved, 0.0), cost.bytes_written, cost.launches, cost.kind)
 

@@ -87,6 +87,15 @@ def test_vllm_runs_qkv_and_gate_up_as_one_gemm_each():
     opt = {r.name: r for r in _estimate(model="opt-1.3b", device="h100", workload="decode", batch=8, seq=512,
                                         runtime="vllm", dtype="fp16").top_ops}
     assert opt["aten.addmm"].count == 4 * 24                         # qkv (biased), out_proj, fc1, fc2
+    # fp8 W8A8 biased GEMMs read their fp8 weights (the bias operand is not the weight's width)
+    kw8 = {"model": "opt-1.3b", "device": "h100", "workload": "decode", "batch": 1, "seq": 512, "runtime": "vllm"}
+    fp8_opt = {r.name: r for r in _estimate(dtype="fp16", quant="fp8", **kw8).top_ops}["aten.addmm"]
+    fp16_opt = {r.name: r for r in _estimate(dtype="fp16", **kw8).top_ops}["aten.addmm"]
+    assert fp8_opt.bytes == pytest.approx(fp16_opt.bytes / 2, rel=0.02)
+    # whisper: q and v have biases, k has none; the merged GEMM keeps the bias (vLLM zero-fills k's)
+    wh = {r.name: r for r in _estimate(model="whisper-medium.en", device="h100", workload="decode", batch=1,
+                                        seq=64, runtime="vllm", dtype="fp16").top_ops}
+    assert "aten.addmm" in wh
 
 
 def _graphs_rows(**kw):

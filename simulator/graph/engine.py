@@ -308,15 +308,15 @@ def merge_projections(ops: list[Op], repeats: list[float]) -> tuple[list[Op], li
     groups: dict[tuple[str, str], list[int]] = {}
     for i, op in enumerate(ops):
         kind = MERGED_PROJECTIONS.get(_leaf(op.scope)) if op.name in PROJECTION_GEMMS else None
-        if kind and op.phase == "forward":
+        if kind and op.phase == "forward" and op.attrs.get("weight_bytes") and not op.attrs.get("engine"):
             groups.setdefault((op.scope.rsplit(".", 1)[0], kind), []).append(i)
     merged: dict[int, Op] = {}
     for members in groups.values():
         first = ops[members[0]]
         x = _activation(first)
-        same = [i for i in members if _activation(ops[i]) == x]
-        if len(same) < 2:
-            continue
+        same = [i for i in members if _activation(ops[i]) == x and repeats[i] == repeats[members[0]]]
+        if len(same) < 2 or len({_leaf(ops[i].scope) for i in same}) < len(same):
+            continue                           # one call of each projection (a module called twice: left alone)
         merged[same[0]] = _merged_gemm([ops[i] for i in same])
         for i in same[1:]:
             merged[i] = None
@@ -345,7 +345,7 @@ def _merged_gemm(gemms: list[Op]) -> Op:
     n = sum(w.shape[-1] for w in weights)
     w = TensorMeta((weights[0].shape[0], n), weights[0].dtype)
     y = TensorMeta((*first.outputs[0].shape[:-1], n), first.outputs[0].dtype)
-    biased = all(g.name == "aten.addmm" for g in gemms)
+    biased = any(g.name == "aten.addmm" for g in gemms)     # vLLM zero-fills the bias of a projection without one
     args = (TensorMeta((n,), first.inputs[0].dtype), x, w) if biased else (x, w)
     attrs = {**first.attrs, "merged": len(gemms),
              "weight_bytes": sum(g.attrs.get("weight_bytes", 0.0) for g in gemms)}

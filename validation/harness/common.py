@@ -164,6 +164,17 @@ def host_record(when: str) -> dict:
     return record
 
 
+def start_run(script: str, args, device, **header_extra) -> tuple["JsonlOut", "Budget", bool]:
+    """(the JSONL output with its header written, the --max-minutes budget, whether host lines are written): on a
+    CUDA device without --no-host, the ``start`` host line is written too (the caller writes ``end``)."""
+    out = JsonlOut(args.out)
+    out.write({**header(script, args), **header_extra})
+    measure_host = device.type == "cuda" and not getattr(args, "no_host", False)
+    if measure_host:
+        out.write(host_record("start"))
+    return out, Budget(args.max_minutes), measure_host
+
+
 def rounded(values, digits: int = 3) -> list:
     return [None if v is None else round(float(v), digits) for v in values]
 

@@ -12,11 +12,13 @@ holding ctx-1 tokens, ``cache.crop(-1)`` untimed after every step):
    self_attn, post_attention_layernorm, mlp, ...); host milliseconds per step per child name summed over layers, the
    layers' total, and the step's remainder (embedding, rotary, masks, final norm, head). The hooks cost the host a
    few microseconds each; the hooked step's total is recorded beside the clean one.
-3. ``ops``: torch.profiler with CPU activities only (no CUPTI, which leaves the process slower: pytorch#144455) over
-   a few steps: per aten op name, calls and self CPU microseconds per step.
+3. ``ops``: torch.profiler with CPU activities only (no CUPTI, which leaves the process slower: pytorch#144455), one
+   window per step (the cache cleanup between steps outside it; the 2026-11-26 data's single window held it too:
+   2 copies per layer, which validation/moe_report.py subtracts): per aten op name, calls and self CPU microseconds
+   per step.
 4. ``clean`` again after the profile (the profiler's residue, if any).
 
-aisim's own per-scope host estimate for the same step is printed by ``python -m aisim.validation.scripts.host_scopes_report``.
+validation/moe_report.py (host_scopes_rows) sets the launches and host time against aisim's for the same step.
 """
 from __future__ import annotations
 
@@ -100,22 +102,23 @@ def scopes(model, step, after, device, args) -> dict:
 
 
 def ops(step, after, device, args) -> list[dict]:
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     steps = args.profile_steps
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
+    totals: dict[str, list[float]] = {}
+    for _ in range(steps):     # one profiler window per step: the cache cleanup (after) stays outside it
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
             step()
             common.sync(device)
-            after()
-    table = []
-    for e in prof.key_averages():
-        table.append({"name": e.key, "calls_per_step": round(e.count / steps, 3),
-                      "self_cpu_us_per_step": round(e.self_cpu_time_total / steps, 2),
-                      "cpu_total_us_per_step": round(e.cpu_time_total / steps, 2)})
+        after()
+        for e in prof.key_averages():
+            t = totals.setdefault(e.key, [0.0, 0.0, 0.0])
+            t[0] += e.count
+            t[1] += e.self_cpu_time_total
+            t[2] += e.cpu_time_total
+    table = [{"name": name, "calls_per_step": round(c / steps, 3), "self_cpu_us_per_step": round(us / steps, 2),
+              "cpu_total_us_per_step": round(total / steps, 2)} for name, (c, us, total) in totals.items()]
     table.sort(key=lambda r: -r["self_cpu_us_per_step"])
-    del torch
     return table
 
 
@@ -193,12 +196,7 @@ def main(argv=None) -> int:
     if args.smoke and device.type == "cpu":
         args.dtype = "fp32"
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    out = common.JsonlOut(args.out)
-    out.write(common.header(SCRIPT, args))
-    budget = common.Budget(args.max_minutes)
-    measure_host = device.type == "cuda" and not args.no_host
-    if measure_host:
-        out.write(common.host_record("start"))
+    out, budget, measure_host = common.start_run(SCRIPT, args, device, profile_window_per_step=True)
     for text in (m for m in args.models.split(",") if m):
         if not budget.allows(30):
             print("[host_scopes] budget spent; stopping", flush=True)

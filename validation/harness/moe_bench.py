@@ -340,12 +340,7 @@ def main(argv=None) -> int:
     if args.smoke and device.type == "cpu":
         args.dtype = "fp32"   # bf16 matmuls are emulated (slow) on most CPUs
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    out = common.JsonlOut(args.out)
-    out.write(common.header(SCRIPT, args))
-    budget = common.Budget(args.max_minutes)
-    measure_host = device.type == "cuda" and not args.no_host
-    if measure_host:
-        out.write(common.host_record("start"))
+    out, budget, measure_host = common.start_run(SCRIPT, args, device)
     batches, contexts = common.parse_ints(args.batches), common.parse_ints(args.contexts)
     workloads = [w for w in args.workloads.split(",") if w]
     all_cases = [(w, b, c) for w in workloads for b in batches for c in contexts]

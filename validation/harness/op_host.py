@@ -95,12 +95,7 @@ def main(argv=None) -> int:
         common.smoke_threads(device)
         args.repeats, args.count = 2, 20
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    out = common.JsonlOut(args.out)
-    out.write(common.header(SCRIPT, args))
-    budget = common.Budget(args.max_minutes)
-    measure_host = device.type == "cuda" and not args.no_host
-    if measure_host:
-        out.write(common.host_record("start"))
+    out, budget, measure_host = common.start_run(SCRIPT, args, device)
     calls = op_calls(device, dtype)
     samples: dict[str, list[float]] = {name: [] for name in calls}
     errors: dict[str, str] = {}
