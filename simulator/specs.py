@@ -235,6 +235,14 @@ class CalibrationSpec(Spec):
         default_factory=dict, description="CPU time to dispatch one call of these aten ops, which do more host work "
         "than one kernel launch (torch.sort, torch._grouped_mm, cumsum, histc: validation/harness/grouped_gemm.py, "
         "relative to a masked_fill_ in the same loop); replaces eager_kernel_dispatch_s for them")
+    eager_add_dispatch_s: NonNegative | None = Field(
+        None, description="CPU time of one eager torch.add of two small tensors (calibrate_bench add_out_s): the unit "
+        "of eager_op_host_ratio")
+    eager_op_host_ratio: dict[str, Positive] = Field(
+        default_factory=dict, description="per aten op: the host cost of one eager call relative to a plain add "
+        "(validation/harness/op_host.py, tiny non-judged shapes; keys 'kernel' and 'view' for the ops not listed). "
+        "Where set (with eager_add_dispatch_s), an op costs eager_add_dispatch_s x its ratio instead of the "
+        "kernel/view split")
     eager_framework_scale: Positive = Field(1.0, description="measured / predicted CPU time of tiny HF models "
                                          "(validation/framework_overhead.py): the Python between the ops")
     eager_phase_scale: dict[Literal["decode", "train"], Positive] = Field(
@@ -278,6 +286,7 @@ class HostSpec(Spec):
     eager_python_call_s: NonNegative | None = None
     eager_kernel_dispatch_s: NonNegative | None = None
     eager_view_dispatch_s: NonNegative | None = None
+    eager_add_dispatch_s: NonNegative | None = None
     eager_framework_scale: Positive = 1.0
     provenance: dict[str, str] = Field(default_factory=dict)
 

@@ -210,13 +210,22 @@ def test_timeline_charges_an_ops_own_dispatch():
     from aisim.graph.ops import Op, TensorMeta
     from aisim.specs import all_runtimes, load_calibration
 
-    cal = load_calibration("h100-sxm").model_copy(update={"eager_op_dispatch_s": {"aten.sort": 50e-6}})
     t = TensorMeta((64,), "int64")
     ops = [Op("aten.sort", (t,), {}, (t, t), False), Op("aten.mul.Tensor", (t, t), {}, (t,), False)]
     runtime = all_runtimes()["eager"]
+    # the kernel/view split (no per-op table): the own cost as stored, other kernel ops K
+    cal = load_calibration("h100-sxm").model_copy(update={"eager_op_dispatch_s": {"aten.sort": 50e-6},
+                                                          "eager_add_dispatch_s": None})
     costs = cpu_costs(ops, ["memory", "memory"], np.array([1.0, 1.0]), cal, runtime)
     assert costs[0] == pytest.approx(50e-6 * cal.eager_framework_scale)
     assert costs[1] == pytest.approx(cal.eager_kernel_dispatch_s * cal.eager_framework_scale)
+    # with the per-op table: the own cost re-expressed in units of the add (it was measured beside a one-kernel
+    # masked_fill_, stored in units of K), other ops the add x their ratio
+    cal = load_calibration("h100-sxm").model_copy(update={"eager_op_dispatch_s": {"aten.sort": 50e-6}})
+    add, k = cal.eager_add_dispatch_s, cal.eager_kernel_dispatch_s
+    costs = cpu_costs(ops, ["memory", "memory"], np.array([1.0, 1.0]), cal, runtime)
+    assert costs[0] == pytest.approx(50e-6 * add / k * cal.eager_framework_scale)
+    assert costs[1] == pytest.approx(add * cal.eager_op_host_ratio["aten.mul.Tensor"] * cal.eager_framework_scale)
 
 
 def test_moe_block_host_time_matches_the_harness():

@@ -275,16 +275,45 @@ def test_framework_overhead_cli_bad_input_is_one_line(tmp_path):
         main([])
 
 
-def test_committed_phase_rounds_derive_the_calibrations_train_scale(capsys):
-    import json
-    from pathlib import Path
+@pytest.mark.parametrize("name", ["h100-sxm", "h200"])
+def test_committed_microbenchmarks_derive_the_calibrations_host_table(name):
+    """derive_op_host on the committed op_host runs, the calibration's raw file and the phase rounds gives exactly
+    the per-op table, add, framework scale and train scale in the calibration file (and the table and train scale
+    in default.yaml, which a new calibration copies)."""
+    from aisim.specs import default_calibration
+    from aisim.validation.scripts.derive_op_host import derive
 
-    from aisim.validation.framework_overhead import main
+    fit = derive(name)
+    cal = load_calibration(name)
+    assert cal.eager_op_host_ratio == fit["eager_op_host_ratio"] == default_calibration().eager_op_host_ratio
+    assert cal.eager_add_dispatch_s == fit["eager_add_dispatch_s"]
+    assert cal.eager_framework_scale == fit["eager_framework_scale"]
+    assert cal.eager_phase_scale == fit["eager_phase_scale"] == default_calibration().eager_phase_scale
+    assert fit["eager_op_host_ratio"]["aten.mm"] > 1.5 > 0.5 > fit["eager_op_host_ratio"]["view"]
 
-    data = Path(__file__).resolve().parent.parent / "validation/data/kernels/framework-phases-h100.jsonl"
-    assert main(["--derive", str(data)]) == 0
-    derived = json.loads(capsys.readouterr().out)["eager_phase_scale"]
-    assert derived["train"] == load_calibration("h100-sxm").eager_phase_scale["train"]
+
+def test_per_op_host_table_prices_each_op_by_its_ratio(cal):
+    """With eager_op_host_ratio and eager_add_dispatch_s, an op costs add x its ratio (x the framework scale); an op
+    the table does not list, the 'kernel' ratio per launch or the 'view' ratio; without the add, the split."""
+    import numpy as np
+
+    from aisim.cost.timeline import cpu_costs
+    from aisim.graph.ops import Op, TensorMeta
+    from aisim.specs import all_runtimes
+
+    t = TensorMeta((8, 64), "bf16")
+    ops = [Op("aten.mm", (t, t), {}, (t,), False), Op("aten.view", (t,), {}, (t,), True),
+           Op("aten.floor_divide", (t, t), {}, (t,), False), Op("aten.alias", (t,), {}, (t,), True)]
+    table = {"aten.mm": 2.0, "aten.view": 0.1, "kernel": 1.5, "view": 0.3}
+    per_op = cal.model_copy(update={"eager_op_host_ratio": table, "eager_add_dispatch_s": 10e-6,
+                                    "eager_framework_scale": 2.0, "eager_op_dispatch_s": {}})
+    launches = np.array([1.0, 0.0, 2.0, 0.0])
+    got = cpu_costs(ops, ["gemm", "none", "memory", "none"], launches, per_op, all_runtimes()["eager"])
+    assert got.tolist() == pytest.approx([40e-6, 2e-6, 60e-6, 6e-6])
+    split = per_op.model_copy(update={"eager_add_dispatch_s": None})
+    got = cpu_costs(ops, ["gemm", "none", "memory", "none"], launches, split, all_runtimes()["eager"])
+    k, v = cal.eager_kernel_dispatch_s, cal.eager_view_dispatch_s
+    assert got.tolist() == pytest.approx([2 * k, 2 * v, 2 * 2 * k, 2 * v])
 
 
 def test_a_calibration_file_given_as_host_or_a_host_file_as_calibration_says_which_flag(tmp_path):

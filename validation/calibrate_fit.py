@@ -12,7 +12,7 @@ from ..errors import AisimError
 from ..formulas import FLASH_BACKWARD_FLOPS_RATIO
 from ..formulas import attention_flops as _formula_attention_flops
 from ..graph.ops import TensorMeta
-from ..specs import CalibrationSpec, Curve, GemmTable
+from ..specs import CalibrationSpec, Curve, GemmTable, default_calibration
 from ..units import DTYPE_BYTES
 
 # ---------------------------------------------------------------- conventions and grids (documented constants)
@@ -232,20 +232,31 @@ def fit_dispatch(med: dict[str, float]) -> dict[str, float]:
             "eager_view_dispatch_s": float(coef[2])}
 
 
-def fit_overheads(records: list[dict]) -> dict[str, float]:
+def fit_overheads(records: list[dict], defaults: CalibrationSpec | None = None) -> dict:
     """Overhead samples -> launch/graphs dispatch (graph replay per kernel), eager dispatch (wall per tiny op),
     module overhead (nn.Linear call minus F.linear call, floored at 0) and the eager dispatch split
-    (fit_dispatch); medians of the samples."""
+    (fit_dispatch); medians of the samples. Where ``defaults`` carry the per-op host table
+    (eager_op_host_ratio, portable ratios: validation/harness/op_host.py) and the records time a plain add
+    (add_out_s), the fit uses it: eager_add_dispatch_s = that add, and eager_framework_scale is the tiny models'
+    measured time over what the per-op costs predict."""
     med = {r["name"]: statistics.median(r["samples_s"]) for r in records if r["bench"] == "overhead"}
     graph = med["graph_kernel_s"]
     fitted = {"launch_overhead_s": graph, "graphs_dispatch_s": graph, "eager_dispatch_s": med["eager_op_s"],
               "module_overhead_s": max(0.0, med["module_call_s"] - med["functional_call_s"]), **fit_dispatch(med)}
-    if "eager_kernel_dispatch_s" in fitted:
-        from .framework_overhead import fit_framework_scale
+    if "eager_kernel_dispatch_s" not in fitted:
+        return fitted
+    from .framework_overhead import fit_framework_scale, fit_framework_scale_per_op
+
+    table = defaults.eager_op_host_ratio if defaults is not None else {}
+    if table and "add_out_s" in med:
+        fitted.update(eager_add_dispatch_s=med["add_out_s"], eager_op_host_ratio=dict(table))
+        cal = defaults.model_copy(update={k: v for k, v in fitted.items() if k in CalibrationSpec.model_fields})
+        scale = fit_framework_scale_per_op(records, cal)
+    else:
         scale = fit_framework_scale(records, fitted["eager_kernel_dispatch_s"], fitted["eager_view_dispatch_s"],
                                     fitted["module_overhead_s"])
-        if scale is not None:
-            fitted["eager_framework_scale"] = scale
+    if scale is not None:
+        fitted["eager_framework_scale"] = scale
     return fitted
 
 
@@ -285,7 +296,7 @@ def fit_calibration(raw: dict, defaults: CalibrationSpec | None = None) -> Calib
     transposed, n5 = fit_transposed(recs, peaks["memory_bw_bytes_per_s"])
     notes += n + n2 + n3 + n5
     fields = {}
-    for name, fit, args in (("overheads", fit_overheads, (recs,)),
+    for name, fit, args in (("overheads", fit_overheads, (recs, defaults or default_calibration())),
                             ("power", fit_power, (recs, float(raw["provenance"].get("power_limit_w", "nan"))))):
         try:
             fields.update(fit(*args))
@@ -306,7 +317,6 @@ def fit_calibration(raw: dict, defaults: CalibrationSpec | None = None) -> Calib
     if "eager_phase_scale" not in fields:
         # a ratio of host costs that held across hosts (default.yaml provenance); the full calibration does not
         # time the tiny models' forward-backward (python -m aisim.validation.framework_overhead does)
-        from aisim.specs import default_calibration
         fields["eager_phase_scale"] = dict((defaults or default_calibration()).eager_phase_scale)
         notes.append(f"eager_phase_scale {fields['eager_phase_scale']}: the default rules' (not measured here)")
     notes.append(_conventions_note(peaks))

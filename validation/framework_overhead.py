@@ -71,6 +71,67 @@ def _tiny_model(config: dict, device: str, dtype):
     return model.eval()
 
 
+_TRACES: dict = {}
+
+
+def _trace_arrays(family: str, phase: str):
+    """(ops, kinds, launches, repeats) of a TINY model's traced step (as op_counts traces it), cached."""
+    key = (family, phase)
+    if key not in _TRACES:
+        import numpy as np
+
+        from aisim.formulas import op_cost
+        from aisim.graph.extract import trace_workload
+        from aisim.workload import ParallelPlan, Workload
+
+        seq = SEQ + DECODE_STEPS // 2 if phase == "decode" else SEQ
+        workload = Workload(phase=phase, batch=BATCH, seq=seq, dtype="fp16", with_loss=phase == "forward-backward")
+        graph = trace_workload(TINY[family], workload, ParallelPlan(), use_cache=False)
+        costs = [op_cost(op) for op in graph.ops]
+        _TRACES[key] = (graph.ops, [c.kind for c in costs], np.array([c.launches for c in costs], dtype=float),
+                        np.array(graph.repeats, dtype=float))
+    return _TRACES[key]
+
+
+def predicted_host_s(family: str, cal, phase: str = "forward") -> float:
+    """Host time aisim's eager cost model (cost/timeline.py cpu_costs, with ``cal``'s dispatch constants and per-op
+    table, no framework or phase scale) predicts for a TINY model's traced step."""
+    from aisim.cost.timeline import cpu_costs
+    from aisim.specs import RuntimeSpec
+
+    ops, kinds, launches, repeats = _trace_arrays(family, phase)
+    bare = cal.model_copy(update={"eager_framework_scale": 1.0, "eager_phase_scale": {}})
+    eager = RuntimeSpec(name="eager", description="eager", dispatch="eager", source="tiny-model prediction")
+    return float((cpu_costs(ops, kinds, launches, bare, eager) * repeats).sum())
+
+
+def fit_framework_scale_per_op(records: list[dict], cal) -> float | None:
+    """eager_framework_scale for the per-op host table: median over the tiny models of measured time / the time
+    ``cal``'s per-op costs predict for their traced forward (predicted_host_s)."""
+    ratios = [r["time_s"] / predicted_host_s(r["family"], cal) for r in records
+              if r.get("bench") == "framework" and r.get("family") in TINY]
+    return statistics.median(ratios) if ratios else None
+
+
+def fit_phase_scales_per_op(records: list[dict], cal) -> dict[str, float]:
+    """fit_phase_scales with the per-op predicted host time of each phase's traced step."""
+    by_family: dict[str, dict[str, float]] = {}
+    for r in records:
+        if r.get("bench") == "framework_phase" and r.get("family") in TINY:
+            by_family.setdefault(r["family"], {})[r["phase"]] = r["time_s"] / predicted_host_s(r["family"], cal,
+                                                                                               r["phase"])
+    return _phase_ratios(by_family)
+
+
+def _phase_ratios(by_family: dict[str, dict[str, float]]) -> dict[str, float]:
+    scales = {}
+    for phase, key in PHASE_KEYS.items():
+        rel = [f[phase] / f["forward"] for f in by_family.values() if phase in f and "forward" in f]
+        if rel:
+            scales[key] = round(statistics.median(rel), 4)
+    return scales
+
+
 def _predicted_s(counts: dict, kernel_s: float, view_s: float, module_s: float) -> float:
     """Host time the dispatch constants predict for a traced step's op counts (op_counts)."""
     return counts["kernels"] * kernel_s + counts["views"] * view_s + counts["modules"] * module_s
@@ -175,12 +236,7 @@ def fit_phase_scales(records: list[dict], kernel_s: float, view_s: float, module
     for r in records:
         if r.get("bench") == "framework_phase" and (x := ratio(r)) is not None:
             by_family.setdefault(r["family"], {})[r["phase"]] = x
-    scales = {}
-    for phase, key in PHASE_KEYS.items():
-        rel = [f[phase] / f["forward"] for f in by_family.values() if phase in f and "forward" in f]
-        if rel:
-            scales[key] = round(statistics.median(rel), 4)
-    return scales
+    return _phase_ratios(by_family)
 
 
 def fit_framework_scale(records: list[dict], kernel_s: float, view_s: float, module_s: float) -> float | None:
@@ -224,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"eager_phase_scale": scales, "rounds": len(fits)}))
         return 0
     from aisim.errors import AisimError
+    from aisim.specs import CalibrationSpec, default_calibration
 
     from .calibrate import _require_cuda
     from .calibrate_bench import bench_overheads
@@ -238,9 +295,14 @@ def main(argv: list[str] | None = None) -> int:
         out.write(json.dumps(header("framework_overhead", args)) + "\n")
         for round_ in range(args.rounds):
             raw = bench_overheads() + bench_framework_overhead() + bench_framework_phases()
-            fitted = fit_overheads(raw)
-            phase = fit_phase_scales(raw, fitted["eager_kernel_dispatch_s"], fitted["eager_view_dispatch_s"],
-                                     fitted["module_overhead_s"])
+            fitted = fit_overheads(raw, default_calibration())
+            if fitted.get("eager_add_dispatch_s") is not None:   # the per-op host table (default.yaml's ratios)
+                cal = default_calibration().model_copy(update={k: v for k, v in fitted.items()
+                                                               if k in CalibrationSpec.model_fields})
+                phase = fit_phase_scales_per_op(raw, cal)
+            else:
+                phase = fit_phase_scales(raw, fitted["eager_kernel_dispatch_s"], fitted["eager_view_dispatch_s"],
+                                         fitted["module_overhead_s"])
             for r in raw:
                 out.write(json.dumps({"type": "record", "round": round_, **{k: v for k, v in r.items()
                                                                              if k != "config"}}) + "\n")

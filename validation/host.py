@@ -33,14 +33,14 @@ def measure_host(repeats: int = 7, count: int = 2000, calls: int = 50) -> dict:
     constants (HOST_FIELDS), the raw samples and where they were measured."""
     import torch
 
-    from aisim.specs import HOST_FIELDS
+    from aisim.specs import HOST_FIELDS, default_calibration
 
     from .calibrate_bench import bench_overheads
     from .calibrate_fit import fit_overheads
     from .framework_overhead import bench_framework_overhead
 
     raw = bench_overheads(repeats=repeats, count=count) + bench_framework_overhead(repeats=5, calls=calls)
-    fitted = fit_overheads(raw)
+    fitted = fit_overheads(raw, default_calibration())
     constants = {f: fitted[f] for f in HOST_FIELDS if fitted.get(f) is not None}
     provenance = {"hostname": socket.gethostname(), "cpu": cpu_name(), "cpu_count": str(os.cpu_count()),
                   "gpu_name": torch.cuda.get_device_name(0), "torch": torch.__version__,

@@ -33,7 +33,7 @@ CATEGORIES = ("prefill runtime", "decode runtime", "prefill memory", "decode mem
 # Goals of the engines + MoE issue (MAPE %), and regression ceilings (the value of the commit that set it plus half a
 # point; tests/test_moe.py fails above them). Lower a ceiling when accuracy improves.
 GOALS = {"prefill runtime": 15.0, "decode runtime": 15.0, "prefill memory": 3.0, "decode memory": 3.0}
-CEILINGS = {"prefill runtime": 9.5, "decode runtime": 16.9, "prefill memory": 0.5, "decode memory": 0.6}
+CEILINGS = {"prefill runtime": 9.2, "decode runtime": 16.5, "prefill memory": 0.5, "decode memory": 0.6}
 GB = 1e9
 
 
@@ -138,6 +138,8 @@ def runs_lines(runs: tuple[Path, ...] = RUNS) -> list[str]:
 
 def spread_lines(runs: tuple[Path, ...] = RUNS) -> list[str]:
     """The host spread of the same decode case across the runs, and the median-of-runs error range per model."""
+    from aisim.specs import load_calibration
+
     per_run = [compare_moe(p) for p in runs]
     median = median_of_runs(per_run)
 
@@ -154,15 +156,15 @@ def spread_lines(runs: tuple[Path, ...] = RUNS) -> list[str]:
     return ["The spread between runs is the host's: the same decode case (batch 1, context 128) takes "
             + ", ".join(f"{span(m)} ({m})" for m in models) + " on different hosts of the same kind, while the large "
             "prefills agree within a few percent. Decode errors against the median of the runs: "
-            + ", ".join(f"{m} {errors(m)}" for m in models) + ". Decode is low on the median for all three models: "
-            "the calibration's host constants come from one H100 host (hardware_specs/calibration/h100-sxm.yaml, "
-            "eager_kernel_dispatch_s x eager_framework_scale = "
-            f"{_effective_kernel_us('h100-sxm'):.1f} us per kernel op), while the host lines of the later runs "
-            f"give {_host_lines_kernel_us(runs)} (median {statistics.median(_host_line_values(runs)):.1f} us). "
-            "Yet on hosts of the same pool the dense decode rows of the H100 suite ran faster than estimated (mean "
+            + ", ".join(f"{m} {errors(m)}" for m in models) + "; mean signed error "
+            + ", ".join(f"{m} {_mean_signed(median, m):+.1f}%" for m in models) + ". Decode is estimated short on "
+            "the median, and not because the calibration's host was a fast one: a plain eager add took "
+            f"{load_calibration('h100-sxm').eager_add_dispatch_s * 1e6:.1f} us there (hardware_specs/calibration/"
+            f"h100-sxm.yaml eager_add_dispatch_s) and {_host_lines_add_us(runs)} on the later runs' and the "
+            "host-scopes run's hosts. "
+            "And on hosts of the same pool the dense decode rows of the H100 suite ran faster than estimated (mean "
             f"signed error {_dense_decode_bias():+.1f}%, estimate - measured, against the per-case median of the "
-            "three suite runs), so a slower host alone does not fit both; the diagnostic below shows where the MoE "
-            "steps differ."]
+            "three suite runs): no host speed fits both; the diagnostic below shows where the MoE steps differ."]
 
 
 def _dense_decode_bias() -> float:
@@ -178,27 +180,29 @@ def _dense_decode_bias() -> float:
     return sum(errs) / len(errs)
 
 
-def _effective_kernel_us(calibration: str) -> float:
-    from aisim.specs import load_calibration
-
-    cal = load_calibration(calibration)
-    return cal.eager_kernel_dispatch_s * cal.eager_framework_scale * 1e6
+def _mean_signed(rows: list[MoeRow], model: str) -> float:
+    errs = [r.time_err_pct for r in rows if r.model == model and r.workload == "decode"]
+    return sum(errs) / len(errs)
 
 
 def _host_line_values(runs: tuple[Path, ...]) -> list[float]:
+    """Microseconds of one plain eager add (calibrate_bench add_out_s, median) in every host line of the runs and
+    of the host-scopes run."""
     out = []
     for path in (*runs, HOST_SCOPES):
         with open(path) as f:
             for r in map(json.loads, f):
-                c = r.get("constants") if r.get("type") == "host" else None
-                if c and c.get("eager_kernel_dispatch_s") and c.get("eager_framework_scale"):
-                    out.append(c["eager_kernel_dispatch_s"] * c["eager_framework_scale"] * 1e6)
+                raw = r.get("raw") if r.get("type") == "host" else None
+                add = [x for x in raw or [] if x.get("name") == "add_out_s"]
+                if add:
+                    out.append(statistics.median(add[0]["samples_s"]) * 1e6)
     return out
 
 
-def _host_lines_kernel_us(runs: tuple[Path, ...]) -> str:
+def _host_lines_add_us(runs: tuple[Path, ...]) -> str:
     vals = _host_line_values(runs)
-    return f"{min(vals):.1f}-{max(vals):.1f} us over {len(vals)} host lines" if vals else "no host lines"
+    return (f"{min(vals):.1f}-{max(vals):.1f} us ({len(vals)} host lines, median {statistics.median(vals):.1f})"
+            if vals else "no host lines")
 
 
 LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cuLaunchKernel",
@@ -218,7 +222,9 @@ def host_scopes_rows(path: Path = HOST_SCOPES) -> list[dict]:
 
     rows = []
     with open(path) as f:
-        cases = [r for r in map(json.loads, f) if r.get("type") == "case" and r.get("status") == "ok"]
+        records = [json.loads(line) for line in f]
+    header = next((r for r in records if r.get("type") == "header"), {})
+    cases = [r for r in records if r.get("type") == "case" and r.get("status") == "ok"]
     for c in cases:
         config = {k: v for k, v in json.loads(common.config_path(c["model"]).read_text()).items()
                   if not k.startswith("_")}
@@ -232,8 +238,11 @@ def host_scopes_rows(path: Path = HOST_SCOPES) -> list[dict]:
             Path(tmp.name).unlink()
         cpu = cpu_costs(a.ops, list(a.kinds), a.launches, sc.calibration, sc.runtime, phase="decode")
         launch_ms = min(c["clean"]["launch_median_ms"], c["clean_after"]["launch_median_ms"])
+        # the committed run profiled the cache cleanup between steps too (harness fixed since): 2 copies per layer
+        cleanup = 2 * c["num_hidden_layers"] if not header.get("profile_window_per_step") else 0
         rows.append({"model": c["model"], "layers": c["num_hidden_layers"], "batch": c["batch"],
-                     "measured_launches": sum(o["calls_per_step"] for o in c["ops"] if o["name"] in LAUNCH_CALLS),
+                     "measured_launches": sum(o["calls_per_step"] for o in c["ops"] if o["name"] in LAUNCH_CALLS)
+                     - cleanup,
                      "aisim_launches": float((a.launches * a.repeats).sum()), "launch_ms": launch_ms,
                      "aisim_host_ms": float((cpu * a.repeats).sum()) * 1e3})
     return rows
@@ -291,11 +300,14 @@ def op_host_lines(path: Path = OP_HOST) -> list[str]:
     return [f"A microbenchmark for it ({path.relative_to(path.parents[3])}, validation/harness/op_host.py: tiny "
             "non-judged bf16 shapes on an H100, two runs, each op interleaved with the others) gives each op's host "
             "cost relative to a plain add: " + "; ".join(f"{g} {span(n)}" for g, n in groups.items())
-            + ". aisim charges every kernel op alike (but for the MoE ops of eager_op_dispatch_s) and a view "
-            f"{cal.eager_view_dispatch_s / cal.eager_kernel_dispatch_s:.2f} of a kernel op (h100-sxm.yaml's fitted "
-            "split), then scales both to tiny dense models; a per-op table "
-            "from these ratios, with eager_framework_scale refitted on the tiny models, is the next step (not done in "
-            "this commit: every eager figure would move and has to be re-evaluated)."]
+            + ". These ratios are the calibration's per-op host table (eager_op_host_ratio, times its own measured "
+            f"add, eager_add_dispatch_s {cal.eager_add_dispatch_s * 1e6:.1f} us; python -m "
+            "aisim.validation.scripts.derive_op_host), with eager_framework_scale refitted on the tiny models "
+            f"({cal.eager_framework_scale:.3f}) and the train phase scale on the phase rounds "
+            f"({cal.eager_phase_scale.get('train', 1.0):.3f}). Before it, every kernel op cost the same fitted K and "
+            f"a view {cal.eager_view_dispatch_s / cal.eager_kernel_dispatch_s:.2f} of it (the split, which absorbed "
+            "the GEMMs' extra cost into the views'): the MoE decode rows, kernel-heavy, came out 3-5% faster "
+            "relative to the dense ones."]
 
 
 def host_scopes_lines(path: Path = HOST_SCOPES) -> list[str]:
@@ -319,14 +331,17 @@ def host_scopes_lines(path: Path = HOST_SCOPES) -> list[str]:
     for r in rows:
         per_launch.setdefault(r["model"], []).append(1e3 * r["launch_ms"] / r["measured_launches"])
     queries = _cuda_queries(path)
-    lines += ["", f"Every model launches {min(excess):.0f}-{max(excess):.0f}% more kernels than aisim's trace counts "
-              "(device-side copies among them; which calls the meta-device trace misses is not yet attributed). On "
+    lines += ["", f"Every model launches {min(excess):.0f}-{max(excess):.0f}% more kernels per step than aisim's "
+              "trace counts (the profile's CUDA launch, memcpy and memset calls less the 2 copies per layer of the "
+              "harness's cache cleanup, which this run's profile window held; which calls the meta-device trace "
+              "misses is not yet attributed). On "
               "this host a launch cost " + ", ".join(f"{m} {_span(v)} us" for m, v in per_launch.items())
               + "; the MoE steps also make CUDA runtime queries per step that Llama's does not (occupancy and "
               "function-attribute queries of the grouped GEMM, sort and scan kernels: "
-              + ", ".join(f"{m} {n:.0f}" for m, n in queries.items()) + "). aisim's per-launch host constant, "
-              "fitted on dense tiny models, carries neither. Not modelled yet: this profile is of the judged models, "
-              "and a per-op host cost needs a microbenchmark of its own.", "", *op_host_lines()]
+              + ", ".join(f"{m} {n:.0f}" for m, n in queries.items() if n) + "; Llama-3-8B none). The missing "
+              "launches are not "
+              "modelled (this profile is of the judged models); the per-op host costs are, from a microbenchmark "
+              "of their own:", "", *op_host_lines()]
     return lines
 
 
@@ -352,8 +367,8 @@ def moe_section(path: Path = DATA) -> list[str]:
         if cat in mape:
             met = "yes" if mape[cat] <= GOALS[cat] else "no"
             lines.append(f"| {cat} | {n} | {mape[cat]:.1f} | {GOALS[cat]:.0f} | {met} | {CEILINGS[cat]:.1f} |")
-    lines += ["", f"The harness was run {len(RUNS)} times on {len(RUNS)} H100 hosts (the first run is the one scored "
-              "above and listed below; validation/data/moe/). Runtime MAPE per run, over all runs' rows pooled, and "
+    lines += ["", f"The harness was run {len(RUNS)} times, each on the H100 machine the device lent at the time (the "
+              "first run is the one scored above and listed below; validation/data/moe/). Runtime MAPE per run, over all runs' rows pooled, and "
               "against each case's median over the runs:", "", *runs_lines(), "", *spread_lines(), "",
               *host_scopes_lines(), "",
               "", "| model | phase | batch | context | measured ms | estimated ms | error % | measured GB | "

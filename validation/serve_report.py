@@ -28,7 +28,7 @@ METRICS = (("output_throughput", "output tok/s"), ("median_ttft_ms", "median TTF
 # Regression ceilings, MAPE % over the runs: the value of the commit that set them plus half a point, as
 # validation/accuracy.py CEILINGS; tests/test_serve_cli.py fails a change that worsens one. Lower one when accuracy
 # improves; raise one only with the reason in the commit message.
-CEILINGS_PCT = {"output_throughput": 5.8, "median_ttft_ms": 15.7, "p90_ttft_ms": 14.6, "median_tpot_ms": 6.5,
+CEILINGS_PCT = {"output_throughput": 5.8, "median_ttft_ms": 14.5, "p90_ttft_ms": 17.4, "median_tpot_ms": 6.5,
                 "p90_tpot_ms": 7.2}
 
 

@@ -35,6 +35,8 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
     Eager, with the calibrated split: py_calls * P (Python-level torch calls the op's Python code made) plus K
     for a kernel-launching aten op (its own measured cost where the calibration's eager_op_dispatch_s has it) or V
     for a view; M per nn.Module call; a collective its measured issue cost.
+    With a per-op host table (``eager_op_host_ratio`` and ``eager_add_dispatch_s``): each op costs the plain add's
+    host time times its ratio (the table's 'kernel' / 'view' entries for ops it does not list; harness/op_host.py).
     Without the split (older files): one ``eager_dispatch_s`` per aten op. All scaled by the calibrated
     ``eager_framework_scale`` (the HF Python between the ops, measured on tiny non-judged models), times the
     calibration's ``eager_phase_scale`` for the workload ``phase`` (decode, training) where it has one."""
@@ -44,6 +46,7 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
         per_kernel = runtime.kernel_overhead_s if runtime.kernel_overhead_s is not None else cal.graphs_dispatch_s
         return launches * per_kernel
     split = None not in (cal.eager_python_call_s, cal.eager_kernel_dispatch_s, cal.eager_view_dispatch_s)
+    table = cal.eager_op_host_ratio if cal.eager_add_dispatch_s is not None else {}
     costs = np.empty(len(kinds))
     for i, (op, kind) in enumerate(zip(ops, kinds)):
         if kind == "module":
@@ -54,6 +57,16 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
             calls = max(op.attrs.get("py_calls", 1), launches[i], 1)
             costs[i] = (cal.eager_dispatch_s * calls if not split else
                         cal.eager_kernel_dispatch_s * launches[i] + cal.eager_view_dispatch_s * (calls - launches[i]))
+        elif table:
+            own = cal.eager_op_dispatch_s.get(op.name) if launches[i] else None
+            if own is not None:   # stored in units of the per-kernel cost K (a masked_fill_ timed beside it)
+                costs[i] = own * (cal.eager_add_dispatch_s / cal.eager_kernel_dispatch_s
+                                  if cal.eager_kernel_dispatch_s else 1.0)
+            elif op.name in table:
+                costs[i] = cal.eager_add_dispatch_s * table[op.name]
+            else:
+                costs[i] = cal.eager_add_dispatch_s * (table.get("kernel", 1.0) * max(launches[i], 1) if launches[i]
+                                                       else table.get("view", 1.0))
         elif not split:
             costs[i] = cal.eager_dispatch_s
         else:
