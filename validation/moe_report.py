@@ -18,12 +18,14 @@ from pathlib import Path
 DATA = Path(__file__).parent / "data" / "moe" / "moe-h100.jsonl"
 # the same harness after its fix (--profile after every timed case), on another H100 host, 2026-11-26 09:48
 RERUN = Path(__file__).parent / "data" / "moe" / "moe-h100-rerun.jsonl"
-# The first (scored) run, the rerun, and four more runs of the fixed harness (profile off), default experts path
-# only, each on the H100 host the device lent at the time, 2026-11-26: run3 (its host lines failed: the machine
-# lacked pydantic), run4, run5 (OLMoE and Qwen1.5-MoE only) and run6 with host lines (validation/host.py).
-RUNS = (DATA, RERUN, *(Path(__file__).parent / "data" / "moe" / f"moe-h100-run{i}.jsonl" for i in (3, 4, 5, 6)))
-# harness/host_scopes.py on the host of run6, right after it (a diagnostic: per-scope and per-op host time)
+# The first (scored) run, the rerun, and five more runs of the fixed harness (profile off), default experts path
+# only, each on the H100 machine the device lent at the time, 2026-11-26: run3 (its host lines failed: the machine
+# lacked pydantic), run4, run5 (OLMoE and Qwen1.5-MoE only), run6 and run7 (after the per-op host table was
+# committed: its estimates are predictions) with host lines (validation/host.py).
+RUNS = (DATA, RERUN, *(Path(__file__).parent / "data" / "moe" / f"moe-h100-run{i}.jsonl" for i in (3, 4, 5, 6, 7)))
+# harness/host_scopes.py right after run6 and run7, on their hosts (a diagnostic: per-scope and per-op host time)
 HOST_SCOPES = Path(__file__).parent / "data" / "kernels" / "host-scopes-h100.jsonl"
+HOST_SCOPES_RUNS = (HOST_SCOPES, HOST_SCOPES.with_name("host-scopes-h100-run2.jsonl"))
 GROUPED_GEMM = Path(__file__).parent / "data" / "kernels" / "grouped-gemm-h100.jsonl"
 CONFIGS = Path(__file__).parent / "harness" / "configs"
 DEVICE = "h100"
@@ -310,32 +312,35 @@ def op_host_lines(path: Path = OP_HOST) -> list[str]:
             "relative to the dense ones."]
 
 
-def host_scopes_lines(path: Path = HOST_SCOPES) -> list[str]:
-    if not path.exists():
+def host_scopes_lines(paths: tuple[Path, ...] = HOST_SCOPES_RUNS) -> list[str]:
+    paths = tuple(p for p in paths if p.exists())
+    if not paths:
         return []
-    lines = [f"Where the host time goes (validation/harness/host_scopes.py on run6's host, after it: "
-             f"{path.relative_to(path.parents[3])}; Qwen3-MoE built with 12 of its 48 layers): the step's launch "
-             "time (host, no sync; the faster of the two clean timings), the kernel launches per step that "
-             "torch.profiler counts (CUDA launch, memcpy and memset calls), aisim's for the same step, and the "
-             "host time per launch.", "",
-             "| model | layers | batch | launches measured / aisim | host ms measured / aisim | "
-             "host us per launch measured / aisim |", "|---|---:|---:|---|---|---|"]
-    for r in host_scopes_rows(path):
-        lines.append(f"| {r['model']} | {r['layers']} | {r['batch']} | {r['measured_launches']:.0f} / "
-                     f"{r['aisim_launches']:.0f} | {r['launch_ms']:.1f} / {r['aisim_host_ms']:.1f} | "
-                     f"{1e3 * r['launch_ms'] / r['measured_launches']:.1f} / "
-                     f"{1e3 * r['aisim_host_ms'] / r['aisim_launches']:.1f} |")
-    rows = host_scopes_rows(path)
+    lines = ["Where the host time goes (validation/harness/host_scopes.py, right after run6 and after run7 on their "
+             "machines: " + ", ".join(str(p.relative_to(p.parents[3])) for p in paths) + "; Qwen3-MoE built with 12 "
+             "of its 48 layers): the step's launch time (host, no sync; the faster of the two clean timings), the "
+             "kernel launches per step that torch.profiler counts (CUDA launch, memcpy and memset calls), aisim's "
+             "for the same step, and the host time per launch.", "",
+             "| run | model | layers | batch | launches measured / aisim | host ms measured / aisim | "
+             "host us per launch measured / aisim |", "|---|---|---:|---:|---|---|---|"]
+    rows = []
+    for i, path in enumerate(paths, 1):
+        for r in host_scopes_rows(path):
+            rows.append(r)
+            lines.append(f"| {i} | {r['model']} | {r['layers']} | {r['batch']} | {r['measured_launches']:.0f} / "
+                         f"{r['aisim_launches']:.0f} | {r['launch_ms']:.1f} / {r['aisim_host_ms']:.1f} | "
+                         f"{1e3 * r['launch_ms'] / r['measured_launches']:.1f} / "
+                         f"{1e3 * r['aisim_host_ms'] / r['aisim_launches']:.1f} |")
     excess = [100 * (r["measured_launches"] / r["aisim_launches"] - 1) for r in rows]
     per_launch = {}
     for r in rows:
         per_launch.setdefault(r["model"], []).append(1e3 * r["launch_ms"] / r["measured_launches"])
+    path = paths[0]
     queries = _cuda_queries(path)
     lines += ["", f"Every model launches {min(excess):.0f}-{max(excess):.0f}% more kernels per step than aisim's "
-              "trace counts (the profile's CUDA launch, memcpy and memset calls less the 2 copies per layer of the "
-              "harness's cache cleanup, which this run's profile window held; which calls the meta-device trace "
-              "misses is not yet attributed). On "
-              "this host a launch cost " + ", ".join(f"{m} {_span(v)} us" for m, v in per_launch.items())
+              "trace counts (the profile's CUDA launch, memcpy and memset calls; the first run's profile window "
+              "also held the harness's cache cleanup, 2 copies per layer, subtracted; which calls the meta-device "
+              "trace misses is not yet attributed). On these hosts a launch cost " + ", ".join(f"{m} {_span(v)} us" for m, v in per_launch.items())
               + "; the MoE steps also make CUDA runtime queries per step that Llama's does not (occupancy and "
               "function-attribute queries of the grouped GEMM, sort and scan kernels: "
               + ", ".join(f"{m} {n:.0f}" for m, n in queries.items() if n) + "; Llama-3-8B none). The missing "
