@@ -303,8 +303,9 @@ def merge_projections(ops: list[Op], repeats: list[float]) -> tuple[list[Op], li
     """The q/k/v projections of an attention module, and the gate/up projections of an MLP, as one GEMM each: the
     first one's activations times the concatenated weights (N = the sum of theirs), the others' GEMMs dropped (their
     views and module calls stay; they launch nothing), with the fp8 activation quantization of each dropped one.
-    Only forward GEMMs of the same activation shape merge: vLLM's model files build these as QKVParallelLinear and MergedColumnParallelLinear (hardware_specs/
-    runtimes/vllm.yaml cites the lines)."""
+    Only forward GEMMs of traced weights with the same activation shape and repeat merge, one call of each
+    projection: vLLM's model files build these as QKVParallelLinear and MergedColumnParallelLinear
+    (hardware_specs/runtimes/vllm.yaml cites the lines)."""
     groups: dict[tuple[str, str], list[int]] = {}
     for i, op in enumerate(ops):
         kind = MERGED_PROJECTIONS.get(_leaf(op.scope)) if op.name in PROJECTION_GEMMS else None
@@ -345,11 +346,11 @@ def _merged_gemm(gemms: list[Op]) -> Op:
     n = sum(w.shape[-1] for w in weights)
     w = TensorMeta((weights[0].shape[0], n), weights[0].dtype)
     y = TensorMeta((*first.outputs[0].shape[:-1], n), first.outputs[0].dtype)
-    biased = any(g.name == "aten.addmm" for g in gemms)     # vLLM zero-fills the bias of a projection without one
-    args = (TensorMeta((n,), first.inputs[0].dtype), x, w) if biased else (x, w)
+    bias = next((g.inputs[0] for g in gemms if g.name == "aten.addmm"), None)  # vLLM zero-fills a missing one
+    args = (TensorMeta((n,), bias.dtype), x, w) if bias is not None else (x, w)
     attrs = {**first.attrs, "merged": len(gemms),
              "weight_bytes": sum(g.attrs.get("weight_bytes", 0.0) for g in gemms)}
-    return Op(name="aten.addmm" if biased else "aten.mm", args=args, kwargs={}, outputs=(y,), alias=False,
+    return Op(name="aten.addmm" if bias is not None else "aten.mm", args=args, kwargs={}, outputs=(y,), alias=False,
               phase=first.phase, scope=first.scope, attrs=attrs)
 
 
