@@ -72,6 +72,57 @@ def op_calls(device, dtype) -> dict[str, tuple[str, object]]:
     }
 
 
+# decode-shaped GEMMs (M x K @ K x N, bf16): Llama-3-8B's projections at a few batch sizes
+DECODE_GEMMS = ((1, 4096, 6144), (1, 4096, 4096), (1, 4096, 28672), (1, 14336, 4096), (8, 4096, 28672),
+                (32, 4096, 28672))
+
+
+def issue_per_call_s(fn, count: int, device) -> float:
+    """Host seconds to issue one call, the GPU left to run behind: ``count`` calls after a sync, timed before the
+    sync that drains them (count well below the launch queue's depth, so the host never waits)."""
+    common.sync(device)
+    t0 = time.perf_counter()
+    for _ in range(count):
+        fn()
+    dt = time.perf_counter() - t0
+    common.sync(device)
+    return dt / count
+
+
+def decode_gemms(device, dtype, repeats: int, count: int = 40) -> list[dict]:
+    """Host issue cost of decode-shaped GEMMs relative to a plain add issued the same way, and the kernels one call
+    launches (torch.profiler with CUDA activities, after everything else: CUPTI may stay attached)."""
+    import torch
+
+    a = torch.randn(8, 64, device=device, dtype=dtype)
+    calls = {"add": lambda: torch.add(a, a)}
+    for m, k, n in DECODE_GEMMS:
+        x = torch.randn(m, k, device=device, dtype=dtype)
+        w = torch.randn(n, k, device=device, dtype=dtype)
+        calls[f"linear_{m}x{k}x{n}"] = (lambda x=x, w=w: torch.nn.functional.linear(x, w))
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    with torch.inference_mode():
+        for fn in calls.values():
+            fn()
+        for _ in range(repeats):
+            for name, fn in calls.items():
+                samples[name].append(issue_per_call_s(fn, count, device))
+        kernels = {}
+        if device.type == "cuda":
+            from torch.profiler import ProfilerActivity, profile
+
+            for name, fn in calls.items():
+                common.sync(device)
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    fn()
+                    common.sync(device)
+                kernels[name] = [n for n, _ in common.device_events(prof)]
+    base = statistics.median(samples["add"])
+    return [{"type": "decode_gemm", "name": name, "samples_s": vals, "median_s": statistics.median(vals),
+             "ratio_to_add": round(statistics.median(vals) / base, 4), "kernels": kernels.get(name)}
+            for name, vals in samples.items()]
+
+
 def wall_per_call_s(fn, count: int, device) -> float:
     common.sync(device)
     t0 = time.perf_counter()
@@ -86,6 +137,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--no-host", action="store_true", help="skip the host microbenchmark lines")
+    parser.add_argument("--decode-gemms", action="store_true", help="also the issue cost and kernel count of "
+                        "decode-shaped GEMMs (last: it profiles with CUDA activities)")
     args = parser.parse_args(argv)
     common.set_env()
     import torch
@@ -124,6 +177,11 @@ def main(argv=None) -> int:
         out.write(rec)
         print(f"[op_host] {name:14s} {rec['median_s'] and rec['median_s'] * 1e6 or float('nan'):8.2f} us  "
               f"x{rec.get('ratio_to_add', float('nan')):.2f}", flush=True)
+    if args.decode_gemms:
+        for rec in decode_gemms(device, dtype, args.repeats, count=4 if args.smoke else 40):
+            out.write(rec)
+            print(f"[op_host] {rec['name']:24s} issue {rec['median_s'] * 1e6:8.2f} us  x{rec['ratio_to_add']:.2f}  "
+                  f"kernels {len(rec['kernels'] or [])}", flush=True)
     if measure_host:
         out.write(common.host_record("end"))
     return 0
