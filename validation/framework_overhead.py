@@ -37,24 +37,41 @@ def op_counts(config: dict, phase: str = "forward") -> dict[str, float]:
     """Kernel ops, view ops, Python-level calls and module calls of one traced step (aisim's tracer): a forward of
     BATCH x SEQ, a decode step at context SEQ + DECODE_STEPS / 2 (the middle of the timed calls), or a
     forward-backward with the loss."""
-    from aisim.formulas import op_cost
-    from aisim.graph.extract import trace_workload
-    from aisim.workload import ParallelPlan, Workload
-
-    seq = SEQ + DECODE_STEPS // 2 if phase == "decode" else SEQ
-    workload = Workload(phase=phase, batch=BATCH, seq=seq, dtype="fp16", with_loss=phase == "forward-backward")
-    graph = trace_workload(config, workload, ParallelPlan(), use_cache=False)
+    ops, kinds, launches, repeats = _trace_arrays(config, phase)
     counts = {"kernels": 0.0, "views": 0.0, "py_calls": 0.0, "modules": 0.0}
-    for op, r in zip(graph.ops, graph.repeats):
-        cost = op_cost(op)
-        if cost.kind == "module":
+    for op, kind, n, r in zip(ops, kinds, launches.tolist(), repeats.tolist()):
+        if kind == "module":
             counts["modules"] += r
-        elif cost.launches:
-            counts["kernels"] += r * cost.launches
+        elif n:
+            counts["kernels"] += r * n
         else:
             counts["views"] += r
         counts["py_calls"] += r * op.attrs.get("py_calls", 0)
     return counts
+
+
+_TRACES: dict = {}
+
+
+def _trace_arrays(config: dict, phase: str):
+    """(ops, kinds, launches, repeats) of a traced step of ``config`` (op_counts' workloads), cached."""
+    import json
+
+    key = (json.dumps(config, sort_keys=True), phase)
+    if key not in _TRACES:
+        import numpy as np
+
+        from aisim.formulas import op_cost
+        from aisim.graph.extract import trace_workload
+        from aisim.workload import ParallelPlan, Workload
+
+        seq = SEQ + DECODE_STEPS // 2 if phase == "decode" else SEQ
+        workload = Workload(phase=phase, batch=BATCH, seq=seq, dtype="fp16", with_loss=phase == "forward-backward")
+        graph = trace_workload(config, workload, ParallelPlan(), use_cache=False)
+        costs = [op_cost(op) for op in graph.ops]
+        _TRACES[key] = (graph.ops, [c.kind for c in costs], np.array([c.launches for c in costs], dtype=float),
+                        np.array(graph.repeats, dtype=float))
+    return _TRACES[key]
 
 
 def _tiny_model(config: dict, device: str, dtype):
@@ -71,35 +88,13 @@ def _tiny_model(config: dict, device: str, dtype):
     return model.eval()
 
 
-_TRACES: dict = {}
-
-
-def _trace_arrays(family: str, phase: str):
-    """(ops, kinds, launches, repeats) of a TINY model's traced step (as op_counts traces it), cached."""
-    key = (family, phase)
-    if key not in _TRACES:
-        import numpy as np
-
-        from aisim.formulas import op_cost
-        from aisim.graph.extract import trace_workload
-        from aisim.workload import ParallelPlan, Workload
-
-        seq = SEQ + DECODE_STEPS // 2 if phase == "decode" else SEQ
-        workload = Workload(phase=phase, batch=BATCH, seq=seq, dtype="fp16", with_loss=phase == "forward-backward")
-        graph = trace_workload(TINY[family], workload, ParallelPlan(), use_cache=False)
-        costs = [op_cost(op) for op in graph.ops]
-        _TRACES[key] = (graph.ops, [c.kind for c in costs], np.array([c.launches for c in costs], dtype=float),
-                        np.array(graph.repeats, dtype=float))
-    return _TRACES[key]
-
-
 def predicted_host_s(family: str, cal, phase: str = "forward") -> float:
     """Host time aisim's eager cost model (cost/timeline.py cpu_costs, with ``cal``'s dispatch constants and per-op
     table, no framework or phase scale) predicts for a TINY model's traced step."""
     from aisim.cost.timeline import cpu_costs
     from aisim.specs import RuntimeSpec
 
-    ops, kinds, launches, repeats = _trace_arrays(family, phase)
+    ops, kinds, launches, repeats = _trace_arrays(TINY[family], phase)
     bare = cal.model_copy(update={"eager_framework_scale": 1.0, "eager_phase_scale": {}})
     eager = RuntimeSpec(name="eager", description="eager", dispatch="eager", source="tiny-model prediction")
     return float((cpu_costs(ops, kinds, launches, bare, eager) * repeats).sum())
@@ -108,22 +103,29 @@ def predicted_host_s(family: str, cal, phase: str = "forward") -> float:
 def fit_framework_scale_per_op(records: list[dict], cal) -> float | None:
     """eager_framework_scale for the per-op host table: median over the tiny models of measured time / the time
     ``cal``'s per-op costs predict for their traced forward (predicted_host_s)."""
-    ratios = [r["time_s"] / predicted_host_s(r["family"], cal) for r in records
-              if r.get("bench") == "framework" and r.get("family") in TINY]
-    return statistics.median(ratios) if ratios else None
+    return _framework_scale([r for r in records if r.get("family") in TINY],
+                            lambda r: predicted_host_s(r["family"], cal))
 
 
 def fit_phase_scales_per_op(records: list[dict], cal) -> dict[str, float]:
     """fit_phase_scales with the per-op predicted host time of each phase's traced step."""
+    return _phase_scales([r for r in records if r.get("family") in TINY],
+                         lambda r: predicted_host_s(r["family"], cal, r["phase"]))
+
+
+def _framework_scale(records: list[dict], predict) -> float | None:
+    """Median over the framework records of measured time / ``predict(record)`` (records it predicts > 0)."""
+    ratios = [r["time_s"] / p for r in records if r.get("bench") == "framework" and (p := predict(r)) > 0]
+    return statistics.median(ratios) if ratios else None
+
+
+def _phase_scales(records: list[dict], predict) -> dict[str, float]:
+    """Per family and phase, measured / ``predict(record)`` of the framework_phase records; per phase key, the
+    median over the families of that ratio over the family's forward ratio."""
     by_family: dict[str, dict[str, float]] = {}
     for r in records:
-        if r.get("bench") == "framework_phase" and r.get("family") in TINY:
-            by_family.setdefault(r["family"], {})[r["phase"]] = r["time_s"] / predicted_host_s(r["family"], cal,
-                                                                                               r["phase"])
-    return _phase_ratios(by_family)
-
-
-def _phase_ratios(by_family: dict[str, dict[str, float]]) -> dict[str, float]:
+        if r.get("bench") == "framework_phase" and (p := predict(r)) > 0:
+            by_family.setdefault(r["family"], {})[r["phase"]] = r["time_s"] / p
     scales = {}
     for phase, key in PHASE_KEYS.items():
         rel = [f[phase] / f["forward"] for f in by_family.values() if phase in f and "forward" in f]
@@ -137,16 +139,25 @@ def _predicted_s(counts: dict, kernel_s: float, view_s: float, module_s: float) 
     return counts["kernels"] * kernel_s + counts["views"] * view_s + counts["modules"] * module_s
 
 
-def bench_framework_overhead(repeats: int = 5, calls: int = 50, device: str = "cuda") -> list[dict]:
-    """Wall time per forward call of each tiny model (median of ``repeats`` loops of ``calls``)."""
+def _tiny_models(device: str):
+    """(family, config, model, ids, sync) for each TINY model in turn, built on ``device`` (fp16 on a GPU, fp32 on
+    the CPU) with BATCH x SEQ random ids; each model is dropped before the next is built."""
     import torch
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     dtype = torch.float16 if device == "cuda" else torch.float32
-    records = []
     for family, config in TINY.items():
         model = _tiny_model(config, device, dtype)
-        ids = torch.randint(0, 1000, (BATCH, SEQ), device=device)
+        yield family, config, model, torch.randint(0, 1000, (BATCH, SEQ), device=device), sync
+        del model
+
+
+def bench_framework_overhead(repeats: int = 5, calls: int = 50, device: str = "cuda") -> list[dict]:
+    """Wall time per forward call of each tiny model (median of ``repeats`` loops of ``calls``)."""
+    import torch
+
+    records = []
+    for family, config, model, ids, sync in _tiny_models(device):
         samples = []
         with torch.inference_mode():
             for _ in range(5):
@@ -160,7 +171,7 @@ def bench_framework_overhead(repeats: int = 5, calls: int = 50, device: str = "c
                 samples.append((time.perf_counter() - t0) / calls)
         records.append({"bench": "framework", "family": family, "config": config, "time_s": statistics.median(samples),
                         "samples_s": samples, "counts": op_counts(config)})
-        del model
+        model = None   # the generator drops its own reference before building the next
     return records
 
 
@@ -172,12 +183,8 @@ def bench_framework_phases(repeats: int = 5, device: str = "cuda") -> list[dict]
     import torch
     from transformers import DynamicCache
 
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    dtype = torch.float16 if device == "cuda" else torch.float32
     records = []
-    for family, config in TINY.items():
-        model = _tiny_model(config, device, dtype)
-        ids = torch.randint(0, 1000, (BATCH, SEQ), device=device)
+    for family, config, model, ids, sync in _tiny_models(device):
         new = ids[:, -1:]
 
         def forward():
@@ -228,27 +235,12 @@ def fit_phase_scales(records: list[dict], kernel_s: float, view_s: float, module
     time of that phase's step) / (the same ratio of the forward measured in the same loop): how much more (or less)
     HF's Python between the ops costs there than in the forward that eager_framework_scale describes (the cache
     update of a decode step; autograd's graph recording and backward engine)."""
-    def ratio(r):
-        predicted = _predicted_s(r["counts"], kernel_s, view_s, module_s)
-        return r["time_s"] / predicted if predicted > 0 else None
-
-    by_family: dict[str, dict[str, float]] = {}
-    for r in records:
-        if r.get("bench") == "framework_phase" and (x := ratio(r)) is not None:
-            by_family.setdefault(r["family"], {})[r["phase"]] = x
-    return _phase_ratios(by_family)
+    return _phase_scales(records, lambda r: _predicted_s(r["counts"], kernel_s, view_s, module_s))
 
 
 def fit_framework_scale(records: list[dict], kernel_s: float, view_s: float, module_s: float) -> float | None:
     """Median over the tiny models of measured time / (kernels K + views V + modules M)."""
-    ratios = []
-    for r in records:
-        if r.get("bench") != "framework":
-            continue
-        predicted = _predicted_s(r["counts"], kernel_s, view_s, module_s)
-        if predicted > 0:
-            ratios.append(r["time_s"] / predicted)
-    return statistics.median(ratios) if ratios else None
+    return _framework_scale(records, lambda r: _predicted_s(r["counts"], kernel_s, view_s, module_s))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -108,8 +108,6 @@ def moe_mape(rows: list[MoeRow]) -> dict[str, float]:
 def median_of_runs(per_run: list[list[MoeRow]]) -> list[MoeRow]:
     """One row per case measured in any run (``per_run``: compare_moe of each run): the estimate against the
     median of the runs' measured times."""
-    import statistics
-
     by_case: dict[tuple, list[MoeRow]] = {}
     for rows in per_run:
         for r in rows:
@@ -118,9 +116,13 @@ def median_of_runs(per_run: list[list[MoeRow]]) -> list[MoeRow]:
                     measured_gb=statistics.median(r.measured_gb for r in rs)) for rs in by_case.values()]
 
 
-def runs_lines(runs: tuple[Path, ...] = RUNS) -> list[str]:
+def runs_rows(runs: tuple[Path, ...] = RUNS) -> dict[Path, list[MoeRow]]:
+    """compare_moe of each run, once for every table that reads them."""
+    return {path: compare_moe(path) for path in runs}
+
+
+def runs_lines(per_run: dict[Path, list[MoeRow]]) -> list[str]:
     """Markdown: MAPE per run, pooled over every run's rows, and against the per-case median of the runs."""
-    per_run = {path: compare_moe(path) for path in runs}
     lines = ["| run | host | cases | prefill runtime MAPE (%) | decode runtime MAPE (%) |", "|---|---|---:|---:|---:|"]
     for path, rows in per_run.items():
         with open(path) as f:
@@ -138,15 +140,15 @@ def runs_lines(runs: tuple[Path, ...] = RUNS) -> list[str]:
     return lines
 
 
-def spread_lines(runs: tuple[Path, ...] = RUNS) -> list[str]:
+def spread_lines(per_run: dict[Path, list[MoeRow]]) -> list[str]:
     """The host spread of the same decode case across the runs, and the median-of-runs error range per model."""
     from aisim.specs import load_calibration
 
-    per_run = [compare_moe(p) for p in runs]
-    median = median_of_runs(per_run)
+    runs = tuple(per_run)
+    median = median_of_runs(list(per_run.values()))
 
     def span(model: str) -> str:
-        ms = [r.measured_ms for rows in per_run for r in rows
+        ms = [r.measured_ms for rows in per_run.values() for r in rows
               if (r.model, r.workload, r.batch, r.context) == (model, "decode", 1, 128)]
         return f"{min(ms):.0f}-{max(ms):.0f} ms"
 
@@ -352,7 +354,8 @@ def host_scopes_lines(paths: tuple[Path, ...] = HOST_SCOPES_RUNS) -> list[str]:
 
 def moe_section(path: Path = DATA) -> list[str]:
     """Markdown lines: the MoE dataset against estimates, per case and MAPE per category."""
-    rows = compare_moe(path)
+    per_run = runs_rows()
+    rows = per_run[path] if path in per_run else compare_moe(path)
     mape = moe_mape(rows)
     skipped = [c for c in load_cases(path) if c["impl"] != SCORED_IMPL]
     lines = [
@@ -374,7 +377,7 @@ def moe_section(path: Path = DATA) -> list[str]:
             lines.append(f"| {cat} | {n} | {mape[cat]:.1f} | {GOALS[cat]:.0f} | {met} | {CEILINGS[cat]:.1f} |")
     lines += ["", f"The harness was run {len(RUNS)} times, each on the H100 machine the device lent at the time (the "
               "first run is the one scored above and listed below; validation/data/moe/). Runtime MAPE per run, over all runs' rows pooled, and "
-              "against each case's median over the runs:", "", *runs_lines(), "", *spread_lines(), "",
+              "against each case's median over the runs:", "", *runs_lines(per_run), "", *spread_lines(per_run), "",
               *host_scopes_lines(), "",
               "", "| model | phase | batch | context | measured ms | estimated ms | error % | measured GB | "
               "estimated GB | error % | experts touched (measured / expected) |",

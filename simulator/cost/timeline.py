@@ -47,6 +47,9 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
         return launches * per_kernel
     split = None not in (cal.eager_python_call_s, cal.eager_kernel_dispatch_s, cal.eager_view_dispatch_s)
     table = cal.eager_op_host_ratio if cal.eager_add_dispatch_s is not None else {}
+    # eager_op_dispatch_s is stored in units of the per-kernel cost K (a masked_fill_ timed beside each op): with the
+    # table, in units of the add
+    own_unit = cal.eager_add_dispatch_s / cal.eager_kernel_dispatch_s if table and cal.eager_kernel_dispatch_s else 1.0
     costs = np.empty(len(kinds))
     for i, (op, kind) in enumerate(zip(ops, kinds)):
         if kind == "module":
@@ -59,9 +62,8 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
                         cal.eager_kernel_dispatch_s * launches[i] + cal.eager_view_dispatch_s * (calls - launches[i]))
         elif table:
             own = cal.eager_op_dispatch_s.get(op.name) if launches[i] else None
-            if own is not None:   # stored in units of the per-kernel cost K (a masked_fill_ timed beside it)
-                costs[i] = own * (cal.eager_add_dispatch_s / cal.eager_kernel_dispatch_s
-                                  if cal.eager_kernel_dispatch_s else 1.0)
+            if own is not None:
+                costs[i] = own * own_unit
             elif op.name in table:
                 costs[i] = cal.eager_add_dispatch_s * table[op.name]
             else:
