@@ -333,3 +333,18 @@ def test_a_calibration_file_given_as_host_or_a_host_file_as_calibration_says_whi
     with pytest.raises(AisimError) as exc:
         aisim.estimate(model="gpt2", device="h100", calibration=empty)
     assert "host file" not in str(exc.value)
+
+
+def test_derive_op_host_bad_input_is_one_line(tmp_path, capsys):
+    """A missing calibration or data file, or a file of the wrong kind, stops with one usage line, not a traceback."""
+    from aisim.validation.scripts.derive_op_host import main
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    for argv in (["--calibration", "nosuch"], ["--data", str(tmp_path / "missing.jsonl")], ["--data", str(bad)]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("usage:") or "error:" in err[-1]
+        assert "Traceback" not in "\n".join(err)

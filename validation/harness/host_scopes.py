@@ -189,7 +189,10 @@ def main(argv=None) -> int:
     if args.smoke:
         args.models = "tiny-olmoe,tiny-qwen2_moe"
         args.cases, args.trials, args.warmup, args.profile_steps = "2:16", 3, 1, 2
-    args.cases = [tuple(int(x) for x in c.split(":")) for c in args.cases.split(",") if c]
+    try:
+        args.cases = [(int(b), int(c)) for b, c in (x.split(":") for x in args.cases.split(",") if x)]
+    except ValueError:
+        parser.error(f"--cases {args.cases!r}: give batch:context pairs, e.g. 1:128,8:128")
     device = common.pick_device()
     if args.smoke:
         common.smoke_threads(device)

@@ -143,7 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=str(DATA))
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args(argv)
-    fit = derive(args.calibration, Path(args.data))
+    raw = CAL_DIR / f"{args.calibration}.raw.json"
+    for path, what in ((raw, "--calibration: no raw measurements of that calibration"), (Path(args.data), "--data")):
+        if not path.is_file():
+            parser.error(f"{what}: {path} is not a file")
+    try:
+        fit = derive(args.calibration, Path(args.data))
+    except (ValueError, KeyError, StopIteration) as exc:   # a file without the records derive needs
+        parser.error(f"{args.data} or {raw}: not the op_host / calibration records expected ({type(exc).__name__}: "
+                     f"{exc})")
     print(json.dumps(fit, indent=1))
     if args.write:
         write(args.calibration, fit)
