@@ -88,3 +88,22 @@ def test_rope_concat_is_not_a_kv_append():
     rope = Op(name="aten.cat", args=([half, half], -1), kwargs={}, outputs=(TensorMeta((1, 32, 100, 128), "fp16"),),
               alias=False, scope="model.layers.0.self_attn")
     assert kv_append_in_place(op_cost(rope), rope) == op_cost(rope)
+
+
+def test_vllm_writes_a_layers_k_and_v_in_one_kernel():
+    """vLLM's reshape_and_cache_flash takes K and V together (kv_write_pair); StaticCache's index_copy_ writes
+    each: the same bytes, half the kernels under vllm, every layer once."""
+    from aisim.scenario import scenario
+    from aisim.step import op_arrays
+    from aisim.workload import StepShape
+
+    def writes(runtime):
+        sc = scenario("Meta-Llama-3-8B", "h100", dtype="bf16", runtime=runtime)
+        a = op_arrays(sc, sc.workload(StepShape(phase="decode", batch=4, seq=512)))
+        sel = [i for i, op in enumerate(a.ops) if op.name == "kv_cache.write"]
+        return (float(sum(a.repeats[i] * a.launches[i] for i in sel)),
+                sum(a.repeats[i] * op_cost(a.ops[i]).bytes for i in sel))
+
+    (vllm_kernels, vllm_bytes), (graphs_kernels, graphs_bytes) = writes("vllm"), writes("graphs")
+    assert (vllm_kernels, graphs_kernels) == (32, 64)
+    assert vllm_bytes == pytest.approx(graphs_bytes) and vllm_bytes == pytest.approx(32 * 2 * 2 * (4 * 8 * 128 * 2))

@@ -186,9 +186,10 @@ def expand(ops: list[Op], repeats: list[float], w: Workload, rt: RuntimeSpec, vo
 # silu_and_mul, csrc/pos_encoding_kernels.cu rotary_embedding) or compiles the model (torch.compile's Inductor fuses
 # a chain of pointwise ops and a reduction into one kernel) replaces the HF module's chain of small kernels by one
 # kernel that reads the chain's inputs once and writes its outputs once. RuntimeSpec.fusions names the fusions.
-FUSIONS = ("add_rms_norm", "silu_and_mul", "rotary", "native_gqa", "merged_projections")
+FUSIONS = ("add_rms_norm", "silu_and_mul", "rotary", "native_gqa", "merged_projections", "kv_write_pair")
 # native_gqa: no repeat_kv copies; merged_projections: the projections that read the same activations run as one
-# GEMM over the concatenated weights (vLLM's QKVParallelLinear and MergedColumnParallelLinear)
+# GEMM over the concatenated weights (vLLM's QKVParallelLinear and MergedColumnParallelLinear); kv_write_pair: a
+# layer's new K and V go into the cache in one kernel (vLLM's reshape_and_cache_flash takes both), not one each
 MERGED_PROJECTIONS = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
 PROJECTION_GEMMS = frozenset({"aten.mm", "aten.addmm"})
 ROPE_OPS = frozenset({"aten.mul.Tensor", "aten.neg", "aten.add.Tensor", "aten.cat"})
@@ -217,6 +218,14 @@ def _residual_add(op: Op, x) -> bool:
 
 def _fused(name: str, ins: tuple, outs: tuple, scope: str) -> Op:
     return Op(name=name, args=ins, kwargs={}, outputs=outs, alias=False, scope=scope, attrs={"fused": True})
+
+
+def _last_kernel(ops: list[Op]) -> int | None:
+    """Index of the last op in ``ops`` that launches a kernel, or None."""
+    k = len(ops) - 1
+    while k >= 0 and not _kernel(ops[k]):
+        k -= 1
+    return k if k >= 0 else None
 
 
 def _norm_group(ops, i: int) -> int:
@@ -252,10 +261,8 @@ def fuse(ops: list[Op], repeats: list[float], fusions, kv_in_place: bool = False
             x, y = group[0].inputs[0], group[-1].outputs[0]
             weight = [t for o in group for t in o.inputs if len(t.shape) == 1][:1]
             ins, outs = (x, *weight), (y,)
-            k = len(out) - 1
-            while k >= 0 and not _kernel(out[k]):
-                k -= 1
-            if k >= 0 and _residual_add(out[k], x):       # the residual add joins the norm kernel
+            k = _last_kernel(out)
+            if k is not None and _residual_add(out[k], x):       # the residual add joins the norm kernel
                 res = out.pop(k)
                 rep.pop(k)
                 ins, outs = (*res.inputs, *weight), (y, res.outputs[0])
@@ -278,8 +285,13 @@ def fuse(ops: list[Op], repeats: list[float], fusions, kv_in_place: bool = False
             kv_heads = 0
         if kv_in_place and is_kv_append(op):
             new = op.inputs[1]                                   # the step's K or V, written into its slots
-            out.append(_fused("kv_cache.write", (new,), (new,), op.scope))
-            rep.append(r)
+            k = _last_kernel(out)
+            if "kv_write_pair" in fusions and k is not None and out[k].name == "kv_cache.write" \
+                    and len(out[k].inputs) == 1 and out[k].scope == op.scope and rep[k] == r:
+                out[k] = _fused("kv_cache.write", (*out[k].inputs, new), (*out[k].outputs, new), op.scope)
+            else:
+                out.append(_fused("kv_cache.write", (new,), (new,), op.scope))
+                rep.append(r)
             i += 1
             continue
         if "rotary" in fusions and _leaf(op.scope).startswith("rotary_emb") and _kernel(op):
@@ -473,8 +485,8 @@ def kv_rewrite(ops: list[Op], kv_dtype: str | None, windows: dict | None) -> lis
 
 
 def _kv_meta(t, i: int, name: str, kv_dtype: str | None, window: int | None):
-    """K (arg 1) and V (arg 2) of an attention op, or the written tensor (arg 0) of a cache write."""
-    is_kv = (i in (1, 2)) if name in ATTENTION_OPS else i == 0
+    """K (arg 1) and V (arg 2) of an attention op, or the written tensors (K, or K and V) of a cache write."""
+    is_kv = (i in (1, 2)) if name in ATTENTION_OPS else i in (0, 1)
     if not is_kv or not isinstance(t, TensorMeta) or len(t.shape) != 4:
         return t
     shape = t.shape if window is None else (*t.shape[:2], min(t.shape[2], window), t.shape[3])
