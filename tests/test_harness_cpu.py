@@ -27,8 +27,8 @@ AISIM_INSTALLED = ensure_aisim("aisim.validation.harness")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from aisim.validation.harness import (common, fp8_gemm, graphs_decode, host_scopes, moe_bench,  # noqa: E402
-                                      op_host, serve_cb, train_step)
+from aisim.validation.harness import (common, fp8_gemm, graph_gemv, graphs_decode, host_scopes,  # noqa: E402
+                                      moe_bench, op_host, serve_cb, train_step)
 
 HARNESS = ROOT / "validation" / "harness"
 
@@ -141,6 +141,24 @@ def test_fp8_gemm_smoke(tmp_path, isolated_env):
         assert r["status"] == "ok", r
         assert r["median_ms"] > 0 and r["tflops"] >= 0 and r["flop"] == 2 * r["m"] * r["n"] * r["k"]
         assert r["rel_err_vs_bf16"] < (0.01 if r["kernel"] == "bf16" else 0.1)
+
+
+# ------------------------------------------------------------------------------------------------ graph_gemv
+
+
+def test_graph_gemv_shapes_and_smoke(tmp_path, isolated_env):
+    # Llama-3-8B as vLLM loads it: qkv 4096 -> (32 + 2 x 8) x 128, o, gate_up 4096 -> 2 x 14336, down, the LM head
+    assert graph_gemv.decode_gemms("Meta-Llama-3-8B") == [(4096, 6144, 32), (4096, 4096, 32), (4096, 28672, 32),
+                                                         (14336, 4096, 32), (4096, 128256, 1)]
+    assert graph_gemv.weight_bytes(graph_gemv.decode_gemms("Meta-Llama-3-8B")) == pytest.approx(15.01e9, rel=1e-3)
+    path = tmp_path / "gg.jsonl"
+    assert graph_gemv.main(["--smoke", "--out", str(path)]) == 0
+    records = read_jsonl(path)
+    check_header(records[0], "graph_gemv")
+    cases = [r for r in records if r["type"] == "case"]
+    assert [r["batch"] for r in cases] == [1, 4]
+    for r in cases:
+        assert r["status"] == "ok" and r["gemms_per_step"] == 9 and len(r["eager_ms"]) == 2
 
 
 # -------------------------------------------------------------------------------------------------- serve_cb

@@ -8,12 +8,9 @@ from aisim.cost.efficiency import gemm_efficiency, graph_replay_credit_s, memory
 from aisim.specs import all_hardware, default_calibration, load_calibration
 
 # Goal of the issue: >= 70% of datasheet bandwidth for the Llama-3-8B decode step (batch 1, context 1024) under the
-# serving-engine runtime (transfer.DECODE_RUNTIME, vllm; the issue's `graphs` before graphs became HF's StaticCache).
-# Below it, with the reason, and the floor each must keep (its value when this test was written, less 2 points):
-# the fixed per-kernel time (GEMV ~6.5 us back to back, ~3 us of it shed in a graph replay; 1.0 us per replayed
-# kernel; 129 GEMMs per step with vLLM's merged q/k/v and gate/up projections) is a larger share of a step whose
-# weights stream in 2-3 ms on these two (7.7 and 5.3 TB/s, default rules).
-BELOW_GOAL_FLOORS = {"b200": 0.60, "mi300x": 0.66}
+# serving-engine runtime (transfer.DECODE_RUNTIME, vllm; the issue's `graphs` before graphs became HF's StaticCache),
+# on every shipped NVIDIA GPU. The GEMMs it rests on are checked against a CUDA-graph replay measured on an H100
+# (harness/graph_gemv.py) below.
 DECODE_BW_GOAL = 0.70
 
 
@@ -80,8 +77,21 @@ def test_decode_step_time_does_not_fall_with_batch(decode_rows, gpu):
 def test_decode_bandwidth(decode_rows, gpu):
     if gpu not in decode_rows:
         pytest.skip(f"{gpu}: Llama-3-8B does not fit")
-    floor = BELOW_GOAL_FLOORS.get(gpu, DECODE_BW_GOAL)
-    assert decode_rows[gpu].bandwidth_fraction >= floor
+    assert decode_rows[gpu].bandwidth_fraction >= DECODE_BW_GOAL
+
+
+def test_decode_gemms_match_their_measured_graph_replay():
+    """A decode step's GEMMs replayed from one CUDA graph on an H100 (validation/data/kernels/graph-gemv-h100*.jsonl,
+    two models x 4 batches x 2 runs) against aisim's GPU time for them: mean absolute error of the H100 calibration
+    and of the default rules that price every uncalibrated GPU, under ceilings (value when set + 0.5)."""
+    import statistics
+
+    from aisim.validation.transfer import graph_gemv_rows
+
+    rows = graph_gemv_rows()
+    assert len(rows) == 8 and all(len(r.measured_ms) == 2 for r in rows)
+    assert statistics.mean(abs(r.err_pct(r.own_ms)) for r in rows) <= 1.5
+    assert statistics.mean(abs(r.err_pct(r.rules_ms)) for r in rows) <= 3.9
 
 
 # Regression ceilings (MAPE %, value when set + 0.5) of validation/transfer.py's tables; lower them as they improve.
