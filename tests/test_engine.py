@@ -97,8 +97,8 @@ def test_vllm_writes_a_layers_k_and_v_in_one_kernel():
     from aisim.step import op_arrays
     from aisim.workload import StepShape
 
-    def writes(runtime):
-        sc = scenario("Meta-Llama-3-8B", "h100", dtype="bf16", runtime=runtime)
+    def writes(runtime, kv_dtype="auto"):
+        sc = scenario("Meta-Llama-3-8B", "h100", dtype="bf16", runtime=runtime, kv_dtype=kv_dtype)
         a = op_arrays(sc, sc.workload(StepShape(phase="decode", batch=4, seq=512)))
         sel = [i for i, op in enumerate(a.ops) if op.name == "kv_cache.write"]
         return (float(sum(a.repeats[i] * a.launches[i] for i in sel)),
@@ -107,3 +107,5 @@ def test_vllm_writes_a_layers_k_and_v_in_one_kernel():
     (vllm_kernels, vllm_bytes), (graphs_kernels, graphs_bytes) = writes("vllm"), writes("graphs")
     assert (vllm_kernels, graphs_kernels) == (32, 64)
     assert vllm_bytes == pytest.approx(graphs_bytes) and vllm_bytes == pytest.approx(32 * 2 * 2 * (4 * 8 * 128 * 2))
+    # --kv-dtype fp8: both tensors of the pair are stored in one byte (the write reads bf16 K/V once more: 3/4)
+    assert writes("vllm", "fp8") == (32, pytest.approx(0.75 * vllm_bytes))

@@ -281,6 +281,11 @@ def test_host_scopes_smoke(tmp_path, isolated_env):
         names = {o["name"] for o in c["ops"]}
         assert {"aten::mm", "aten::_grouped_mm"} & names and all(o["calls_per_step"] > 0 for o in c["ops"])
         assert c["clean"]["median_ms"] > 0 and c["clean_after"]["trials"] == 3
+    # every model's clean step first, before any profiler session in the process
+    first = [r for r in records if r["type"] == "clean_first"]
+    assert [r["model"] for r in first] == ["tiny-olmoe", "tiny-qwen2_moe"]
+    assert records.index(first[-1]) < records.index(cases[0])
+    assert all(r["status"] == "ok" and r["clean"]["launch_median_ms"] > 0 for r in first)
 
 
 # ---------------------------------------------------------------------------------------------------- graphs

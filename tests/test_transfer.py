@@ -73,7 +73,7 @@ def test_decode_step_time_does_not_fall_with_batch(decode_rows, gpu):
     assert row.monotone, row.step_ms
 
 
-@pytest.mark.parametrize("gpu", nvidia_gpus())
+@pytest.mark.parametrize("gpu", sorted(all_hardware()))
 def test_decode_bandwidth(decode_rows, gpu):
     if gpu not in decode_rows:
         pytest.skip(f"{gpu}: Llama-3-8B does not fit")

@@ -195,6 +195,13 @@ def graph_gemv_rows(runs: tuple[str, ...] = GRAPH_GEMV_RUNS, device: str = "h100
     return out
 
 
+def _provenance(path: str) -> str:
+    """GPU, driver, torch and date from a harness file's header line."""
+    header = next((r for r in read_jsonl(DATA_DIR / path) if r.get("type") == "header"), {})
+    return (f"{header.get('gpu_name', '?')}, driver {header.get('driver', '?')}, torch {header.get('torch', '?')}, "
+            f"{str(header.get('date', '?'))[:16]}")
+
+
 def graph_gemv_lines(device: str = "h100-sxm") -> list[str]:
     rows = graph_gemv_rows(device=device)
     if not rows:
@@ -209,10 +216,9 @@ def graph_gemv_lines(device: str = "h100-sxm") -> list[str]:
     bw = [r for r in rows if r.batch == 1 and r.model == DECODE_MODEL]
     return [
         "What those bandwidths rest on, measured (validation/harness/graph_gemv.py; "
-        + ", ".join(f"validation/data/{path}" for path in GRAPH_GEMV_RUNS) + ": one H100 SXM, driver 580.159.04, "
-        "torch 2.11.0+cu130, 2026-11-26, two runs a minute apart on the same machine; the second was requested as "
-        "an H200 and lent an H100, as its header says): every linear layer of one decode step, q/k/v and gate/up "
-        "merged as vLLM loads them, distinct weights per layer, captured into one CUDA graph and replayed, against "
+        + "; ".join(f"validation/data/{path}: {_provenance(path)}" for path in GRAPH_GEMV_RUNS)
+        + "; the second run was requested as an H200 and lent an H100, as its header says): every linear layer of "
+        "one decode step, q/k/v and gate/up merged as vLLM loads them, distinct weights per layer, captured into one CUDA graph and replayed, against "
         "aisim's GPU time for the same GEMMs of a `--runtime vllm` decode step (aten.mm and aten.addmm in its op "
         "table), with the H100 calibration and with the default rules that price every uncalibrated GPU. "
         "Not a judged table: GEMMs only, random bf16 weights.", "",

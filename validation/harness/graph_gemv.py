@@ -123,8 +123,8 @@ def main(argv=None) -> int:
     out, budget, measure_host = common.start_run(SCRIPT, args, device)
     with torch.inference_mode():
         for name in args.models.split(","):
-            gemms = decode_gemms(name)
             try:
+                gemms = decode_gemms(name)
                 weights = build_weights(gemms, device, dtype)
             except Exception as exc:  # noqa: BLE001 - recorded per model
                 status, error = common.classify_error(exc)
@@ -159,6 +159,7 @@ def main(argv=None) -> int:
                     if common.is_fatal_device_error(exc):
                         out.write(rec)
                         raise
+                    common.free_memory()
                 out.write(rec)
                 print(f"[graph_gemv] {name} M={m}: graph {rec.get('graph_median_ms', float('nan')):.3f} ms, "
                       f"eager {rec.get('eager_median_ms', float('nan')):.3f} ms ({rec['status']})", flush=True)
