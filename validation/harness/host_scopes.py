@@ -148,19 +148,16 @@ def build(text: str, args, device, dtype, out):
         return None
 
 
-def clean_first(text: str, args, device, dtype, out) -> None:
-    """The clean step of every case of one model, before any profiler session in this process."""
-    name, _ = parse_model(text)
-    model = build(text, args, device, dtype, out)
-    if model is None:
-        return
+def cases(model, name: str, kind: str, args, device, measure):
+    """Each --cases decode case of ``model`` as a ``kind`` record: ``measure(row, step, after)`` fills it; a failed
+    case is recorded (a fatal device error raised), the cache cleanup always runs."""
     for batch, context in args.cases:
-        row = {"type": "clean_first", "model": name, "num_hidden_layers": model.config.num_hidden_layers,
+        row = {"type": kind, "model": name, "num_hidden_layers": model.config.num_hidden_layers,
                "workload": "decode", "batch": batch, "context": context, "status": "ok"}
         cleanup = lambda: None  # noqa: E731
         try:
             step, after, cleanup = prepare(model, "decode", batch, context, device, args.seed)
-            row["clean"] = clean(step, after, device, args)
+            measure(row, step, after)
         except Exception as exc:  # noqa: BLE001 - recorded per case
             row["status"], row["error"] = common.classify_error(exc)
             if common.is_fatal_device_error(exc):
@@ -170,8 +167,22 @@ def clean_first(text: str, args, device, dtype, out) -> None:
                 cleanup()
             except Exception:  # noqa: BLE001
                 pass
+        yield row
+
+
+def clean_first(text: str, args, device, dtype, out) -> None:
+    """The clean step of every case of one model, before any profiler session in this process."""
+    name, _ = parse_model(text)
+    model = build(text, args, device, dtype, out)
+    if model is None:
+        return
+
+    def measure(row, step, after):
+        row["clean"] = clean(step, after, device, args)
+
+    for row in cases(model, name, "clean_first", args, device, measure):
         out.write(row)
-        print(f"[host_scopes] clean first: {name} b{batch} ctx{context}: {row['status']} "
+        print(f"[host_scopes] clean first: {name} b{row['batch']} ctx{row['context']}: {row['status']} "
               f"launch {row.get('clean', {}).get('launch_median_ms')} ms", flush=True)
     del model
     common.free_memory()
@@ -187,31 +198,20 @@ def run_model(text: str, args, device, dtype, out) -> None:
                "attn_implementation": model.config._attn_implementation,
                "experts_implementation": getattr(model.config, "_experts_implementation", None),
                "build_s": round(time.perf_counter() - t0, 2), "status": "ok"})
-    for batch, context in args.cases:
-        row = {"type": "case", "model": name, "num_hidden_layers": model.config.num_hidden_layers,
-               "workload": "decode", "batch": batch, "context": context, "status": "ok"}
-        cleanup = lambda: None  # noqa: E731
-        try:
-            step, after, cleanup = prepare(model, "decode", batch, context, device, args.seed)
-            row["clean"] = clean(step, after, device, args)
-            row["scopes"] = scopes(model, step, after, device, args)
-            row["ops"] = ops(step, after, device, args)[: args.top_ops]
-            row["clean_after"] = clean(step, after, device, args)
-        except Exception as exc:  # noqa: BLE001 - recorded per case
-            row["status"], row["error"] = common.classify_error(exc)
-            if common.is_fatal_device_error(exc):
-                raise
-        finally:
-            try:
-                cleanup()
-            except Exception:  # noqa: BLE001
-                pass
+
+    def measure(row, step, after):
+        row["clean"] = clean(step, after, device, args)
+        row["scopes"] = scopes(model, step, after, device, args)
+        row["ops"] = ops(step, after, device, args)[: args.top_ops]
+        row["clean_after"] = clean(step, after, device, args)
+
+    for row in cases(model, name, "case", args, device, measure):
         out.write(row)
         c = row.get("clean", {})
-        print(f"[host_scopes] {name} b{batch} ctx{context}: {row['status']} step {c.get('median_ms')} ms, "
-              f"launch {c.get('launch_median_ms')} ms, scopes {row.get('scopes', {}).get('host_ms_per_step')}",
-              flush=True)
-    del model
+        print(f"[host_scopes] {name} b{row['batch']} ctx{row['context']}: {row['status']} step "
+              f"{c.get('median_ms')} ms, launch {c.get('launch_median_ms')} ms, scopes "
+              f"{row.get('scopes', {}).get('host_ms_per_step')}", flush=True)
+    model = None          # the closure above holds the name; drop the weights before freeing
     common.free_memory()
 
 
