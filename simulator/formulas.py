@@ -120,12 +120,15 @@ def kv_append_in_place(cost: Cost, op: Op) -> Cost:
 
 def is_kv_append(op: Op) -> bool:
     """HF's DynamicCache append: ``torch.cat([cache, new], dim=-2)`` of (B, H, S, D) tensors in an attention
-    module."""
+    module; at prefill the cache is still the empty (0,) tensor of an unfilled layer."""
     ins = op.inputs
     dim = op.args[1] if len(op.args) > 1 else op.kwargs.get("dim", 0)
-    return not (op.name != "aten.cat" or len(ins) != 2 or "attn" not in op.scope.rsplit(".", 1)[-1]
-                or len(ins[0].shape) != 4 or dim not in (-2, 2)   # the sequence axis (not RoPE's rotate_half, -1)
-                or ins[0].shape[:2] != ins[1].shape[:2] or ins[0].shape[-1] != ins[1].shape[-1])
+    if op.name != "aten.cat" or len(ins) != 2 or "attn" not in op.scope.rsplit(".", 1)[-1] \
+            or dim not in (-2, 2) or len(ins[1].shape) != 4:      # the sequence axis (not RoPE's rotate_half, -1)
+        return False
+    if ins[0].numel == 0:
+        return True
+    return len(ins[0].shape) == 4 and ins[0].shape[:2] == ins[1].shape[:2] and ins[0].shape[-1] == ins[1].shape[-1]
 
 
 # ------------------------------------------------------------------ matrix products

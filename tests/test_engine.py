@@ -109,3 +109,21 @@ def test_vllm_writes_a_layers_k_and_v_in_one_kernel():
     assert vllm_bytes == pytest.approx(graphs_bytes) and vllm_bytes == pytest.approx(32 * 2 * 2 * (4 * 8 * 128 * 2))
     # --kv-dtype fp8: both tensors of the pair are stored in one byte (the write reads bf16 K/V once more: 3/4)
     assert writes("vllm", "fp8") == (32, pytest.approx(0.75 * vllm_bytes))
+
+
+def test_prefill_writes_into_the_empty_cache_in_place():
+    """At prefill HF's DynamicCache concatenates the new K/V onto an empty (0,) tensor: an engine with a
+    preallocated cache writes them in place like any later step (vllm: one kernel per layer; graphs: two)."""
+    from aisim.scenario import scenario
+    from aisim.step import op_arrays
+    from aisim.workload import StepShape
+
+    def counts(runtime):
+        sc = scenario("Meta-Llama-3-8B", "h100", dtype="bf16", runtime=runtime)
+        a = op_arrays(sc, sc.workload(StepShape(phase="prefill", batch=1, seq=512)))
+        cats = sum(float(r) for op, r in zip(a.ops, a.repeats) if op.name == "aten.cat")
+        writes = sum(float(r * n) for op, r, n in zip(a.ops, a.repeats, a.launches) if op.name == "kv_cache.write")
+        return cats, writes
+
+    assert counts("vllm") == (0, 32) and counts("graphs") == (0, 64)
+    assert counts("eager")[1] == 0                      # HF's own cache: the concatenations stay
