@@ -140,6 +140,57 @@ def runs_lines(per_run: dict[Path, list[MoeRow]]) -> list[str]:
     return lines
 
 
+def run_to_run(per_run: dict[Path, list[MoeRow]]) -> dict[str, dict[str, float]]:
+    """Per phase: how well one run's measured times estimate another's (MAPE over the cases both measured, mean
+    and range over the ordered pairs of runs), and the median of the other runs' times as the estimate of each run
+    (MAPE per run): the floor that host variance puts under any estimate of one run."""
+    import itertools
+
+    def key(r: MoeRow):
+        return r.model, r.workload, r.batch, r.context
+
+    runs = {p: {key(r): r.measured_ms for r in rows} for p, rows in per_run.items()}
+    out = {}
+    for phase in ("prefill", "decode"):
+        pairs = []
+        for a, b in itertools.permutations(runs, 2):
+            both = [k for k in runs[a] if k in runs[b] and k[1] == phase]
+            if both:
+                pairs.append(statistics.mean(100 * abs(runs[b][k] / runs[a][k] - 1) for k in both))
+        others = []
+        for a in runs:
+            errs = []
+            for k in (k for k in runs[a] if k[1] == phase):
+                vals = [runs[b][k] for b in runs if b != a and k in runs[b]]
+                if vals:
+                    errs.append(100 * abs(statistics.median(vals) / runs[a][k] - 1))
+            if errs:
+                others.append(statistics.mean(errs))
+        if pairs:
+            out[phase] = {"pairs": len(pairs), "mean": statistics.mean(pairs), "min": min(pairs), "max": max(pairs),
+                          "others_min": min(others), "others_max": max(others),
+                          "others_mean": statistics.mean(others)}
+    return out
+
+
+def run_to_run_lines(per_run: dict[Path, list[MoeRow]]) -> list[str]:
+    floor = run_to_run(per_run)
+    if not floor:
+        return []
+    mapes = [moe_mape(rows) for rows in per_run.values()]
+    own = {phase: statistics.mean(m[f"{phase} runtime"] for m in mapes if f"{phase} runtime" in m)
+           for phase in ("prefill", "decode")}
+    return ["How far the runs are from each other (no model: one run's measured times as the estimate of another's, "
+            "MAPE over the cases both measured, over every ordered pair of runs; and the per-case median of the other "
+            "runs as the estimate of each run): "
+            + "; ".join(f"{phase} {f['mean']:.1f}% ({f['pairs']} pairs, {f['min']:.1f}-{f['max']:.1f}), median of "
+                        f"the others {f['others_mean']:.1f}% ({f['others_min']:.1f}-{f['others_max']:.1f})"
+                        for phase, f in floor.items())
+            + f". aisim's per-run MAPE averages {own['prefill']:.1f}% prefill and {own['decode']:.1f}% decode: closer "
+            "to a run than another run's measurement of it, and near the median of the other runs; the host's "
+            "variance between machines of the same kind sets what one run's decode MAPE can be."]
+
+
 def spread_lines(per_run: dict[Path, list[MoeRow]]) -> list[str]:
     """The host spread of the same decode case across the runs, and the median-of-runs error range per model."""
     from aisim.specs import load_calibration
@@ -389,7 +440,8 @@ def moe_section(path: Path = DATA) -> list[str]:
             lines.append(f"| {cat} | {n} | {mape[cat]:.1f} | {GOALS[cat]:.0f} | {met} | {CEILINGS[cat]:.1f} |")
     lines += ["", f"The harness was run {len(RUNS)} times, each on the H100 machine the device lent at the time (the "
               "first run is the one scored above and listed below; validation/data/moe/). Runtime MAPE per run, over all runs' rows pooled, and "
-              "against each case's median over the runs:", "", *runs_lines(per_run), "", *spread_lines(per_run), "",
+              "against each case's median over the runs:", "", *runs_lines(per_run), "", *run_to_run_lines(per_run), "",
+              *spread_lines(per_run), "",
               *host_scopes_lines(), "",
               "", "| model | phase | batch | context | measured ms | estimated ms | error % | measured GB | "
               "estimated GB | error % | experts touched (measured / expected) |",
