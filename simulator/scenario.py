@@ -18,8 +18,8 @@ from . import catalog
 from .cost.power import PowerMode
 from .errors import AisimError
 from .plan import check_ep, choose_plan
-from .specs import (CalibrationSpec, Device, HostSpec, RuntimeSpec, all_runtimes, default_calibration,
-                    load_calibration, load_yaml, parse_spec)
+from .specs import (CalibrationSpec, Device, HostSpec, RuntimeSpec, all_runtimes, calibration_for, load_yaml,
+                    parse_spec)
 from .workload import DType, ParallelPlan, Quant, StepShape, TpScope, Workload
 
 TRANSCRIBE_RUNTIME = "ggml-cuda"
@@ -173,10 +173,11 @@ def _calibration(choice, dev: Device) -> tuple[CalibrationSpec, str | None]:
     if isinstance(choice, CalibrationSpec):
         cal, where = choice, "given object"
     elif choice == "auto":
-        return load_calibration(dev.gpu.name), None
+        return calibration_for(dev.gpu.name, dev.gpu.architecture), None
     elif choice == "none":
-        return default_calibration(), ("--calibration none: the documented default rules "
-                                       "(hardware_specs/calibration/default.yaml), no measured calibration")
+        return calibration_for(dev.gpu.name, dev.gpu.architecture, default=True), (
+            "--calibration none: the documented default rules (hardware_specs/calibration/default.yaml), no measured "
+            "calibration")
     else:
         path = Path(choice).expanduser()
         if not catalog.path_exists(path, "calibration", Path.is_file):

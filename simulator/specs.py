@@ -272,7 +272,25 @@ class CalibrationSpec(Spec):
                           "runs in its non-vectorized kernel: fraction of bandwidth vs bytes; absent: the memory curve")
     masked_attention_table: MaskedAttentionTable | None = Field(
         None, description="SDPA with an explicit mask (validation/harness/sdpa_mask.py; absent: the attention curve)")
+    architecture_gemm_plateau: dict[str, Fraction] = Field(
+        default_factory=dict, description="default rules only: per GPU architecture, the large-GEMM plateau of the "
+        "16-bit tensor-core GEMM curves where the measured GPUs of that architecture sit off the rule's "
+        "(provenance.gemm); the curves are scaled to it for a GPU of that architecture without a calibration")
     notes: str = ""
+
+    def for_architecture(self, architecture: str) -> "CalibrationSpec":
+        """These rules as they apply to a GPU of ``architecture``: measured files unchanged; the default rules with
+        their 16-bit GEMM curves scaled to that architecture's plateau where it has one."""
+        plateau = self.architecture_gemm_plateau.get(architecture)
+        if self.measured or plateau is None:
+            return self
+        curves = dict(self.gemm_efficiency)
+        for dtype in ("fp16", "bf16"):
+            if dtype in curves:
+                c = curves[dtype]
+                scale = plateau / max(c.efficiency)
+                curves[dtype] = Curve(x=c.x, efficiency=[e * scale for e in c.efficiency])
+        return self.model_copy(update={"gemm_efficiency": curves})
 
 
 class HostSpec(Spec):
@@ -540,7 +558,15 @@ def default_calibration() -> CalibrationSpec:
     return load_calibration("default")
 
 
+@lru_cache(maxsize=None)
+def calibration_for(device: str, architecture: str, default: bool = False) -> CalibrationSpec:
+    """The calibration a GPU runs with: its own file (``default``: the default rules regardless), the default rules
+    taking the GPU's architecture rules (CalibrationSpec.for_architecture)."""
+    cal = default_calibration() if default else load_calibration(device)
+    return cal.for_architecture(architecture)
+
+
 def clear_caches() -> None:
     """Forget loaded spec files (after a user directory changed)."""
-    for fn in (all_hardware, all_systems, all_runtimes, load_calibration):
+    for fn in (all_hardware, all_systems, all_runtimes, load_calibration, calibration_for):
         fn.cache_clear()

@@ -308,6 +308,25 @@ def test_default_rules_documented_and_valid():
     assert (spec.power_compute_fraction, spec.power_memory_fraction) == (0.9, 0.7)
 
 
+def test_default_rules_take_the_architecture_gemm_plateau():
+    """An uncalibrated Hopper GPU gets the 16-bit GEMM curves scaled to the Hopper plateau (the H100/H200
+    calibrations' sustained large-GEMM median); other architectures keep the rule; measured files are untouched."""
+    from aisim.specs import calibration_for, load_calibration
+
+    rule = cal.load_default_rules()
+    assert rule.architecture_gemm_plateau == {"hopper": 0.70}
+    top = {d: max(calibration_for(d, a).gemm_efficiency["bf16"].efficiency)
+           for d, a in (("h20", "hopper"), ("a100-sxm4-80gb", "ampere"), ("b200", "blackwell"))}
+    assert top == pytest.approx({"h20": 0.70, "a100-sxm4-80gb": 0.75, "b200": 0.75})
+    h20 = calibration_for("h20", "hopper").gemm_efficiency["fp16"]
+    assert h20.efficiency[0] == pytest.approx(0.05 * 0.70 / 0.75) and h20.x == rule.gemm_efficiency["fp16"].x
+    assert calibration_for("h20", "hopper").gemm_efficiency["fp32"] == rule.gemm_efficiency["fp32"]
+    measured = calibration_for("h100-sxm", "hopper")
+    assert measured.measured and measured.gemm_efficiency == load_calibration("h100-sxm").gemm_efficiency
+    assert max(calibration_for("h100-sxm", "hopper", default=True).gemm_efficiency["bf16"].efficiency) == \
+        pytest.approx(0.70)                                         # --calibration none on an H100
+
+
 def test_power_meter_aligns_to_energy_counter_steps():
     # a fake NVML whose energy counter (mJ) advances in 100 ms steps at 250 W; a window that started or ended
     # between steps would be off by up to 0.1 s / 0.5 s = 20 %, aligned to steps it is off by one 5 ms poll

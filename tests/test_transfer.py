@@ -100,14 +100,14 @@ TRANSFER_CEILINGS = {
                              "forward-backward/train runtime": 14.6},
     ("h200.jsonl", "h100-sxm"): {"forward/prefill runtime": 13.8, "decode runtime": 12.9,
                                  "forward-backward/train runtime": 11.9},
-    ("h100.jsonl", "none"): {"forward/prefill runtime": 13.0, "decode runtime": 21.6,
-                             "forward-backward/train runtime": 19.2},
-    ("h200.jsonl", "none"): {"forward/prefill runtime": 18.8, "decode runtime": 16.6,
-                             "forward-backward/train runtime": 15.1},
+    ("h100.jsonl", "none"): {"forward/prefill runtime": 10.6, "decode runtime": 21.6,
+                             "forward-backward/train runtime": 18.7},
+    ("h200.jsonl", "none"): {"forward/prefill runtime": 15.9, "decode runtime": 16.6,
+                             "forward-backward/train runtime": 15.0},
     ("median of the 4 H100 runs", "h200"): {"forward/prefill runtime": 6.9, "decode runtime": 15.8,
                                             "forward-backward/train runtime": 11.4},
-    ("median of the 4 H100 runs", "none"): {"forward/prefill runtime": 11.0, "decode runtime": 16.5,
-                                            "forward-backward/train runtime": 15.7},
+    ("median of the 4 H100 runs", "none"): {"forward/prefill runtime": 8.6, "decode runtime": 16.5,
+                                            "forward-backward/train runtime": 15.6},
 }
 
 

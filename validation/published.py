@@ -125,11 +125,11 @@ def torchcap_runtime_correction_ms(config: dict, device: str, batch: int, seq: i
     - repeat_kv: K and V expanded to the query heads, two copies per layer where the model has fewer KV heads;
     - loss: the harness's loss kernels (loss_paths) minus the ones the trace has (aisim_trace_loss)."""
     from aisim.catalog import resolve_device
-    from aisim.specs import load_calibration
+    from aisim.specs import calibration_for
 
     prof = _harness_profile("torchcap")
     gpu = resolve_device(device).gpu
-    cal = load_calibration(gpu.name)
+    cal = calibration_for(gpu.name, gpu.architecture)
     esize = {"fp16": 2, "bf16": 2, "fp32": 4}[dtype]
     layers, hidden = config["num_hidden_layers"], config["hidden_size"]
     heads = config["num_attention_heads"]
