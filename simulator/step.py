@@ -83,8 +83,8 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
     if found is not None:
         return found
     from .formulas import is_known, kv_append_in_place, op_cost, quantized
-    from .graph.engine import (expand, fuse, kv_rewrite, mla_absorb, moe_routing, sliding_windows,
-                               static_cache_decode)
+    from .graph.engine import (expand, fuse, fused_attention_peak, kv_rewrite, mla_absorb, moe_routing,
+                               sliding_windows, static_cache_decode)
     from .graph.extract import trace_workload
 
     graph = trace_workload(sc.config, w.model_copy(update={"static_cache_len": None}), sc.plan)
@@ -92,6 +92,9 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
     ops, repeats = expand(graph.ops, graph.repeats, w, rt, graph.meta.get("vocab_size") or 0, w.batch // sc.plan.dp,
                           moe_routing(sc.config, sc.plan, w.quant), bool(sc.device.gpu.peak_flops_per_s.fp8))
     ops, repeats = fuse(ops, repeats, rt.fusions, rt.kv_cache == "preallocated")
+    peak = fused_attention_peak(graph, ops)
+    if peak != graph.peak_activation_bytes:
+        graph = replace(graph, peak_activation_bytes=peak)
     if rt.static_cache and w.phase == "decode":    # HF StaticCache: masked attention over max_cache_len
         ops, repeats = static_cache_decode(ops, repeats, w.seq, w.static_cache_len or w.seq,
                                            sliding_windows(sc.config))

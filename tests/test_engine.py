@@ -127,3 +127,29 @@ def test_prefill_writes_into_the_empty_cache_in_place():
 
     assert counts("vllm") == (0, 32) and counts("graphs") == (0, 64)
     assert counts("eager")[1] == 0                      # HF's own cache: the concatenations stay
+
+
+def test_vllm_runs_an_eager_attention_model_as_one_fused_kernel():
+    """gpt-oss has no SDPA path in HF (attention sinks): its explicit Q K^T bmm, mask, sinks, softmax and P V bmm
+    become vLLM's one FlashAttention kernel per layer (eager_attention), and the S x S scores leave the memory."""
+    import aisim
+    from aisim.scenario import scenario
+    from aisim.step import op_arrays
+    from aisim.workload import StepShape
+
+    def attention_ops(runtime, phase):
+        sc = scenario("gpt-oss-20b", "h200", dtype="bf16", runtime=runtime)
+        a = op_arrays(sc, sc.workload(StepShape(phase=phase, batch=1, seq=4096)))
+        names = {}
+        for op, r in zip(a.ops, a.repeats):
+            if op.scope.endswith("self_attn") and op.name in ("attention.flash", "aten.bmm", "aten._softmax"):
+                names[op.name] = names.get(op.name, 0) + float(r)
+        return names
+
+    assert attention_ops("vllm", "prefill") == {"attention.flash": 24}
+    assert attention_ops("vllm", "decode") == {"attention.flash": 24}
+    assert attention_ops("graphs", "prefill") == {"aten.bmm": 48, "aten._softmax": 24}     # HF compiled: explicit
+    kw = dict(model="gpt-oss-20b", device="h200", workload="prefill", batch=1, seq=8192)
+    eager, vllm = aisim.estimate(**kw), aisim.estimate(runtime="vllm", **kw)
+    assert eager.memory.activations_gb > 20 and vllm.memory.activations_gb < 4        # 64 heads x 8192^2 scores
+    assert vllm.runtime_ms < eager.runtime_ms / 3

@@ -186,10 +186,13 @@ def expand(ops: list[Op], repeats: list[float], w: Workload, rt: RuntimeSpec, vo
 # silu_and_mul, csrc/pos_encoding_kernels.cu rotary_embedding) or compiles the model (torch.compile's Inductor fuses
 # a chain of pointwise ops and a reduction into one kernel) replaces the HF module's chain of small kernels by one
 # kernel that reads the chain's inputs once and writes its outputs once. RuntimeSpec.fusions names the fusions.
-FUSIONS = ("add_rms_norm", "silu_and_mul", "rotary", "native_gqa", "merged_projections", "kv_write_pair")
+FUSIONS = ("add_rms_norm", "silu_and_mul", "rotary", "native_gqa", "merged_projections", "kv_write_pair",
+           "eager_attention")
 # native_gqa: no repeat_kv copies; merged_projections: the projections that read the same activations run as one
 # GEMM over the concatenated weights (vLLM's QKVParallelLinear and MergedColumnParallelLinear); kv_write_pair: a
-# layer's new K and V go into the cache in one kernel (vLLM's reshape_and_cache_flash takes both), not one each
+# layer's new K and V go into the cache in one kernel (vLLM's reshape_and_cache_flash takes both), not one each;
+# eager_attention: a model HF runs with its explicit attention (Q K^T bmm, mask, softmax, P V bmm; gpt-oss's sinks)
+# runs as the engine's one fused attention kernel
 MERGED_PROJECTIONS = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
 PROJECTION_GEMMS = frozenset({"aten.mm", "aten.addmm"})
 ROPE_OPS = frozenset({"aten.mul.Tensor", "aten.neg", "aten.add.Tensor", "aten.cat"})
@@ -280,6 +283,10 @@ def fuse(ops: list[Op], repeats: list[float], fusions, kv_in_place: bool = False
             kv_heads = op.inputs[0].shape[1]                     # GQA read natively: no repeated K/V copy
             i += 1
             continue
+        end = _eager_attention_end(ops, i) if "eager_attention" in fusions else None
+        if end is not None:     # the chain's views go too: their live_bytes hold the scores no engine allocates
+            op = _eager_attention(ops, i, end)
+            i = end - 1                                          # the fused op stands at the chain's last index
         if kv_in_place and kv_heads and op.name in ATTENTION_OPS:
             op = _native_gqa(op, kv_heads)
             kv_heads = 0
@@ -367,10 +374,79 @@ def _merged_gemm(gemms: list[Op]) -> Op:
 
 
 def _is_repeat_kv(op: Op) -> bool:
-    """HF's repeat_kv (GQA K/V expanded to the query heads, then copied: (B, Hkv, rep, S, D) -> a clone) in an
-    attention module; vLLM's and FlashAttention's kernels read the KV heads directly."""
+    """HF's repeat_kv (GQA K/V expanded to the query heads, then copied: (B, Hkv, rep, S, D) -> a clone, or the
+    reshape's copy where the explicit attention path reshapes it) in an attention module; vLLM's and
+    FlashAttention's kernels read the KV heads directly."""
     ins = op.inputs
-    return op.name == "aten.clone" and "attn" in _leaf(op.scope) and len(ins) == 1 and len(ins[0].shape) == 5
+    return (op.name in ("aten.clone", "aten._unsafe_view") and not op.attrs.get("view") and "attn" in _leaf(op.scope)
+            and len(ins) == 1 and len(ins[0].shape) == 5)
+
+
+def _eager_attention_end(ops: list[Op], i: int) -> int | None:
+    """Where HF's explicit attention starting at the Q K^T bmm ``ops[i]`` ends (exclusive): after the P V bmm that
+    follows its softmax in the same attention module, and the reshape of its output; None if ``ops[i]`` is not
+    such a bmm."""
+    op = ops[i]
+    if op.name != "aten.bmm" or "attn" not in _leaf(op.scope) or not op.attrs.get("transposed"):
+        return None
+    softmax = False
+    for j in range(i + 1, min(i + 40, len(ops))):
+        o = ops[j]
+        if o.scope != op.scope:
+            return None
+        softmax = softmax or o.name in ("aten._softmax", "aten._safe_softmax")
+        if o.name == "aten.bmm":
+            if not softmax:
+                return None
+            end = j + 1
+            if end < len(ops) and ops[end].name == "aten._unsafe_view" and ops[end].inputs[0] == o.outputs[0]:
+                end += 1
+            return end
+    return None
+
+
+def _eager_attention(ops: list[Op], i: int, end: int) -> Op:
+    """The fused attention op for the explicit chain ops[i:end]: Q (B, H, Sq, D), K and V (B, H, Skv, D) from the
+    two bmms, heads from the reshape of the scores; causal where there is more than one query row."""
+    qk, pv = ops[i], next(o for o in reversed(ops[i:end]) if o.name == "aten.bmm")
+    q, kt = qk.inputs[0], qk.inputs[1]                    # (B*H, Sq, D), (B*H, D, Skv)
+    scores = next((o.outputs[0] for o in ops[i + 1:end] if o.name == "aten._unsafe_view"
+                   and len(o.outputs[0].shape) == 4), None)
+    b, h = scores.shape[:2] if scores is not None else (1, q.shape[0])
+    sq, d, skv = q.shape[1], q.shape[2], kt.shape[2]
+    q4, kv4 = TensorMeta((b, h, sq, d), q.dtype), TensorMeta((b, h, skv, d), q.dtype)
+    out = TensorMeta((b, h, sq, pv.outputs[0].shape[-1]), pv.outputs[0].dtype)
+    before = ops[i - 1].attrs.get("live_bytes", 0.0) if i else 0.0
+    after = ops[end - 1].attrs.get("live_bytes", before + out.nbytes)
+    # held: what the chain left allocated beyond its output (HF returns the probabilities with the output; the
+    # decoder layer keeps them until it returns)
+    return Op(name="attention.flash", args=(q4, kv4, kv4), kwargs={}, outputs=(out,), alias=False, phase=qk.phase,
+              scope=qk.scope, attrs={"is_causal": sq > 1, "has_mask": False, "backend": "flash", "dropout_p": 0.0,
+                                     "fused": True, "eager_attention": True, "live_bytes": before + out.nbytes,
+                                     "held_bytes": max(after - before - out.nbytes, 0.0)})
+
+
+def fused_attention_peak(graph, ops: list[Op]) -> float:
+    """The traced activation peak less what HF's explicit attention held and the fused kernel does not (its
+    S x S scores, probabilities and their copies): the trace's live-bytes peak minus the peak over the fused op list
+    (the fused attention holding what was live before it plus its output); unchanged without such a fusion."""
+    if not any(op.attrs.get("eager_attention") for op in ops):
+        return graph.peak_activation_bytes
+    traced = max((op.attrs.get("live_bytes", 0.0) for op in graph.ops), default=0.0)
+    fused, held, base, layer = 0.0, 0.0, 0.0, None
+    for op in ops:
+        live = op.attrs.get("live_bytes")
+        if op.attrs.get("eager_attention"):
+            held, base, layer = op.attrs["held_bytes"], live, op.scope.rpartition(".")[0]
+        elif live is not None and layer is not None and op.scope.startswith(layer + "."):
+            # HF's decoder layer keeps the returned probabilities (``hidden, _ = self_attn(...)``); whatever of them
+            # is freed shows as live bytes falling toward the level after the fused kernel
+            held = min(held, max(live - base, 0.0))
+            live -= held
+        elif live is not None:
+            held, layer = 0.0, None
+        fused = max(fused, live or 0.0)
+    return max(graph.peak_activation_bytes - max(traced - fused, 0.0), 0.0)
 
 
 def _native_gqa(op: Op, kv_heads: int) -> Op:
