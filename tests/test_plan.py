@@ -151,3 +151,22 @@ def test_plan_train_table_is_full_width_when_piped():
                                    "--pp", "1", "--zero", "0", "--micro-batch", "1"])
     assert out.exit_code == 0, out.output
     assert "h100-sxm" in out.output and "…" not in out.output
+
+
+def test_plan_train_says_why_a_gpu_count_has_no_plan():
+    """A global batch that no dp x micro-batch divides prunes every candidate before a trace: the reason says so
+    (it used to say 'no plan fits in memory')."""
+    result = plan_train(plan_train_request(model="opt-125m", tokens=1e9, seq=512, global_batch=64, devices=["h100"],
+                                           gpus=[7], micro_batch=[1, 2]))
+    (reason,) = result.not_feasible.values()
+    assert result.evaluated == 0 and "batch split" in reason and "--global-batch 64 must be a multiple" in reason
+
+
+def test_plan_serve_says_when_no_request_fits_the_model():
+    """Prompts over the model's max_model_len (opt-125m: 2048 positions) fail every request: the reason names it,
+    as aisim serve does (it used to report a saturation rate of 0.00 req/s)."""
+    result = plan_serve(plan_request(**{**SERVE, "devices": ["h100"], "input_len": "4000", "max_num_seqs": [None]},
+                                     rate_per_s=1.0, slo={}))
+    assert not result.ranked
+    (reason,) = result.not_feasible.values()
+    assert "max_model_len 2048" in reason and "0.00 req/s" not in reason

@@ -25,7 +25,7 @@ from ..plan import check_tp
 from ..scenario import ScenarioRequest, resolve_scenario
 from ..specs import all_hardware, all_runtimes
 from .serve import ServeRequest, validated
-from .serve.run import serve
+from .serve.run import failure_summary, serve
 
 SLO_KEY = re.compile(r"^(mean|median|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 HOURS_PER_DAY = 24.0
@@ -154,7 +154,7 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
 
 def _search_device(req, device, runtime, percentiles, counts, found, notes, progress) -> str | None:
     gpu = resolve_gpu(device)
-    last_reason = "no tensor-parallel degree fits"
+    shape_reason, last_reason = "no tensor-parallel degree fits", None   # a simulated tp's reason comes first
     for tp in (t for t in (1, 2, 4, 8) if t <= req.max_gpus):
         counts["considered"] += len(req.max_num_seqs) * max(req.max_gpus // tp, 1)
         try:
@@ -163,7 +163,7 @@ def _search_device(req, device, runtime, percentiles, counts, found, notes, prog
             sc = resolve_scenario(base, "prefill")
             check_tp(sc.config, tp, "all")
         except AisimError as exc:
-            last_reason = str(exc)
+            shape_reason = str(exc)
             continue
         for seqs in req.max_num_seqs:
             knobs = {"max_num_seqs": seqs} if seqs else {}
@@ -178,7 +178,7 @@ def _search_device(req, device, runtime, percentiles, counts, found, notes, prog
                 found.append(cand)
     mine = [c for c in found if c.device == gpu.name and c.runtime == runtime]
     if not mine:
-        return last_reason
+        return last_reason or shape_reason
     if not any(c.meets_slo for c in mine):
         best = {k: min(_slo_value(c.metrics, k) for c in mine) for k in req.slo}
         return ("no configuration up to --max-gpus {} meets the SLOs; the best reached: {}".format(
@@ -193,12 +193,15 @@ def _simulate(req, sc, knobs, replicas, percentiles, counts, rate=None):
                                     "output_len": req.output_len, "rate_per_s": per_replica, "seed": req.seed,
                                     "metric_percentiles": percentiles})
     run, cfg, _ = serve(sc, sreq, knobs)
-    return run.result, cfg
+    return run, cfg
 
 
 def _min_replicas(req, sc, tp, knobs, percentiles, counts, notes) -> Candidate | None:
     """The fewest replicas that meet the SLOs (None when even max_gpus do not), from the saturation bound up."""
-    sat, cfg = _simulate(req, sc, knobs, 1, percentiles, counts, rate=math.inf)
+    run, cfg = _simulate(req, sc, knobs, 1, percentiles, counts, rate=math.inf)
+    sat = run.result
+    if sat.failed and not sat.completed:     # no request can run at all: say why, as aisim serve does
+        raise AisimError(f"tp {tp}: {failure_summary(run, cfg)}")
     capacity = sat.request_throughput
     max_replicas = max(req.max_gpus // tp, 1)
     low = max(1, math.ceil(req.rate_per_s / capacity)) if capacity > 0 else max_replicas + 1
@@ -207,7 +210,8 @@ def _min_replicas(req, sc, tp, knobs, percentiles, counts, notes) -> Candidate |
                          f"least {low} replicas ({low * tp} GPUs) > --max-gpus {req.max_gpus}")
     best, previous = None, None
     for replicas in range(low, max_replicas + 1):
-        result, cfg = _simulate(req, sc, knobs, replicas, percentiles, counts)
+        run, cfg = _simulate(req, sc, knobs, replicas, percentiles, counts)
+        result = run.result
         if result.failed:
             continue
         best = _candidate(req, sc, tp, replicas, cfg.max_num_seqs, result)

@@ -123,9 +123,10 @@ def plan_train(req: PlanTrainRequest, progress: Callable[[str], None] | None = N
                 pruned["no such cluster"] = pruned.get("no such cluster", 0) + _space(req)
                 continue
             sc = scenario(req.model, dev, dtype=PRECISION_DTYPE[req.precision], tp=1, pp=1, dp=gpus)
+            before = (dict(counts), dict(pruned))
             mine = _search(req, sc, counts, pruned, traced)
             if not mine:
-                infeasible[f"{dev.gpu.name} x {gpus}"] = "no plan fits in memory"
+                infeasible[f"{dev.gpu.name} x {gpus}"] = _no_plan_reason(req, dev, counts, pruned, *before)
             found += mine
             if progress:
                 progress(f"{dev.gpu.name} x {gpus}: {counts['considered']} candidates, {len(found)} fit")
@@ -142,6 +143,22 @@ def plan_train(req: PlanTrainRequest, progress: Callable[[str], None] | None = N
                            best_per_gpus=sorted(best.values(), key=lambda c: (c.device, c.gpus)),
                            cheapest_per_device=cheapest, pareto=pareto(ranked), not_feasible=infeasible,
                            assumptions=_assumptions(req))
+
+
+def _no_plan_reason(req: PlanTrainRequest, dev, counts: dict, pruned: dict, counts_before: dict,
+                    pruned_before: dict) -> str:
+    """Why one (device, GPU count) has no plan: the candidates that were traced and did not fit, or, where none was
+    traced, the reasons every candidate was pruned for (a global batch that no dp x micro-batch divides, say)."""
+    evaluated = counts["evaluated"] - counts_before["evaluated"]
+    not_fit = counts["not_fit"] - counts_before["not_fit"]
+    if evaluated:
+        return (f"no plan fits in memory: {not_fit} of {evaluated} traced plans exceed the "
+                f"{dev.gpu.memory_bytes / 1e9:.0f} GB per GPU")
+    why = {k: n - pruned_before.get(k, 0) for k, n in pruned.items() if n - pruned_before.get(k, 0)}
+    text = ", ".join(f"{k} ({n})" for k, n in sorted(why.items(), key=lambda kv: -kv[1]))
+    hint = (f"; --global-batch {req.global_batch} must be a multiple of data parallel x micro-batch"
+            if "batch split" in why else "")
+    return f"no plan to trace: every candidate was pruned: {text}{hint}"
 
 
 def _space(req: PlanTrainRequest) -> int:
