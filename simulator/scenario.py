@@ -274,6 +274,9 @@ def _fp8_engine(runtime: str) -> str:
     return f"{FP8_COSTED} (vLLM's Fp8LinearMethod; {runtime}'s own fp8 kernels are not modelled apart)"
 
 
+HF_RUNTIMES = ("eager", "graphs", "transformers-cb", "kernel-sum")    # transformers' own modelling code runs
+
+
 def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, config: dict,
                      runtime: str) -> list[str]:
     out = []
@@ -296,7 +299,7 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
         out.append(f"--quant {quant}: linear weights read at {quant} width (weight-only); the dequantization "
                    "inside the GEMM kernel is taken as free")
     experts = config.get("num_local_experts") or config.get("num_experts") or config.get("n_routed_experts")
-    if experts and dtype == "fp16":
+    if experts and dtype == "fp16" and runtime in HF_RUNTIMES:
         out.append("MoE in fp16: transformers' grouped_mm experts take bf16 only (torch._grouped_mm), so an HF run "
                    "needs --dtype bf16; the expert GEMMs are costed in fp16 as serving engines' fused MoE kernels "
                    "run them")
