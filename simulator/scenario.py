@@ -280,6 +280,10 @@ HF_RUNTIMES = ("eager", "graphs", "transformers-cb", "kernel-sum")    # transfor
 def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, config: dict,
                      runtime: str) -> list[str]:
     out = []
+    packed = (config.get("quantization_config") or {}).get("quant_method") == "mxfp4"
+    if packed:
+        out.append("MoE expert weights in MXFP4 as the checkpoint stores them (4.25 bits per weight, whatever "
+                   "--quant says; dequantized inside the MoE kernel, their grouped GEMMs costed at the 16-bit rate)")
     if dtype in ("bf16", "tf32") and not getattr(dev.gpu.peak_flops_per_s, dtype):
         out.append(f"{dev.gpu.name} has no {dtype} units: its matmuls are costed at the "
                    f"{'fp16' if dtype == 'bf16' else 'fp32'} rate (PyTorch emulates or falls back; real runs may "
@@ -289,8 +293,9 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
                    "with outlier split, 2 host syncs, col32 transform, int8 GEMM, dequantization, fp16 outlier "
                    "matmul; aisim.graph.engine); the LM head stays 16-bit")
     elif quant == "fp8" and dev.gpu.peak_flops_per_s.fp8:
-        out.append(f"--quant fp8 on {dev.gpu.name} with {runtime}: {_fp8_engine(runtime)}; MoE expert weights "
-                   "stored fp8 (their grouped GEMMs costed at the 16-bit rate); embeddings and the LM head 16-bit")
+        experts_fp8 = "" if packed else "; MoE expert weights stored fp8 (their grouped GEMMs at the 16-bit rate)"
+        out.append(f"--quant fp8 on {dev.gpu.name} with {runtime}: {_fp8_engine(runtime)}{experts_fp8}; embeddings "
+                   "and the LM head 16-bit")
     elif quant == "fp8":
         out.append(f"--quant fp8: {dev.gpu.name} has no fp8 tensor cores: weight-only fallback (fp8 weights "
                    "dequantized to 16-bit inside the GEMM, as vLLM's FP8 Marlin kernel on Ampere); GEMMs run at the "

@@ -282,3 +282,16 @@ def test_moe_run_to_run_floor_and_aisim_against_it():
     assert 5.0 < floor["decode"]["others_mean"] < floor["decode"]["mean"] < 40.0
     aisim_decode = statistics.mean(moe_report.moe_mape(rows)["decode runtime"] for rows in per_run.values())
     assert aisim_decode < floor["decode"]["mean"]
+
+
+def test_mxfp4_experts_are_named_and_stay_mxfp4_under_quant_fp8():
+    """gpt-oss ships MXFP4 experts: a note says so with or without --quant, and --quant fp8 does not claim fp8
+    experts (the memory keeps them at 4.25 bits)."""
+    plain = _estimate(model="gpt-oss-20b", device="h200", workload="decode", runtime="vllm")
+    fp8 = _estimate(model="gpt-oss-20b", device="h200", workload="decode", runtime="vllm", quant="fp8")
+    for e in (plain, fp8):
+        assert any("MXFP4 as the checkpoint stores them" in n for n in e.assumptions)
+    assert not any("expert weights stored fp8" in n for n in fp8.assumptions)
+    assert plain.memory.weights_gb - fp8.memory.weights_gb < 1.0        # only the non-expert linears shrink
+    dense = _estimate(model="Mixtral-8x7B-v0.1", device="h200", workload="decode", runtime="vllm", quant="fp8")
+    assert any("expert weights stored fp8" in n for n in dense.assumptions)
