@@ -32,6 +32,7 @@ def print_estimate(e: Estimate, notes: list[str] | None = None) -> None:
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("quantity")
     table.add_column("value", justify="right")
+    unit = "windows" if e.workload.phase == "encode" else "tokens"    # an encoder step counts 30 s audio windows
     rows = [("runtime (ms)", _fmt(e.runtime_ms)), ("peak memory per GPU (GB)", _fmt(e.memory_gb)),
             ("  weights / activations / KV cache", f"{e.memory.weights_gb:.2f} / {e.memory.activations_gb:.2f} / "
              f"{e.memory.kv_cache_gb:.2f}"),
@@ -39,9 +40,9 @@ def print_estimate(e: Estimate, notes: list[str] | None = None) -> None:
              f"{e.memory.workspace_gb:.2f}"),
             ("  capacity per GPU (GB)", _fmt(e.memory.capacity_gb)),
             ("fits", "yes" if e.fits else "[bold red]DOES NOT FIT[/]"),
-            ("energy (J)", _fmt(e.energy_j)), ("energy (J/token)", _fmt(e.energy_j_per_token, 5)),
+            ("energy (J)", _fmt(e.energy_j)), (f"energy (J/{unit[:-1]})", _fmt(e.energy_j_per_token, 5)),
             ("average power per GPU (W)", _fmt(e.power_w, 0)),
-            ("throughput (tokens/s)", _fmt(e.throughput_tokens_per_s, 1)), ("tokens", str(e.tokens)),
+            (f"throughput ({unit}/s)", _fmt(e.throughput_tokens_per_s, 1)), (unit, str(e.tokens)),
             ("FLOPs per GPU", f"{e.flops:.3e}"), ("bytes moved per GPU", f"{e.bytes:.3e}")]
     if e.ttft_ms is not None:
         rows[1:1] = [("  time to first token (ms)", _fmt(e.ttft_ms)), ("  time per output token (ms)", _fmt(e.tpot_ms))]
