@@ -560,10 +560,12 @@ def default_calibration() -> CalibrationSpec:
 
 @lru_cache(maxsize=None)
 def calibration_for(device: str, architecture: str, default: bool = False) -> CalibrationSpec:
-    """The calibration a GPU runs with: its own file (``default``: the default rules regardless), the default rules
-    taking the GPU's architecture rules (CalibrationSpec.for_architecture)."""
-    cal = default_calibration() if default else load_calibration(device)
-    return cal.for_architecture(architecture)
+    """The calibration a GPU runs with: its own file where it has one (user directory first), as written; else (and
+    with ``default``, --calibration none) the default rules with the GPU's architecture rules applied
+    (CalibrationSpec.for_architecture). A file passed by path is used as written too."""
+    if not default and calibration_path(device) is not None:
+        return load_calibration(device)              # the GPU's own file, measured or not, as written
+    return default_calibration().for_architecture(architecture)
 
 
 def clear_caches() -> None:

@@ -3,6 +3,7 @@ the written files, the default rules, and the no-GPU error. No GPU needed."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import math
 
 import pytest
@@ -388,3 +389,27 @@ def test_transposed_records_fit_their_own_curve():
     curve, notes = fit_transposed(recs + [{"bench": "memory", "op": "copy", "size_bytes": 1, "time_s": 1}], bw)
     assert curve is not None and all(e == pytest.approx(0.2) for e in curve.efficiency) and notes
     assert fit_transposed([], bw) == (None, [])
+
+
+def test_a_users_own_rules_file_is_not_rescaled(tmp_path, monkeypatch):
+    """A user's calibration for a Hopper GPU with measured: false (a copy of the default rules with their own GEMM
+    plateau) is used as written: the architecture rule applies only where the default rules stand in."""
+    from importlib import resources
+
+    from aisim import specs
+
+    shipped = Path(str(resources.files("aisim.hardware_specs")))
+    (tmp_path / "calibration").mkdir()
+    text = (shipped / "calibration" / "default.yaml").read_text().replace("device: default", "device: h20", 1)
+    text = text.replace("efficiency: [0.05, 0.12, 0.25, 0.42, 0.6, 0.75]", "efficiency: [0.05, 0.12, 0.25, 0.42, 0.7, 0.9]")
+    (tmp_path / "calibration" / "h20.yaml").write_text(text)
+    monkeypatch.setenv("AISIM_SPECS_DIR", str(tmp_path))
+    specs.clear_caches()
+    try:
+        own = specs.calibration_for("h20", "hopper")
+        assert not own.measured and max(own.gemm_efficiency["bf16"].efficiency) == pytest.approx(0.9)
+        rules = specs.calibration_for("h20", "hopper", default=True)
+        assert max(rules.gemm_efficiency["bf16"].efficiency) == pytest.approx(0.70)
+    finally:
+        monkeypatch.delenv("AISIM_SPECS_DIR")
+        specs.clear_caches()

@@ -153,3 +153,14 @@ def test_vllm_runs_an_eager_attention_model_as_one_fused_kernel():
     eager, vllm = aisim.estimate(**kw), aisim.estimate(runtime="vllm", **kw)
     assert eager.memory.activations_gb > 20 and vllm.memory.activations_gb < 4        # 64 heads x 8192^2 scores
     assert vllm.runtime_ms < eager.runtime_ms / 3
+
+
+def test_gpt_oss_shards_its_attention_sinks_under_tensor_parallelism():
+    """gpt-oss's per-head sinks follow the heads over the tensor-parallel ranks (the trace used to fail at --tp 2)."""
+    import aisim
+
+    one = aisim.estimate(model="gpt-oss-20b", device="h100", workload="decode", batch=4, seq=1024, runtime="vllm")
+    two = aisim.estimate(model="gpt-oss-20b", device="h100x2", tp=2, workload="decode", batch=4, seq=1024,
+                         runtime="vllm")
+    assert two.memory.weights_gb < 0.65 * one.memory.weights_gb and two.runtime_ms > 0
+    assert any("all_reduce" in o.name for o in two.top_ops)

@@ -54,6 +54,9 @@ def shard_model(model, tp: int, scope: str, tracer) -> int:
                     setattr(module, attr, getattr(module, attr) // tp)
         if name in blocks:
             module.register_forward_pre_hook(_backward_allreduce_hook(tracer, tp), with_kwargs=True)
+            sinks = getattr(module, "sinks", None)       # per-head attention sinks (gpt-oss): this rank's heads
+            if heads_sharded and isinstance(sinks, torch.nn.Parameter) and sinks.dim() == 1:
+                module.sinks = torch.nn.Parameter(torch.empty(sinks.shape[0] // tp, device="meta", dtype=sinks.dtype))
     if sharded == 0:
         raise AisimError(f"tensor parallelism found no linear layers to shard in {type(model).__name__}; "
                          "this model family is not supported with --tp yet")

@@ -200,7 +200,7 @@ def _min_replicas(req, sc, tp, knobs, percentiles, counts, notes) -> Candidate |
     """The fewest replicas that meet the SLOs (None when even max_gpus do not), from the saturation bound up."""
     run, cfg = _simulate(req, sc, knobs, 1, percentiles, counts, rate=math.inf)
     sat = run.result
-    if sat.failed and not sat.completed:     # no request can run at all: say why, as aisim serve does
+    if sat.failed:        # requests no replica count can run (over max_model_len or the KV cache): say why, as serve
         raise AisimError(f"tp {tp}: {failure_summary(run, cfg)}")
     capacity = sat.request_throughput
     max_replicas = max(req.max_gpus // tp, 1)

@@ -26,6 +26,7 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..catalog import resolve_model
 from ..errors import AisimError
 from ..plan import check_tp
 from ..scenario import Scenario, scenario
@@ -113,6 +114,7 @@ def plan_train(req: PlanTrainRequest, progress: Callable[[str], None] | None = N
     traced: set = set()
     found: list[TrainCandidate] = []
     infeasible: dict[str, str] = {}
+    model = resolve_model(req.model)[0]   # the resolved name, also where no (device, GPU count) exists
     for name in req.devices:
         for gpus in sorted(set(req.gpus)):
             try:
@@ -137,7 +139,7 @@ def plan_train(req: PlanTrainRequest, progress: Callable[[str], None] | None = N
         best.setdefault((c.device, c.gpus), c)
         if c.device not in cheapest or (c.usd or math.inf) < (cheapest[c.device].usd or math.inf):
             cheapest[c.device] = c
-    return PlanTrainResult(model=sc.model, tokens=req.tokens, seq=req.seq, global_batch=req.global_batch,
+    return PlanTrainResult(model=model, tokens=req.tokens, seq=req.seq, global_batch=req.global_batch,
                            considered=counts["considered"], pruned=pruned, evaluated=counts["evaluated"],
                            not_fit=counts["not_fit"], traces=len(traced), ranked=ranked,
                            best_per_gpus=sorted(best.values(), key=lambda c: (c.device, c.gpus)),
