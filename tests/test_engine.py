@@ -164,3 +164,19 @@ def test_gpt_oss_shards_its_attention_sinks_under_tensor_parallelism():
                          runtime="vllm")
     assert two.memory.weights_gb < 0.65 * one.memory.weights_gb and two.runtime_ms > 0
     assert any("all_reduce" in o.name for o in two.top_ops)
+
+
+def test_gpt_oss_rotary_is_one_kernel_under_engines():
+    """gpt-oss's rotary (first * cos - second * sin, second * cos + first * sin, a concatenation; no rotate_half
+    negation) is one fused rotary kernel per layer under vllm and graphs, as rotate_half's form is."""
+    from aisim.scenario import scenario
+    from aisim.step import op_arrays
+    from aisim.workload import StepShape
+
+    sc = scenario("gpt-oss-20b", "h200", dtype="bf16", runtime="vllm")
+    a = op_arrays(sc, sc.workload(StepShape(phase="decode", batch=4, seq=1024)))
+    attn = {}
+    for op, r in zip(a.ops, a.repeats):
+        if op.scope.endswith("self_attn") and op.name not in ("module.call",) and not op.attrs.get("view"):
+            attn[op.name] = attn.get(op.name, 0) + float(r)
+    assert attn == {"fused.rotary_embedding": 24, "kv_cache.write": 24, "attention.flash": 24}

@@ -195,7 +195,11 @@ FUSIONS = ("add_rms_norm", "silu_and_mul", "rotary", "native_gqa", "merged_proje
 # runs as the engine's one fused attention kernel
 MERGED_PROJECTIONS = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
 PROJECTION_GEMMS = frozenset({"aten.mm", "aten.addmm"})
-ROPE_OPS = frozenset({"aten.mul.Tensor", "aten.neg", "aten.add.Tensor", "aten.cat"})
+ROPE_OPS = frozenset({"aten.mul.Tensor", "aten.neg", "aten.sub.Tensor", "aten.add.Tensor", "aten.cat"})
+# rotate_half's form negates one half (Llama: x * cos + rotate_half(x) * sin); gpt-oss's _apply_rotary_emb subtracts
+# (first * cos - second * sin, second * cos + first * sin, then a concatenation): one negation or one subtraction
+# per rotated tensor
+ROPE_SIGN_OPS = frozenset({"aten.neg", "aten.sub.Tensor"})
 ACTIVATIONS = frozenset({"aten.silu", "aten.gelu", "aten.gelu_tanh"})
 
 
@@ -304,7 +308,7 @@ def fuse(ops: list[Op], repeats: list[float], fusions, kv_in_place: bool = False
         if "rotary" in fusions and _leaf(op.scope).startswith("rotary_emb") and _kernel(op):
             i += 1                                               # cos/sin come from the engine's precomputed cache
             continue
-        if "rotary" in fusions and op.name == "aten.neg" and "attn" in _leaf(op.scope):
+        if "rotary" in fusions and op.name in ROPE_SIGN_OPS and "attn" in _leaf(op.scope):
             fused_op, start = _rotary(out, ops, i)
             if fused_op is not None:
                 del out[start:], rep[start:]
@@ -490,10 +494,11 @@ def _rotary(out: list[Op], ops: list[Op], i: int):
 
 
 def _rope_end(ops, i: int) -> int:
-    """Index after the last rope op of the chain through op i (q's and k's halves: up to two negations)."""
+    """Index after the last rope op of the chain through op i (q's and k's halves: up to two negations or
+    subtractions)."""
     scope, j, negs, last = ops[i].scope, i, 0, i
     while j < len(ops) and (not _kernel(ops[j]) or (_rope_chain(ops[j]) and ops[j].scope == scope)):
-        if ops[j].name == "aten.neg":
+        if ops[j].name in ROPE_SIGN_OPS:
             negs += 1
             if negs > 2:
                 break
