@@ -301,7 +301,8 @@ def _masked_fill(op: Op) -> Cost:
     return Cost(cost.flops, cost.bytes_read, cost.bytes_written, 2, cost.kind)
 
 
-@formula("fused.add_rms_norm", "fused.rotary_embedding", "fused.silu_and_mul", "kv_cache.write")
+@formula("fused.add_rms_norm", "fused.rotary_embedding", "fused.silu_and_mul", "kv_cache.write",
+         "fused.topk_softmax", "fused.moe_align", "fused.moe_act", "fused.moe_sum")
 def _fused_kernel(op: Op) -> Cost:
     """An engine's fused kernel (graph.engine.fuse): its inputs read once, its outputs written once, one launch;
     FLOPs as a norm's per element."""

@@ -420,11 +420,12 @@ class RuntimeSpec(Spec):
                                                    "(HF generate, logits_to_keep=1) or every position")
     request_loop: RequestLoopSpec | None = None
     fusions: list[Literal["add_rms_norm", "silu_and_mul", "rotary", "native_gqa", "merged_projections",
-                          "kv_write_pair", "eager_attention"]] = Field(
+                          "kv_write_pair", "eager_attention", "fused_moe"]] = Field(
         default_factory=list, description="the engine's fused kernels replacing HF's chains of small ones "
         "(aisim.graph.engine.fuse): residual add + RMSNorm, SiLU-and-mul, rotary embedding of q and k, K/V read "
         "natively for GQA, q/k/v and gate/up projections as one GEMM each, a layer's K and V cache writes as one "
-        "kernel, HF's explicit attention (bmm, softmax, bmm) as the engine's fused attention kernel")
+        "kernel, HF's explicit attention (bmm, softmax, bmm) as the engine's fused attention kernel, HF's MoE "
+        "routing bookkeeping as the engine's fused MoE kernels")
     serving: ServingSpec | None = Field(None, description="continuous-batching engine defaults (aisim serve)")
     source: str
 

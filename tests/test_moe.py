@@ -295,3 +295,25 @@ def test_mxfp4_experts_are_named_and_stay_mxfp4_under_quant_fp8():
     assert plain.memory.weights_gb - fp8.memory.weights_gb < 1.0        # only the non-expert linears shrink
     dense = _estimate(model="Mixtral-8x7B-v0.1", device="h200", workload="decode", runtime="vllm", quant="fp8")
     assert any("expert weights stored fp8" in n for n in dense.assumptions)
+
+
+def test_vllm_runs_the_moe_block_as_its_fused_moe_kernels():
+    """Under vllm a MoE layer is the router GEMM, one topk_softmax, moe_align, the two grouped expert GEMMs with
+    one activation between, moe_sum (and the tensor-parallel all-reduce): none of HF's sort / histc / gathers /
+    masked fills / inverse permutation. The expert GEMMs' bytes are untouched; the step gets shorter."""
+    from aisim.scenario import scenario
+    from aisim.step import op_arrays
+    from aisim.workload import StepShape
+
+    def layer_ops(runtime, **kw):
+        sc = scenario("Mixtral-8x7B-v0.1", "h100x2", dtype="bf16", runtime=runtime, **kw)
+        a = op_arrays(sc, sc.workload(StepShape(phase="decode", batch=4, seq=1024)))
+        ops = [op for op in a.ops if op.scope.startswith("model.layers.1.mlp") and not op.attrs.get("view")
+               and op.name != "module.call"]
+        return [op.name for op in ops], sum(op_cost(op).bytes for op in ops if op.name == "aten._grouped_mm")
+
+    names, grouped_bytes = layer_ops("vllm", tp=2)
+    assert names == ["aten.mm", "fused.topk_softmax", "fused.moe_align", "aten._grouped_mm", "fused.moe_act",
+                     "aten._grouped_mm", "fused.moe_sum", "nccl.all_reduce"]
+    hf_names, hf_bytes = layer_ops("graphs", tp=2)
+    assert "aten.sort" in hf_names and "aten.histc" in hf_names and grouped_bytes == pytest.approx(hf_bytes)

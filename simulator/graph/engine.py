@@ -187,12 +187,13 @@ def expand(ops: list[Op], repeats: list[float], w: Workload, rt: RuntimeSpec, vo
 # a chain of pointwise ops and a reduction into one kernel) replaces the HF module's chain of small kernels by one
 # kernel that reads the chain's inputs once and writes its outputs once. RuntimeSpec.fusions names the fusions.
 FUSIONS = ("add_rms_norm", "silu_and_mul", "rotary", "native_gqa", "merged_projections", "kv_write_pair",
-           "eager_attention")
+           "eager_attention", "fused_moe")
 # native_gqa: no repeat_kv copies; merged_projections: the projections that read the same activations run as one
 # GEMM over the concatenated weights (vLLM's QKVParallelLinear and MergedColumnParallelLinear); kv_write_pair: a
 # layer's new K and V go into the cache in one kernel (vLLM's reshape_and_cache_flash takes both), not one each;
 # eager_attention: a model HF runs with its explicit attention (Q K^T bmm, mask, softmax, P V bmm; gpt-oss's sinks)
-# runs as the engine's one fused attention kernel
+# runs as the engine's one fused attention kernel; fused_moe: the router's softmax/top-k and the experts' routing
+# bookkeeping run as the engine's MoE kernels (see fuse_moe)
 MERGED_PROJECTIONS = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
 PROJECTION_GEMMS = frozenset({"aten.mm", "aten.addmm"})
 ROPE_OPS = frozenset({"aten.mul.Tensor", "aten.neg", "aten.sub.Tensor", "aten.add.Tensor", "aten.cat"})
@@ -256,6 +257,8 @@ def fuse(ops: list[Op], repeats: list[float], fusions, kv_in_place: bool = False
         return ops, repeats
     if "merged_projections" in fusions:
         ops, repeats = merge_projections(ops, repeats)
+    if "fused_moe" in fusions:
+        ops, repeats = fuse_moe(ops, repeats)
     out, rep = [], []
     i, kv_heads = 0, 0
     while i < len(ops):
@@ -375,6 +378,72 @@ def _merged_gemm(gemms: list[Op]) -> Op:
              "weight_bytes": sum(g.attrs.get("weight_bytes", 0.0) for g in gemms)}
     return Op(name="aten.addmm" if bias is not None else "aten.mm", args=args, kwargs={}, outputs=(y,), alias=False,
               phase=first.phase, scope=first.scope, attrs=attrs)
+
+
+ROUTER_SCOPES = ("gate", "router")
+
+
+def fuse_moe(ops: list[Op], repeats: list[float]) -> tuple[list[Op], list[float]]:
+    """HF's MoE block as a serving engine's fused MoE runs it (vLLM model_executor/layers/fused_moe: the router's
+    softmax, top-k and renormalisation in one topk_softmax kernel; fused_experts: moe_align_block_size sorts the
+    token-expert pairs, the two grouped expert GEMMs read the tokens through the sorted ids, one activation kernel
+    between them, moe_sum writes the weighted sum): every other aten kernel of HF's router and experts modules
+    (sort, histc, cumsum, index gathers, masked fills, the inverse permutation, bias adds, the per-token sum) goes.
+    The grouped GEMMs, already-fused kernels and collectives stay as traced."""
+    out, rep, i = [], [], 0
+    while i < len(ops):
+        op = ops[i]
+        leaf = _leaf(op.scope)
+        if leaf not in ("experts", *ROUTER_SCOPES) or not _kernel(op):
+            out.append(op)
+            rep.append(repeats[i])
+            i += 1
+            continue
+        j = i                                  # the module's ops and its children's (the experts' act_fn)
+        while j < len(ops) and (ops[j].scope == op.scope or ops[j].scope.startswith(op.scope + ".")):
+            j += 1
+        run = ops[i:j]
+        fused = _fused_experts(run) if leaf == "experts" else _fused_router(run)
+        out += run if fused is None else fused
+        rep += repeats[i:j] if fused is None else [repeats[i]] * len(fused)
+        i = j
+    return out, rep
+
+
+def _plain(op: Op) -> bool:
+    """An aten kernel HF's MoE code launches (not a GEMM, a collective, or an engine kernel)."""
+    return _kernel(op) and op.name.startswith("aten.") and op.name not in ("aten._grouped_mm", *PROJECTION_GEMMS)
+
+
+def _fused_router(run: list[Op]) -> list[Op] | None:
+    """The router's GEMM, then one topk_softmax kernel for its softmax / top-k / renormalisation."""
+    if not any(o.name == "aten.topk" for o in run):
+        return None
+    plain = [o for o in run if _plain(o)]
+    logits = next((o.outputs[0] for o in run if o.name in PROJECTION_GEMMS), plain[0].inputs[0])
+    kept = [o for o in run if not _plain(o)]
+    return [*kept, _fused("fused.topk_softmax", (logits,), tuple(plain[-1].outputs), run[0].scope)]
+
+
+def _fused_experts(run: list[Op]) -> list[Op] | None:
+    """moe_align, the first grouped GEMM, the activation (the engine's fused one where the run has it, else one
+    kernel from the first GEMM's output to the second's input), the second grouped GEMM, moe_sum; other kernels
+    (collectives) in place."""
+    grouped = [k for k, o in enumerate(run) if o.name == "aten._grouped_mm"]
+    if len(grouped) != 2:
+        return None
+    g1, g2 = grouped
+    scope = run[0].scope
+    ids = next((o.inputs[0] for o in run[:g1] if o.name == "aten.sort"), TensorMeta((run[g1].inputs[0].shape[0],),
+                                                                                     "int32"))
+    result = next((o.outputs[0] for o in reversed(run[g2 + 1:]) if _plain(o)), run[g2].outputs[0])
+    out = [o for o in run[:g1] if not _plain(o)]
+    out += [_fused("fused.moe_align", (ids,), (ids,), scope), run[g1]]
+    middle = [o for o in run[g1 + 1:g2] if not _plain(o)]
+    if not any(o.name.startswith("fused.") for o in middle):
+        middle.append(_fused("fused.moe_act", (run[g1].outputs[0],), (run[g2].inputs[0],), scope))
+    out += [*middle, run[g2], _fused("fused.moe_sum", (run[g2].outputs[0],), (result,), scope)]
+    return out + [o for o in run[g2 + 1:] if not _plain(o)]
 
 
 def _is_repeat_kv(op: Op) -> bool:
