@@ -401,7 +401,8 @@ def test_a_users_own_rules_file_is_not_rescaled(tmp_path, monkeypatch):
     shipped = Path(str(resources.files("aisim.hardware_specs")))
     (tmp_path / "calibration").mkdir()
     text = (shipped / "calibration" / "default.yaml").read_text().replace("device: default", "device: h20", 1)
-    text = text.replace("efficiency: [0.05, 0.12, 0.25, 0.42, 0.6, 0.75]", "efficiency: [0.05, 0.12, 0.25, 0.42, 0.7, 0.9]")
+    text = text.replace("efficiency: [0.05, 0.12, 0.25, 0.42, 0.6, 0.75]",
+                        "efficiency: [0.05, 0.12, 0.25, 0.42, 0.7, 0.9]")
     (tmp_path / "calibration" / "h20.yaml").write_text(text)
     monkeypatch.setenv("AISIM_SPECS_DIR", str(tmp_path))
     specs.clear_caches()

@@ -54,6 +54,11 @@ class MoeRow:
     estimated_distinct: float
 
     @property
+    def case(self) -> tuple[str, str, int, int]:
+        """What identifies the case across runs: model, phase, batch, context."""
+        return self.model, self.workload, self.batch, self.context
+
+    @property
     def time_err_pct(self) -> float:
         return 100.0 * (self.estimated_ms - self.measured_ms) / self.measured_ms
 
@@ -111,7 +116,7 @@ def median_of_runs(per_run: list[list[MoeRow]]) -> list[MoeRow]:
     by_case: dict[tuple, list[MoeRow]] = {}
     for rows in per_run:
         for r in rows:
-            by_case.setdefault((r.model, r.workload, r.batch, r.context), []).append(r)
+            by_case.setdefault(r.case, []).append(r)
     return [replace(rs[0], measured_ms=statistics.median(r.measured_ms for r in rs),
                     measured_gb=statistics.median(r.measured_gb for r in rs)) for rs in by_case.values()]
 
@@ -146,10 +151,7 @@ def run_to_run(per_run: dict[Path, list[MoeRow]]) -> dict[str, dict[str, float]]
     (MAPE per run): the floor that host variance puts under any estimate of one run."""
     import itertools
 
-    def key(r: MoeRow):
-        return r.model, r.workload, r.batch, r.context
-
-    runs = {p: {key(r): r.measured_ms for r in rows} for p, rows in per_run.items()}
+    runs = {p: {r.case: r.measured_ms for r in rows} for p, rows in per_run.items()}
     out = {}
     for phase in ("prefill", "decode"):
         pairs = []
@@ -200,7 +202,7 @@ def spread_lines(per_run: dict[Path, list[MoeRow]]) -> list[str]:
 
     def span(model: str) -> str:
         ms = [r.measured_ms for rows in per_run.values() for r in rows
-              if (r.model, r.workload, r.batch, r.context) == (model, "decode", 1, 128)]
+              if r.case == (model, "decode", 1, 128)]
         return f"{min(ms):.0f}-{max(ms):.0f} ms"
 
     def errors(model: str) -> str:

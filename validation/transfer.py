@@ -218,7 +218,8 @@ def graph_gemv_lines(device: str = "h100-sxm") -> list[str]:
         "What those bandwidths rest on, measured (validation/harness/graph_gemv.py; "
         + "; ".join(f"validation/data/{path}: {_provenance(path)}" for path in GRAPH_GEMV_RUNS)
         + "; the second run was requested as an H200 and lent an H100, as its header says): every linear layer of "
-        "one decode step, q/k/v and gate/up merged as vLLM loads them, distinct weights per layer, captured into one CUDA graph and replayed, against "
+        "one decode step, q/k/v and gate/up merged as vLLM loads them, distinct weights per layer, captured into one "
+        "CUDA graph and replayed, against "
         "aisim's GPU time for the same GEMMs of a `--runtime vllm` decode step (aten.mm and aten.addmm in its op "
         "table), with the H100 calibration and with the default rules that price every uncalibrated GPU. "
         "Not a judged table: GEMMs only, random bf16 weights.", "",
