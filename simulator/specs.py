@@ -218,6 +218,11 @@ class CalibrationSpec(Spec):
         None, description="GEMMs below the ridge point (skinny M: decode, mat-vec) where the calibration has no GEMM "
                           "table for the dtype: achieved fraction of memory bandwidth vs bytes moved; absent: the FLOPs "
                           "curve (which charges a memory-bound GEMM a compute efficiency)")
+    strided_cat_elements_per_sm_cycle: Positive | None = Field(
+        None, description="PyTorch's CUDA cat with a non-contiguous input (its strided kernel, CatArrayBatchedCopy, "
+                          "for the whole output): output elements per SM per boost-clock cycle. The kernel is bound "
+                          "by its per-element index arithmetic, not by bandwidth (the same rate on H100 and H200); "
+                          "absent: the default rules' value")
     reference_gpu: str | None = Field(
         None, description="the GPU whose datasheet the curves' x axes refer to (default: `device`, if it names a GPU "
                           "spec). On another GPU a curve over bytes (FLOPs) is read at equal roofline time: x scaled by "

@@ -190,6 +190,52 @@ def test_transposed_operands_are_flagged_and_costed_on_their_curve():
     assert slow > 2 * fast      # 0.1-0.3 of bandwidth against ~0.8 at this size (H200 microbenchmarks)
 
 
+def test_cat_with_a_strided_input_is_flagged_and_costed_at_the_strided_kernel_rate():
+    """PyTorch's CUDA cat takes its vectorized copy only when every input is contiguous (Shape.cu cat_out_cuda):
+    BLOOM's new key, a slice of its fused QKV, sends the whole cache through the strided kernel."""
+    from aisim.catalog import resolve_device
+    from aisim.cost.ops_time import op_time
+    from aisim.graph.tracer import Tracer, tracing
+    from aisim.specs import load_calibration
+
+    tracer = Tracer()
+    cache = torch.zeros(8, 32, 1024, 128, dtype=torch.float16, device="meta")
+    fused = torch.zeros(8, 1, 32, 3, 128, dtype=torch.float16, device="meta")
+    with tracing(None, tracer):
+        torch.cat([cache, fused[..., 1, :].transpose(1, 2)], dim=-2)                      # BLOOM's key
+        torch.cat([cache, torch.zeros(8, 1, 32, 128, dtype=torch.float16, device="meta").transpose(1, 2)], dim=-2)
+    cats = [op for op in tracer.ops if op.name == "aten.cat"]
+    assert [bool(op.attrs.get("strided_inputs")) for op in cats] == [True, False]   # one token's view: contiguous
+    dev, cal = resolve_device("h100"), load_calibration("h100-sxm")
+    slow, fast = (op_time(op, op_cost(op), dev, cal, "fp16").gpu_s for op in cats)
+    elements = 8 * 32 * 1025 * 128
+    # 0.649 output elements per SM-cycle, 132 SMs at 1.98 GHz (validation/data/kernels/eager-attention-h100.jsonl)
+    assert slow == pytest.approx(elements / (cal.strided_cat_elements_per_sm_cycle * 132 * 1.98e9), rel=1e-6)
+    assert 3.5 < slow / fast < 6    # measured 4-5x: 650-670 GB/s against 2.7-3.0 TB/s for the vectorized copy
+
+
+def test_batched_decode_gemv_is_read_on_the_skinny_gemm_rule_not_the_dense_table():
+    """BLOOM's decode Q K^T: 256 GEMVs over their own 1024 x 128 keys in one bmm. The H100 table read at (256 x 1)
+    x 1024 x 128 charged it like a tiny dense GEMM (5-8x too slow); it streams its bytes as a skinny GEMM does."""
+    from aisim.catalog import resolve_device
+    from aisim.cost.ops_time import op_time
+    from aisim.graph.tracer import Tracer, tracing
+    from aisim.specs import load_calibration
+
+    tracer = Tracer()
+    q = torch.zeros(256, 1, 128, dtype=torch.float16, device="meta")
+    keys = torch.zeros(256, 1024, 128, dtype=torch.float16, device="meta")
+    with tracing(None, tracer):
+        torch.bmm(q, keys.transpose(1, 2))
+    bmm = next(op for op in tracer.ops if op.name == "aten.bmm")
+    dev = resolve_device("h100")
+    for cal in (load_calibration("h100-sxm"), load_calibration("default")):
+        t = op_time(bmm, op_cost(bmm), dev, cal, "fp16").gpu_s
+        nbytes = op_cost(bmm).bytes
+        # the default rule t = 6.5 us + bytes / (0.88 BW); measured 28 us for this call (graph replay)
+        assert t == pytest.approx(6.5e-6 + nbytes / (0.88 * 3.35e12), rel=0.05)
+
+
 def test_fp32_grouped_kv_heads_run_sdpa_math_and_keep_the_softmax_for_backward(tiny_llama):
     """fp32 + grouped KV heads: flash wants 16-bit, memory-efficient refuses GQA (PyTorch sdp_utils.cpp), so the
     math path runs and every layer keeps its (batch, heads, seq, seq) softmax for backward."""

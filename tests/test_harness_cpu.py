@@ -27,8 +27,8 @@ AISIM_INSTALLED = ensure_aisim("aisim.validation.harness")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from aisim.validation.harness import (common, fp8_gemm, graph_gemv, graphs_decode, host_scopes,  # noqa: E402
-                                      moe_bench, op_host, serve_cb, train_step)
+from aisim.validation.harness import (common, eager_attention, fp8_gemm, graph_gemv, graphs_decode,  # noqa: E402
+                                      host_scopes, moe_bench, op_host, serve_cb, train_step)
 
 HARNESS = ROOT / "validation" / "harness"
 
@@ -159,6 +159,26 @@ def test_graph_gemv_shapes_and_smoke(tmp_path, isolated_env):
     assert [r["batch"] for r in cases] == [1, 4]
     for r in cases:
         assert r["status"] == "ok" and r["gemms_per_step"] == 9 and len(r["eager_ms"]) == 2
+
+
+# --------------------------------------------------------------------------------------------- eager_attention
+
+
+def test_eager_attention_shapes_and_smoke(tmp_path, isolated_env):
+    # Q K^T is (bh, m, d) @ (bh, d, s); P V (bh, m, s) @ (bh, s, d); baddbmm also reads its (bh, 1, s) bias
+    assert eager_attention.operand_shapes("qk_bmm", 256, 1, 1024, 128) == ((256, 1, 128), (256, 128, 1024))
+    assert eager_attention.call_bytes("qk_baddbmm", 2, 1, 8, 4, 2) == (2 * (4 + 32 + 8) + 2 * 8) * 2
+    assert eager_attention.cat_bytes(1, 8, 2) == 32 * 128 * 18 * 2
+    strided = eager_attention.cat_calls("cat_strided", 2, 8, torch.float32, torch.device("cpu"), 1)[0]
+    assert strided().shape == (2, 32, 9, 128)
+    path = tmp_path / "ea.jsonl"
+    assert eager_attention.main(["--smoke", "--out", str(path)]) == 0
+    records = read_jsonl(path)
+    check_header(records[0], "eager_attention")
+    cases = [r for r in records if r["type"] == "case"]
+    assert all(r["status"] == "ok" and r["median_ms"] > 0 for r in cases)
+    assert {r["section"] for r in cases} == {"bmm", "cat"}
+    assert {r["op"] for r in cases if r["section"] == "cat"} == set(eager_attention.CAT_OPS)
 
 
 # -------------------------------------------------------------------------------------------------- serve_cb

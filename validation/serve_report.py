@@ -28,7 +28,8 @@ METRICS = (("output_throughput", "output tok/s"), ("median_ttft_ms", "median TTF
 # Regression ceilings, MAPE % over the runs: the value of the commit that set them plus half a point, as
 # validation/accuracy.py CEILINGS; tests/test_serve_cli.py fails a change that worsens one. Lower one when accuracy
 # improves; raise one only with the reason in the commit message.
-CEILINGS_PCT = {"output_throughput": 5.8, "median_ttft_ms": 14.5, "p90_ttft_ms": 17.4, "median_tpot_ms": 6.5,
+GOALS_PCT = {"output_throughput": 10.0, "median_tpot_ms": 10.0, "median_ttft_ms": 25.0}   # the serving issue
+CEILINGS_PCT = {"output_throughput": 5.8, "median_ttft_ms": 16.1, "p90_ttft_ms": 16.4, "median_tpot_ms": 6.5,
                 "p90_tpot_ms": 7.2}
 
 
@@ -106,6 +107,11 @@ def serve_section(rows: list[dict] | None = None) -> list[str]:
     mape = mape_pct(rows)
     for k, label in METRICS:
         out.append(f"| {label} | {mape[k]:.1f}% | {CEILINGS_PCT[k]:g}% |")
+    labels = dict(METRICS)
+    missed = [labels[k] for k, goal in GOALS_PCT.items() if mape[k] > goal]
+    out += ["", "Goals (serving issue): " + ", ".join(f"{labels[k]} within {goal:g}% ({mape[k]:.1f}%)"
+                                                    for k, goal in GOALS_PCT.items())
+            + ": " + ("met." if not missed else "missed: " + ", ".join(missed) + ".")]
     return out
 
 

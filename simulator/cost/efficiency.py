@@ -13,7 +13,8 @@ read at the size that is equivalent on the reference GPU (``CalibrationSpec.refe
   fills depends on the SM count (NVIDIA, Matrix Multiplication Background User's Guide, "Wave quantization").
 - GEMMs below the ridge point (arithmetic intensity < peak / bandwidth: decode, mat-vec) are memory-bound: a
   calibration without a GEMM table reads ``gemm_memory_efficiency`` over bytes, never the FLOPs curve (which gave
-  a decode GEMM the efficiency of a tiny compute-bound GEMM: 25% of bandwidth at batch 1).
+  a decode GEMM the efficiency of a tiny compute-bound GEMM: 25% of bandwidth at batch 1). A batched GEMM below
+  the ridge point reads that curve with or without a table (``batched_gemm_memory_efficiency``).
 Plateaus (the fraction of peak a large kernel reaches) are kept as fractions of the datasheet figure.
 Known inaccuracy: a GEMM table is read by shape, unscaled (exact between GPUs of one SM count, H100/H200).
 """
@@ -23,7 +24,7 @@ import math
 
 import numpy as np
 
-from ..specs import CalibrationSpec, Curve, GemmTable, HardwareSpec, all_hardware
+from ..specs import CalibrationSpec, Curve, GemmTable, HardwareSpec, all_hardware, default_calibration
 
 MIN_EFFICIENCY = 1e-6  # guards against a zero or negative point in a calibration file
 
@@ -146,6 +147,23 @@ def memory_efficiency(cal: CalibrationSpec, nbytes: float, gpu: HardwareSpec | N
     if broadcast and not transposed and cal.broadcast_memory_efficiency is not None:
         return min(curve_value(cal.broadcast_memory_efficiency, x), curve_value(curve, x))
     return curve_value(curve, x)
+
+
+def batched_gemm_memory_efficiency(cal: CalibrationSpec, nbytes: float, gpu: HardwareSpec | None = None) -> float:
+    """A batched GEMM below the ridge point: explicit attention's Q K^T and P V at decode, batch x heads GEMVs over
+    their own K or V blocks in one strided-batched cuBLAS call, streams its operands as a skinny GEMM does: the
+    skinny-GEMM curve over bytes (``gemm_memory_efficiency``; the default rules' where the calibration has none),
+    not a GEMM table read at (batch x M) x N x K, a dense GEMM of a fraction of the bytes (which made BLOOM's decode
+    bmm 5-8x too slow on a calibrated H100). Measured: validation/harness/eager_attention.py (bmm section)."""
+    owner = cal if cal.gemm_memory_efficiency is not None else default_calibration()
+    return curve_value(owner.gemm_memory_efficiency, _log_x(nbytes, size_scale(owner, gpu, "bytes")))
+
+
+def strided_cat_s(cal: CalibrationSpec, gpu: HardwareSpec, out_elements: float) -> float:
+    """Kernel time of PyTorch's CUDA cat when an input is not contiguous (``strided_cat_elements_per_sm_cycle``;
+    the default rules' rate where the calibration has none): output elements over a per-SM-cycle rate."""
+    rate = cal.strided_cat_elements_per_sm_cycle or default_calibration().strided_cat_elements_per_sm_cycle
+    return out_elements / (rate * gpu.sm_count * gpu.boost_clock_mhz * 1e6) if rate else 0.0
 
 
 def graph_replay_credit_s(cal: CalibrationSpec, gpu: HardwareSpec) -> float:

@@ -88,6 +88,8 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
             eff = efficiency.memory_efficiency(cal, cost.bytes) * memory_scale
         elif 0 < m <= matvec_max_m:
             eff = efficiency.memory_efficiency(cal, cost.bytes, gpu) * memory_scale
+        elif batch > 1 and memory_s > compute_s:
+            eff = efficiency.batched_gemm_memory_efficiency(cal, cost.bytes, gpu) * memory_scale
         else:
             eff = efficiency.gemm_efficiency(cal, dtype, batch * m, n, k, cost.flops, cost.bytes,
                                              memory_s > compute_s, gpu)
@@ -105,6 +107,8 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
         eff = efficiency.memory_efficiency(cal, cost.bytes, gpu, bool(op.attrs.get("transposed")),
                                            innermost_broadcast(op)) * memory_scale
     kernel_s = roofline_s / eff
+    if op.attrs.get("strided_inputs") and op.outputs:     # cat's strided kernel: bound by its index arithmetic
+        kernel_s = max(kernel_s, efficiency.strided_cat_s(cal, gpu, op.outputs[0].numel))
     if graph_credit_s:
         kernel_s = max(kernel_s - graph_credit_s, roofline_s, cal.launch_overhead_s)
     launch_s = max(cost.launches - 1, 0) * cal.launch_overhead_s

@@ -120,6 +120,11 @@ class _Dispatch(TorchDispatchMode):
         attrs = {"view": bool(func.is_view), "pointwise": torch.Tag.pointwise in func.tags}
         if not func.is_view and any(_transposed(a) for a in inputs):
             attrs["transposed"] = True   # an operand read across its innermost dim (uncoalesced elementwise)
+        if func is _CAT and any(a.numel() and not a.is_contiguous() for a in inputs):
+            # PyTorch's CUDA cat copies through its vectorized kernel only when every input is contiguous; else
+            # a strided kernel (CatArrayBatchedCopy) for the whole output (aten/src/ATen/native/cuda/Shape.cu,
+            # cat_out_cuda): HF's DynamicCache.update with a key sliced from a fused QKV projection (BLOOM, GPT-2)
+            attrs["strided_inputs"] = True
         if tracer.param_storages:
             weight = sum(a.numel() * a.element_size() for a in inputs
                          if a.untyped_storage()._cdata in tracer.param_storages)
@@ -132,6 +137,7 @@ class _Dispatch(TorchDispatchMode):
         return out
 
 
+_CAT = torch.ops.aten.cat.default
 _GROUPED_MM = getattr(torch.ops.aten, "_grouped_mm", None)
 _GROUPED_MM = _GROUPED_MM.default if _GROUPED_MM is not None else None
 

@@ -1,0 +1,179 @@
+"""The calibration entry behind HF's explicit-attention KV-cache concat, and the check of both decode rules against
+the eager_attention microbenchmark (validation/harness/eager_attention.py; validation/data/kernels/
+eager-attention-h100.jsonl, -h200).
+
+    python -m aisim.validation.scripts.derive_eager_attention [DATA.jsonl ...] [--gpu h100-sxm] [--write]
+        [--write-default]
+
+- A batched GEMM below the ridge point is read on the skinny-GEMM rule (cost/efficiency.py
+  batched_gemm_memory_efficiency: default.yaml's gemm_memory_efficiency, t = 6.5 us + bytes / (0.88 x datasheet
+  bandwidth), fitted to the H100 and H200 raw torch.matmul records with M <= 8). Printed: this GPU's own fit of
+  those records (relative-error least squares: hardware_specs/calibration/<gpu>.raw.json); the microbenchmark's bmm
+  rows check the rule, nothing is fitted to them.
+- ``strided_cat_elements_per_sm_cycle``: the microbenchmark's cat rows with a non-contiguous input (cat_strided at
+  every batch, cat_strided_batch from batch 2; inputs of >= 64 MiB): the median of output elements per second over
+  (SM count x boost clock). ``--write-default`` writes the mean over the data files given into default.yaml (the
+  rule for GPUs without a measured rate).
+
+Without --write it prints the values and the check: the bmm rows (16-bit, memory-bound: decode and small
+prefills) predicted the old way (a GEMM table read at (batch x M) x N x K) and the new (the skinny-GEMM curve), and
+the cat rows predicted on the contiguous memory curve alone (old) and with the strided rate (new), against the
+measured times (a CUDA-graph replay: the graph replay credit is taken off each prediction).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "validation" / "data" / "kernels"
+CAL_DIR = ROOT / "hardware_specs" / "calibration"
+SKINNY_MAX_M = 8
+CAT_MIN_BYTES = 64 * 2 ** 20
+
+
+def load(path: Path) -> tuple[dict, list[dict]]:
+    with open(path) as handle:
+        rows = [json.loads(line) for line in handle if line.strip()]
+    header = next((r for r in rows if r.get("type") == "header"), {})
+    return header, [r for r in rows if r.get("type") == "case" and r.get("status") == "ok"]
+
+
+def fit_skinny_gemm(raw: dict) -> tuple[float, float, int]:
+    """(t0 seconds, fraction of datasheet bandwidth, records) of t = t0 + bytes / (p x BW) over the raw file's
+    16-bit matmul records with M <= 8 (relative-error least squares)."""
+    import numpy as np
+
+    from aisim.validation.calibrate_fit import ELEM_BYTES, gemm_bytes
+
+    bw = raw["peaks"]["memory_bw_bytes_per_s"]
+    rows = [r for r in raw["records"] if r["bench"] == "gemm" and r.get("time_s") and r["m"] <= SKINNY_MAX_M
+            and r["dtype"] in ("fp16", "bf16")]
+    t = np.array([r["time_s"] for r in rows])
+    b = np.array([gemm_bytes(r["m"], r["n"], r["k"], ELEM_BYTES[r["dtype"]]) for r in rows])
+    (t0, per_byte), *_ = np.linalg.lstsq(np.stack([1 / t, b / t], axis=1), np.ones_like(t), rcond=None)
+    return float(t0), float(1.0 / (per_byte * bw)), len(rows)
+
+
+def strided_rows(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r.get("section") == "cat" and r["bytes"] >= CAT_MIN_BYTES
+            and (r["op"] == "cat_strided" or (r["op"] == "cat_strided_batch" and r["batch"] > 1))]
+
+
+def cat_elements(r: dict) -> int:
+    return r["batch"] * r["heads"] * (r["s"] + 1) * r["d"]
+
+
+def strided_rate(rows: list[dict], gpu) -> tuple[float, int]:
+    """(output elements per SM per cycle, rows) of the non-contiguous cats."""
+    picked = strided_rows(rows)
+    per_s = [cat_elements(r) / (r["median_ms"] * 1e-3) for r in picked]
+    return statistics.median(per_s) / (gpu.sm_count * gpu.boost_clock_mhz * 1e6), len(picked)
+
+
+def check(rows: list[dict], gpu, cal, rate: float) -> dict[str, tuple[float, float, int]]:
+    """MAPE (%) old / new per group of rows (bmm 16-bit memory-bound; strided and contiguous cats)."""
+    from aisim.cost import efficiency
+
+    cal = cal.model_copy(update={"strided_cat_elements_per_sm_cycle": rate})
+    credit, bw = efficiency.graph_replay_credit_s(cal, gpu), gpu.memory_bw_bytes_per_s
+    errors: dict[str, tuple[list, list]] = {}
+    for r in rows:
+        measured = r["median_ms"] * 1e-3
+        if r.get("section") == "cat":
+            roof = r["bytes"] / bw
+            old = roof / efficiency.memory_efficiency(cal, r["bytes"], gpu)
+            contiguous = r["op"] == "cat_contig" or (r["op"] == "cat_strided_batch" and r["batch"] == 1)
+            new = old if contiguous else max(old, efficiency.strided_cat_s(cal, gpu, cat_elements(r)))
+            group = "cat, contiguous inputs" if contiguous else "cat, a strided input"
+        else:
+            if r["dtype"] not in ("fp16", "bf16"):
+                continue
+            roof_c, roof_m = r["flop"] / gpu.peak_for(r["dtype"]), r["bytes"] / bw
+            if roof_m <= roof_c:
+                continue
+            n, k = (r["s"], r["d"]) if r["op"].startswith("qk") else (r["d"], r["s"])
+            table = cal.gemm_tables.get(r["dtype"])
+            old = roof_m / (efficiency.gemm_table_value(table, r["bh"] * r["m"], n, k) if table is not None else
+                            efficiency.gemm_efficiency(cal, r["dtype"], r["bh"] * r["m"], n, k, r["flop"], r["bytes"],
+                                                       True, gpu))
+            new = roof_m / efficiency.batched_gemm_memory_efficiency(cal, r["bytes"], gpu)
+            group = f"bmm {r['phase']}, 16-bit, memory-bound"
+        old, new = (max(t - credit, 0.25 * t) for t in (old, new))
+        pair = errors.setdefault(group, ([], []))
+        pair[0].append(abs(old / measured - 1))
+        pair[1].append(abs(new / measured - 1))
+    return {g: (100 * statistics.mean(o), 100 * statistics.mean(n), len(o)) for g, (o, n) in errors.items()}
+
+
+def write_lines(path: Path, lines: dict[str, str], note: str) -> None:
+    """Replace each ``key: ...`` line (or append it) and the note line above them."""
+    text = path.read_text()
+    for key, line in lines.items():
+        pattern = re.compile(rf"^{key}:.*$", re.M)
+        text = pattern.sub(line, text) if pattern.search(text) else text.rstrip("\n") + "\n" + line + "\n"
+    text = re.sub(r"^# strided_cat_elements_per_sm_cycle.*\n", "", text, flags=re.M)
+    first = next(iter(lines.values()))
+    path.write_text(text.replace(first, note + "\n" + first, 1))
+
+
+def _source(path: Path, header: dict) -> str:
+    try:
+        shown = path.resolve().relative_to(ROOT)
+    except ValueError:
+        shown = path
+    return (f"{shown} ({header.get('gpu_name')}, driver {header.get('driver')}, torch {header.get('torch')}, "
+            f"{str(header.get('date', ''))[:10]})")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("data", nargs="*", default=[str(DATA / "eager-attention-h100.jsonl")])
+    parser.add_argument("--gpu", default="h100-sxm", help="the GPU of the first data file and of the calibration")
+    parser.add_argument("--write", action="store_true", help="update hardware_specs/calibration/<gpu>.yaml")
+    parser.add_argument("--write-default", action="store_true",
+                        help="write the mean strided-cat rate of the data files into default.yaml")
+    args = parser.parse_args(argv)
+    from aisim.catalog import resolve_gpu
+    from aisim.specs import load_calibration
+
+    rates, sources = [], []
+    for i, name in enumerate(args.data):
+        header, rows = load(Path(name))
+        gpu = resolve_gpu(header.get("gpu_name", "")) if i else resolve_gpu(args.gpu)
+        rate, n = strided_rate(rows, gpu)
+        rates.append(rate)
+        sources.append(_source(Path(name), header))
+        print(f"{name}: {header.get('gpu_name')}: strided cat {rate:.4f} output elements per SM-cycle "
+              f"({n} rows of >= 64 MiB)")
+    header, rows = load(Path(args.data[0]))
+    gpu = resolve_gpu(args.gpu)
+    raw = json.loads((CAL_DIR / f"{args.gpu}.raw.json").read_text())
+    t0, fraction, n = fit_skinny_gemm(raw)
+    print(f"{args.gpu}.raw.json: skinny GEMMs (M <= {SKINNY_MAX_M}, 16-bit, {n} records): t0 {t0 * 1e6:.2f} us, "
+          f"{fraction:.3f} of datasheet bandwidth (the rule: 6.5 us, 0.88)")
+    for group, (old, new, count) in check(rows, gpu, load_calibration(args.gpu), rates[0]).items():
+        print(f"{group:38s} {count:4d} rows: MAPE old {old:6.1f}%  new {new:6.1f}%")
+    if args.write:
+        note = (f"# strided_cat_elements_per_sm_cycle: python -m aisim.validation.scripts.derive_eager_attention "
+                f"{Path(args.data[0]).name} --gpu {args.gpu} --write (from {sources[0]})")
+        write_lines(CAL_DIR / f"{args.gpu}.yaml",
+                    {"strided_cat_elements_per_sm_cycle": f"strided_cat_elements_per_sm_cycle: {rates[0]:.4f}"}, note)
+        print(f"wrote {args.gpu}.yaml")
+    if args.write_default:
+        mean = statistics.mean(rates)
+        note = ("# strided_cat_elements_per_sm_cycle: python -m aisim.validation.scripts.derive_eager_attention "
+                "--write-default (the mean of " + ", ".join(f"{r:.3f}" for r in rates) + " measured on "
+                + "; ".join(sources) + ": the same rate on two GPUs of one SM count and clock and 1.43x different "
+                "bandwidth, so a per-SM-cycle rule)")
+        write_lines(CAL_DIR / "default.yaml",
+                    {"strided_cat_elements_per_sm_cycle": f"strided_cat_elements_per_sm_cycle: {mean:.4f}"}, note)
+        print("wrote default.yaml")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
