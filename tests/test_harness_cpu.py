@@ -28,7 +28,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from aisim.validation.harness import (common, eager_attention, fp8_gemm, graph_gemv, graphs_decode,  # noqa: E402
-                                      host_scopes, moe_bench, op_host, serve_cb, train_step)
+                                      host_scopes, launch_busy, moe_bench, op_host, serve_cb, train_step)
 
 HARNESS = ROOT / "validation" / "harness"
 
@@ -179,6 +179,16 @@ def test_eager_attention_shapes_and_smoke(tmp_path, isolated_env):
     assert all(r["status"] == "ok" and r["median_ms"] > 0 for r in cases)
     assert {r["section"] for r in cases} == {"bmm", "cat"}
     assert {r["op"] for r in cases if r["section"] == "cat"} == set(eager_attention.CAT_OPS)
+
+
+def test_launch_busy_smoke(tmp_path, isolated_env):
+    path = tmp_path / "lb.jsonl"
+    assert launch_busy.main(["--smoke", "--no-host", "--out", str(path)]) == 0
+    records = read_jsonl(path)
+    check_header(records[0], "launch_busy")
+    cases = [r for r in records if r["type"] == "case"]
+    assert [r["op"] for r in cases] == list(launch_busy.OPS)
+    assert all(r["status"] == "ok" and r["host_us"] > 0 for r in cases)
 
 
 # -------------------------------------------------------------------------------------------------- serve_cb

@@ -188,12 +188,43 @@ def compare_one(m: dict, estimator: Estimator) -> ComparisonRow:
     ok = m.get("status") == "ok"
     metrics = {key: Pair(_value(est, attr) if est is not None else None, _value(m, field_) if ok else None)
                for key, _, field_, attr in METRICS}
+    timed = _as_timed(m, est, device)
+    if timed is not None:
+        metrics["runtime_ms"] = Pair(timed, metrics["runtime_ms"].measured)
+        tokens = _value(est, "tokens")
+        if tokens:
+            metrics["throughput_tokens_per_s"] = Pair(tokens / (timed / 1e3), metrics["throughput_tokens_per_s"].measured)
     if not measured_energy_valid(m):
         metrics["energy_j_per_token"] = Pair(metrics["energy_j_per_token"].estimated, None)
     fits = None if est is None else (est.get("fits") if isinstance(est, dict) else getattr(est, "fits", None))
     return ComparisonRow(m["key"], m["model"], m["gpu_name"], device, m["workload"], m["batch"], m["seq"],
                          m["dtype"], tp, m.get("status", "unknown"), metrics, fits, est_error, m.get("error"),
                          int(m.get("step_tokens") or 1))
+
+
+def _as_timed(m: dict, est, device: str) -> float | None:
+    """A decode row of validation/measure.py (it has ``kv_fill``) on one GPU is timed after the harness's
+    unsynchronized cache rewind, which gives the host a head start (validation/rewind.py): the estimate as that
+    harness times it, in ms; None where nothing changes. A distributed run synchronizes before every trial
+    (measure.py _barrier), so its rows have no head start."""
+    if m.get("workload") != "decode" or not m.get("kv_fill") or est is None or int(m.get("tp") or 1) != 1:
+        return None
+    runtime, gpu_busy, kv_gb = (_value(est, "runtime_ms"), _value(est, "gpu_busy_ms"),
+                                _value(getattr(est, "memory", None), "kv_cache_gb"))
+    if runtime is None or gpu_busy is None or not kv_gb:
+        return None
+    from aisim.catalog import resolve_device, resolve_model
+    from aisim.errors import AisimError
+
+    from .rewind import head_start_s, measured_runtime_s
+
+    try:
+        _, config = resolve_model(m["model"])
+        gpu = resolve_device(device).gpu.name
+    except AisimError:       # a CPU run, a model or device aisim does not know: the estimate as it is
+        return None
+    head = head_start_s(config, kv_gb * 1e9, gpu)
+    return measured_runtime_s(runtime / 1e3, gpu_busy / 1e3, head) * 1e3 if head else None
 
 
 def compare(measured: list[dict], estimator: Estimator | None = None) -> list[ComparisonRow]:

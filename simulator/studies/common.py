@@ -49,7 +49,14 @@ def estimate_from(sc: Scenario, w: Workload, cost: StepCost, memory: MemoryBreak
         throughput_tokens_per_s=tokens / runtime_s if ok and runtime_s else None, tokens=tokens, fits=ok,
         flops=cost.flops, bytes=cost.bytes, top_ops=rows, unknown_ops=list(cost.unknown),
         calibrated=sc.calibration.measured, assumptions=assumptions, not_fit_reason=reason,
-        **({k: v for k, v in extra.items()} if ok else {}))
+        **(_busy_ms(cost) if ok else {}), **({k: v for k, v in extra.items()} if ok else {}))
+
+
+def _busy_ms(cost: StepCost) -> dict[str, float]:
+    """The step's GPU and host busy times, where the cost is one step's (a combined run's cost carries none)."""
+    if not (cost.gpu_busy_s or cost.cpu_busy_s):
+        return {}
+    return {"gpu_busy_ms": cost.gpu_busy_s * MS_PER_S, "host_busy_ms": cost.cpu_busy_s * MS_PER_S}
 
 
 def phase_rows(phase: str, rows, runtime_s: float) -> list[OpCost]:

@@ -28,7 +28,9 @@ Section ``cat`` (rows with ``op`` cat_contig, cat_strided, cat_strided_batch): D
 (batch, heads, 1, head_dim) as the model leaves it: contiguous (separate k/v projections: view + transpose of one
 token is contiguous), ``cat_strided`` BLOOM's slice of its fused QKV (``fused_qkv.view(b, 1, h, 3, d)[..., 1, :]
 .transpose(1, 2)``: heads 3 x head_dim apart), ``cat_strided_batch`` GPT-2's (``c_attn(x).split(...)`` then view +
-transpose: batch rows 3 x hidden apart, contiguous at batch 1). PyTorch's CUDA cat takes its vectorized copy only
+transpose: batch rows 3 x hidden apart, contiguous at batch 1); ``crop_contiguous`` the validation harnesses' untimed
+rewind between decode steps (validation/measure.py _decode, moe_bench): the cache of seq + 1 tokens cropped to seq (a
+view with a gap per head row) and made contiguous (``bytes`` the same: the view read, the copy written). PyTorch's CUDA cat takes its vectorized copy only
 when every input is contiguous (aten/src/ATen/native/cuda/Shape.cu, cat_out_cuda); otherwise a strided copy kernel
 (CatArrayBatchedCopy) for the whole output, the cache included. ``bytes`` = the inputs read + the output written.
 Same timing as the bmm section.
@@ -44,7 +46,7 @@ from . import common
 
 SCRIPT = "eager_attention"
 OPS = ("qk_bmm", "qk_baddbmm", "pv_bmm")
-CAT_OPS = ("cat_contig", "cat_strided", "cat_strided_batch")
+CAT_OPS = ("cat_contig", "cat_strided", "cat_strided_batch", "crop_contiguous")
 CAT_HEADS, CAT_HEAD_DIM = 32, 128
 DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 MAX_ELEMENTS = 2 ** 29          # one K (or V) block of bh x s x d elements: 1 GiB in fp16
@@ -97,14 +99,18 @@ def cat_calls(op: str, batch: int, s: int, dtype, device, copies: int):
     calls = []
     for _ in range(copies):
         cache = torch.randn(batch, h, s, d, device=device, dtype=dtype)
-        if op == "cat_contig":
+        if op in ("cat_contig", "crop_contiguous"):
             new = torch.randn(batch, 1, h, d, device=device, dtype=dtype).transpose(1, 2)
         elif op == "cat_strided":
             new = torch.randn(batch, 1, h, 3, d, device=device, dtype=dtype)[..., 1, :].transpose(1, 2)
         else:
             new = torch.randn(batch, 1, 3 * h * d, device=device, dtype=dtype)[..., h * d:2 * h * d]
             new = new.view(batch, 1, h, d).transpose(1, 2)
-        calls.append(lambda cache=cache, new=new: torch.cat([cache, new], dim=-2))
+        if op == "crop_contiguous":   # the harness's untimed rewind: DynamicCache.crop(-1), then .contiguous()
+            grown = torch.cat([cache, new], dim=-2)
+            calls.append(lambda grown=grown, s=s: grown[:, :, :s, :].contiguous())
+        else:
+            calls.append(lambda cache=cache, new=new: torch.cat([cache, new], dim=-2))
     return calls
 
 

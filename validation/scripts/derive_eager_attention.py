@@ -84,6 +84,8 @@ def check(rows: list[dict], gpu, cal, rate: float) -> dict[str, tuple[float, flo
     for r in rows:
         measured = r["median_ms"] * 1e-3
         if r.get("section") == "cat":
+            if r["op"] not in ("cat_contig", "cat_strided", "cat_strided_batch"):
+                continue           # crop_contiguous: the harnesses' rewind copy (validation/rewind.py)
             roof = r["bytes"] / bw
             old = roof / efficiency.memory_efficiency(cal, r["bytes"], gpu)
             contiguous = r["op"] == "cat_contig" or (r["op"] == "cat_strided_batch" and r["batch"] == 1)
