@@ -123,7 +123,8 @@ def is_kv_append(op: Op) -> bool:
     module; at prefill the cache is still the empty (0,) tensor of an unfilled layer."""
     ins = op.inputs
     dim = op.args[1] if len(op.args) > 1 else op.kwargs.get("dim", 0)
-    if op.name != "aten.cat" or len(ins) != 2 or "attn" not in op.scope.rsplit(".", 1)[-1] \
+    leaf = op.scope.rsplit(".", 1)[-1]
+    if op.name != "aten.cat" or len(ins) != 2 or not ("attn" in leaf or "attention" in leaf) \
             or dim not in (-2, 2) or len(ins[1].shape) != 4:      # the sequence axis (not RoPE's rotate_half, -1)
         return False
     if ins[0].numel == 0:

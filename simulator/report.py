@@ -46,7 +46,9 @@ def print_estimate(e: Estimate, notes: list[str] | None = None) -> None:
             ("FLOPs per GPU", f"{e.flops:.3e}"), ("bytes moved per GPU", f"{e.bytes:.3e}")]
     if e.gpu_busy_ms is not None and e.host_busy_ms is not None:
         paced = "GPU" if e.gpu_busy_ms >= e.host_busy_ms else "host"
-        rows[1:1] = [(f"  GPU busy / host busy (ms), {paced}-bound", f"{e.gpu_busy_ms:.2f} / {e.host_busy_ms:.2f}")]
+        stage = ", per pipeline stage" if e.plan.pp > 1 else ""
+        rows[1:1] = [(f"  GPU busy / host busy (ms){stage}, {paced}-bound",
+                      f"{e.gpu_busy_ms:.2f} / {e.host_busy_ms:.2f}")]
     if e.ttft_ms is not None:
         rows[1:1] = [("  time to first token (ms)", _fmt(e.ttft_ms)), ("  time per output token (ms)", _fmt(e.tpot_ms))]
     for row in rows:

@@ -58,10 +58,10 @@ class Estimate(BaseModel):
     bytes: float
     ttft_ms: float | None = None
     tpot_ms: float | None = None
-    gpu_busy_ms: float | None = Field(None, description="one step's kernel time on one GPU, launch gaps included "
-                                      "(the runtime where the GPU sets the pace)")
-    host_busy_ms: float | None = Field(None, description="one step's host (CPU) time issuing its ops (the runtime "
-                                       "where the host sets the pace: small eager steps)")
+    gpu_busy_ms: float | None = Field(None, description="kernel time on one GPU of one pipeline stage, launch gaps "
+                                      "included (the runtime where the GPU sets the pace)")
+    host_busy_ms: float | None = Field(None, description="host (CPU) time issuing the ops of one pipeline stage (the "
+                                       "runtime where the host sets the pace: small eager steps)")
     phases: dict[str, float] = Field(default_factory=dict, description="phase name -> ms")
     speech: list[SpeechPhase] = Field(default_factory=list, description="transcribe: whisper.cpp's phase lines")
     top_ops: list[OpCost] = Field(default_factory=list)

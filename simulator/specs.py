@@ -220,8 +220,9 @@ class CalibrationSpec(Spec):
                           "curve (which charges a memory-bound GEMM a compute efficiency)")
     strided_cat_elements_per_sm_cycle: Positive | None = Field(
         None, description="PyTorch's CUDA cat with a non-contiguous input (its strided kernel, CatArrayBatchedCopy, "
-                          "for the whole output): output elements per SM per boost-clock cycle. The kernel is bound "
-                          "by its per-element index arithmetic, not by bandwidth (the same rate on H100 and H200); "
+                          "for the whole output): output elements per SM per boost-clock cycle. Not bound by "
+                          "bandwidth (the same rate on H100 and H200, which differ 1.43x in bandwidth); that it "
+                          "scales with SMs x clock on other GPUs is an assumption (only those two were measured); "
                           "absent: the default rules' value")
     reference_gpu: str | None = Field(
         None, description="the GPU whose datasheet the curves' x axes refer to (default: `device`, if it names a GPU "

@@ -82,7 +82,7 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
     found = _DEVICE_FREE.get(key)
     if found is not None:
         return found
-    from .formulas import is_known, kv_append_in_place, op_cost, quantized
+    from .formulas import is_known, is_kv_append, kv_append_in_place, op_cost, quantized
     from .graph.engine import (expand, fuse, fused_attention_peak, kv_rewrite, mla_absorb, moe_routing,
                                sliding_windows, static_cache_decode)
     from .graph.extract import trace_workload
@@ -104,8 +104,10 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
         ops = kv_rewrite(ops, None if sc.kv_dtype == "auto" else sc.kv_dtype,
                          sliding_windows(sc.config) if rt.fusions else None)
     costs = [quantized(op_cost(op), op, w.quant) for op in ops]
-    if rt.kv_cache == "preallocated":
+    if rt.kv_cache == "preallocated":   # the engine writes the new tokens in place: no cat kernel
         costs = [kv_append_in_place(c, op) for c, op in zip(costs, ops)]
+        ops = [replace(op, attrs={k: v for k, v in op.attrs.items() if k != "strided_inputs"})
+               if op.attrs.get("strided_inputs") and is_kv_append(op) else op for op in ops]
     reps = np.array(repeats, dtype=float)
     arrays = OpArrays(ops=tuple(ops), costs=tuple(costs), repeats=reps, kinds=tuple(c.kind for c in costs),
                       launches=np.array([c.launches for c in costs], dtype=float),
@@ -160,7 +162,8 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     cal = runtime_calibration(sc)
     compute_scale, memory_scale = runtime_scales(rt, dev.gpu, cal, w.dtype)
     credit_s = graph_credit_s(sc, cal)
-    times = [op_time(op, c, dev, cal, w.dtype, compute_scale, memory_scale, rt.matvec_max_tokens, credit_s)
+    aten = rt.dispatch != "graphs"     # PyTorch's own kernels run the unfused ops (ops_time.op_time)
+    times = [op_time(op, c, dev, cal, w.dtype, compute_scale, memory_scale, rt.matvec_max_tokens, credit_s, aten)
              for op, c in zip(a.ops, a.costs)]
     gpu_s = np.array([t.gpu_s for t in times])
     # an engine's slower kernels keep the SMs as busy as the calibrated ones they replace (emulated tensor ops,
@@ -275,7 +278,8 @@ def linear_total(cost_at, lo: float, hi: float, count: float, total: float,
                                       "bytes": r.bytes * scale, "time_ms": r.time_ms * scale}) for r in b.table)
     runtime_s = mix("runtime_s")
     return StepCost(runtime_s, mix("energy_j"), b.power_w, mix("flops"), mix("bytes"), rows,
-                    tuple(sorted(set(a.unknown) | set(b.unknown))), b.memory, b.workload)
+                    tuple(sorted(set(a.unknown) | set(b.unknown))), b.memory, b.workload, mix("gpu_busy_s"),
+                    mix("cpu_busy_s"))
 
 
 def clear_caches() -> None:

@@ -8,7 +8,9 @@ returns from issuing them at once and starts issuing the next step while the GPU
 event sits behind the copies. A step whose host time sets the pace is therefore timed short by the head start: the
 copies' GPU time less the host time that issued them. Such a row measures max(GPU busy time, runtime - head start),
 not the runtime a generation loop (which synchronizes every step on its next token) sees. A distributed run
-synchronizes before every trial (measure.py ``_barrier``): no head start there.
+synchronizes before every trial (measure.py ``_barrier``): no head start there. Encoder-decoder rows (whisper's
+decoder steps rewind their self-attention cache the same way) are left as estimated: the estimate's KV figure holds
+the cross-attention cache too, which the rewind does not copy.
 
 The copies' speed is measured, not assumed: validation/harness/eager_attention.py ``crop_contiguous`` rows (the same
 crop and copy on a (batch, 32, seq + 1, 128) cache), fitted as t = t0 + bytes / rate (relative-error least squares
@@ -16,6 +18,10 @@ over the 16-bit rows). H100: 1.66 TB/s (0.49 of the datasheet bandwidth: a copy 
 datasets take the H100 fit (the calls for an H200 were lent H100s; the strided-input kernels measured on both ran at
 the same per-SM rate, eager-attention-h200.jsonl's cat rows). The host issues each copy at the machine's own
 calibration: a clone and a slice per tensor (eager_op_host_ratio).
+
+The head start models the measurement (this harness on the machine that ran it), so validation/transfer.py applies
+the same one in every column, the leave-one-GPU-out and --calibration none ones included: those columns test the
+estimate of the step, not of the harness around it.
 """
 from __future__ import annotations
 
@@ -69,8 +75,9 @@ def head_start_s(config: dict, kv_bytes: float, gpu: str) -> float:
     cal = load_calibration(gpu)
     if cal.eager_add_dispatch_s is not None:
         per_call = cal.eager_add_dispatch_s * sum(cal.eager_op_host_ratio.get(op, 1.0) for op in HOST_OPS)
-    else:
-        per_call = cal.eager_dispatch_s * len(HOST_OPS)
+    else:                   # a clone at the kernel-op cost, the slice (a view) at the view cost
+        per_call = (cal.eager_kernel_dispatch_s or cal.eager_dispatch_s) + (cal.eager_view_dispatch_s
+                                                                            or cal.eager_dispatch_s)
     return max(gpu_s - tensors * per_call, 0.0)
 
 

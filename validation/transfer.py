@@ -263,10 +263,15 @@ def eager_attention_lines() -> list[str]:
         "the H100/H200 raw matmul records, not from these rows). (2) PyTorch's CUDA cat copies through its "
         "vectorized kernel only when every input is contiguous (aten/src/ATen/native/cuda/Shape.cu, cat_out_cuda); "
         "a key sliced from a fused QKV projection (BLOOM; GPT-2 from batch 2) sends the whole cache through the "
-        "strided kernel, bound by index arithmetic at the same output-element rate on both GPUs "
-        f"(strided_cat_elements_per_sm_cycle: {', '.join(rates)}; default rules: their mean). Before / after, "
+        "strided kernel, at the same output-element rate on both GPUs, which differ 1.43x in bandwidth but not in "
+        f"SMs or clock (strided_cat_elements_per_sm_cycle: {', '.join(rates)}; default rules: their mean, read per "
+        "SM-cycle on other GPUs, an assumption). The decode rows above are estimated as the harness times them "
+        "(validation/rewind.py: its unsynchronized cache rewind gives the host a head start), the same in every "
+        "column: the head start models the measurement, not the GPU being predicted. Before / after, "
         "MAPE against the measured calls (a CUDA-graph replay each; `python -m aisim.validation.scripts."
-        "derive_eager_attention`):", "", render_markdown(columns, cells), "",
+        "derive_eager_attention`; each GPU's strided-cat rows are the ones its rate was taken from, so the cross "
+        "check is the other GPU's rate on them: the test suite holds it under 10%):", "",
+        render_markdown(columns, cells), "",
         "Not modelled: fp32 batched GEMVs run about 30% slower than the 16-bit rule (no fp32 decode row uses "
         "them); small memory-bound prefill bmm stay near 30%.", ""]
 

@@ -53,11 +53,13 @@ def innermost_broadcast(op: Op) -> bool:
 
 def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_dtype: str,
             compute_scale: float = 1.0, memory_scale: float = 1.0, matvec_max_m: int = 0,
-            graph_credit_s: float = 0.0) -> OpTime:
+            graph_credit_s: float = 0.0, aten_kernels: bool = True) -> OpTime:
     """``matvec_max_m``: the engine runs matmuls of at most this many rows as mat-vec kernels (memory curve).
     ``graph_credit_s``: replayed from a CUDA graph, a kernel takes this much less than the back-to-back eager
     stream the efficiencies were measured on (efficiency.graph_replay_credit_s), never less than its roofline or
-    a graph replay's per-kernel time."""
+    a graph replay's per-kernel time. ``aten_kernels``: the runtime runs PyTorch's own kernels for the ops it does
+    not fuse (eager, kernel-sum), so a cat with a strided input takes ATen's strided cat kernel; engines with
+    their own kernels (CUDA-graph engines, torch.compile, ggml) do not."""
     gpu = device.gpu
     if cost.kind == "comm":
         seconds = comm.collective_time_s(op, cost, device, cal)
@@ -107,7 +109,7 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
         eff = efficiency.memory_efficiency(cal, cost.bytes, gpu, bool(op.attrs.get("transposed")),
                                            innermost_broadcast(op)) * memory_scale
     kernel_s = roofline_s / eff
-    if op.attrs.get("strided_inputs") and op.outputs:     # cat's strided kernel: bound by its index arithmetic
+    if aten_kernels and op.attrs.get("strided_inputs") and op.outputs:   # PyTorch cat's strided kernel
         kernel_s = max(kernel_s, efficiency.strided_cat_s(cal, gpu, op.outputs[0].numel))
     if graph_credit_s:
         kernel_s = max(kernel_s - graph_credit_s, roofline_s, cal.launch_overhead_s)

@@ -120,10 +120,7 @@ class _Dispatch(TorchDispatchMode):
         attrs = {"view": bool(func.is_view), "pointwise": torch.Tag.pointwise in func.tags}
         if not func.is_view and any(_transposed(a) for a in inputs):
             attrs["transposed"] = True   # an operand read across its innermost dim (uncoalesced elementwise)
-        if func is _CAT and any(a.numel() and not a.is_contiguous() for a in inputs):
-            # PyTorch's CUDA cat copies through its vectorized kernel only when every input is contiguous; else
-            # a strided kernel (CatArrayBatchedCopy) for the whole output (aten/src/ATen/native/cuda/Shape.cu,
-            # cat_out_cuda): HF's DynamicCache.update with a key sliced from a fused QKV projection (BLOOM, GPT-2)
+        if func is _CAT and _strided_cat(inputs, outs):
             attrs["strided_inputs"] = True
         if tracer.param_storages:
             weight = sum(a.numel() * a.element_size() for a in inputs
@@ -149,6 +146,21 @@ def _grouped_mm_16(func, args, kwargs):
         return func(*args, **kwargs)
     cast = [a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.dtype == torch.float16 else a for a in args]
     return func(*cast, **kwargs).to(torch.float16)
+
+
+def _strided_cat(inputs, outs) -> bool:
+    """Whether PyTorch's CUDA cat runs its batched strided kernel (CatArrayBatchedCopy) for this call: two or more
+    inputs (empty ones included), at most 4 dims, 32-bit indexing, a contiguous output format, and some non-empty
+    input not contiguous. With every
+    input contiguous it takes the vectorized copy; beyond those limits it copies input by input
+    (aten/src/ATen/native/cuda/Shape.cu, cat_out_cuda). HF's DynamicCache.update with a key sliced from a fused
+    QKV projection (BLOOM; GPT-2 from batch 2), rotate_half's halves of a transposed q or k."""
+    if len(inputs) < 2 or not outs or outs[0].dim() > 4 or outs[0].numel() >= 2 ** 31:
+        return False              # (an empty input counts: DynamicCache's first update cats onto an empty tensor)
+    out = outs[0]
+    if out.dim() == 4 and not out.is_contiguous() and out.is_contiguous(memory_format=torch.channels_last):
+        return False              # channels_last: a format the strided branch does not take (Shape.cu)
+    return any(a.numel() and not a.is_contiguous() for a in inputs)
 
 
 def _transposed(t: torch.Tensor) -> bool:

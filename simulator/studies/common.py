@@ -53,7 +53,8 @@ def estimate_from(sc: Scenario, w: Workload, cost: StepCost, memory: MemoryBreak
 
 
 def _busy_ms(cost: StepCost) -> dict[str, float]:
-    """The step's GPU and host busy times, where the cost is one step's (a combined run's cost carries none)."""
+    """The run's GPU and host busy times (per pipeline stage), where the cost carries them (a total built from
+    phases of different kinds, e.g. transcribe's, carries none)."""
     if not (cost.gpu_busy_s or cost.cpu_busy_s):
         return {}
     return {"gpu_busy_ms": cost.gpu_busy_s * MS_PER_S, "host_busy_ms": cost.cpu_busy_s * MS_PER_S}
