@@ -45,7 +45,8 @@ class StepCost:
         rows = tuple(r.model_copy(update={"count": round(r.count * n), "flops": r.flops * n, "bytes": r.bytes * n,
                                           "time_ms": r.time_ms * n}) for r in self.table)
         return replace(self, runtime_s=self.runtime_s * n, energy_j=self.energy_j * n, flops=self.flops * n,
-                       bytes=self.bytes * n, table=rows, gpu_busy_s=self.gpu_busy_s * n, cpu_busy_s=self.cpu_busy_s * n)
+                       bytes=self.bytes * n, table=rows, gpu_busy_s=self.gpu_busy_s * n,
+                       cpu_busy_s=self.cpu_busy_s * n)
 
 
 EMPTY = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, (), ())

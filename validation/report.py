@@ -193,7 +193,8 @@ def compare_one(m: dict, estimator: Estimator) -> ComparisonRow:
         metrics["runtime_ms"] = Pair(timed, metrics["runtime_ms"].measured)
         tokens = _value(est, "tokens")
         if tokens:
-            metrics["throughput_tokens_per_s"] = Pair(tokens / (timed / 1e3), metrics["throughput_tokens_per_s"].measured)
+            metrics["throughput_tokens_per_s"] = Pair(tokens / (timed / 1e3),
+                                                      metrics["throughput_tokens_per_s"].measured)
     if not measured_energy_valid(m):
         metrics["energy_j_per_token"] = Pair(metrics["energy_j_per_token"].estimated, None)
     fits = None if est is None else (est.get("fits") if isinstance(est, dict) else getattr(est, "fits", None))

@@ -230,7 +230,8 @@ def graph_gemv_lines(device: str = "h100-sxm") -> list[str]:
            "datasheet bandwidth (GEMMs alone; the step adds its small kernels and attention)." if bw else ""), ""]
 
 
-EAGER_ATTENTION_RUNS = (("h100-sxm", "kernels/eager-attention-h100.jsonl"), ("h200", "kernels/eager-attention-h200.jsonl"))
+EAGER_ATTENTION_RUNS = (("h100-sxm", "kernels/eager-attention-h100.jsonl"),
+                        ("h200", "kernels/eager-attention-h200.jsonl"))
 
 
 def eager_attention_lines() -> list[str]:

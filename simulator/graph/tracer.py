@@ -151,10 +151,9 @@ def _grouped_mm_16(func, args, kwargs):
 def _strided_cat(inputs, outs) -> bool:
     """Whether PyTorch's CUDA cat runs its batched strided kernel (CatArrayBatchedCopy) for this call: two or more
     inputs (empty ones included), at most 4 dims, 32-bit indexing, a contiguous output format, and some non-empty
-    input not contiguous. With every
-    input contiguous it takes the vectorized copy; beyond those limits it copies input by input
-    (aten/src/ATen/native/cuda/Shape.cu, cat_out_cuda). HF's DynamicCache.update with a key sliced from a fused
-    QKV projection (BLOOM; GPT-2 from batch 2), rotate_half's halves of a transposed q or k."""
+    input not contiguous. With every input contiguous it takes the vectorized copy; beyond those limits it copies
+    input by input (aten/src/ATen/native/cuda/Shape.cu, cat_out_cuda). HF's DynamicCache.update with a key sliced
+    from a fused QKV projection (BLOOM; GPT-2 from batch 2), rotate_half's halves of a transposed q or k."""
     if len(inputs) < 2 or not outs or outs[0].dim() > 4 or outs[0].numel() >= 2 ** 31:
         return False              # (an empty input counts: DynamicCache's first update cats onto an empty tensor)
     out = outs[0]

@@ -23,17 +23,17 @@ dispatch rate), the graph replayed --replays times per window, median over --win
 ``bytes`` (operands read + result written once), ``flop``, ``median_ms``, achieved GB/s. A final profiler session
 names the kernels of a few shapes.
 
-Section ``cat`` (rows with ``op`` cat_contig, cat_strided, cat_strided_batch): DynamicCache.update's
+XX
 ``torch.cat([cache, new], dim=-2)`` of a contiguous (batch, heads, seq, head_dim) cache with the step's new key
 (batch, heads, 1, head_dim) as the model leaves it: contiguous (separate k/v projections: view + transpose of one
 token is contiguous), ``cat_strided`` BLOOM's slice of its fused QKV (``fused_qkv.view(b, 1, h, 3, d)[..., 1, :]
 .transpose(1, 2)``: heads 3 x head_dim apart), ``cat_strided_batch`` GPT-2's (``c_attn(x).split(...)`` then view +
-transpose: batch rows 3 x hidden apart, contiguous at batch 1); ``crop_contiguous`` the validation harnesses' untimed
-rewind between decode steps (validation/measure.py _decode, moe_bench): the cache of seq + 1 tokens cropped to seq (a
-view with a gap per head row) and made contiguous (``bytes`` the same: the view read, the copy written). PyTorch's CUDA cat takes its vectorized copy only
-when every input is contiguous (aten/src/ATen/native/cuda/Shape.cu, cat_out_cuda); otherwise a strided copy kernel
-(CatArrayBatchedCopy) for the whole output, the cache included. ``bytes`` = the inputs read + the output written.
-Same timing as the bmm section.
+transpose: batch rows 3 x hidden apart, contiguous at batch 1); ``crop_contiguous`` the validation harnesses'
+untimed rewind between decode steps (validation/measure.py _decode, moe_bench): the cache of seq + 1 tokens cropped
+to seq (a view with a gap per head row) and made contiguous (``bytes`` the same: the view read, the copy written).
+PyTorch's CUDA cat takes its vectorized copy only when every input is contiguous
+(aten/src/ATen/native/cuda/Shape.cu, cat_out_cuda); otherwise a strided copy kernel (CatArrayBatchedCopy) for the
+whole output, the cache included. ``bytes`` = the inputs read + the output written. Same timing as the bmm section.
 
 Nothing here is a judged validation row: a shape grid, random inputs.
 """

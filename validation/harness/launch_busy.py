@@ -13,10 +13,10 @@ without synchronizing, in two states of the GPU:
 
 Ops (tiny tensors, so the GPU work itself stays negligible next to the launch): ``add`` (a + b, 1 x 256 fp16),
 ``mm`` (a 1 x 256 @ 256 x 256 fp16), ``view_add`` (a reshape and an add: one kernel, two aten calls), and
-``tiny_layer``: a decode step of a 2-layer width-64 Llama (transformers, random weights, one token on a DynamicCache of
-16, then the cache cropped back): what a model's eager layers issue. Each row: op, state, launches per loop, median host us per
-loop and per launch over --repeats loops, alternating idle and busy. The launches per loop stay under the CUDA
-launch queue's depth (1024 entries) so no loop blocks on a full queue. Nothing here is a judged row.
+``tiny_layer``: a decode step of a 2-layer width-64 Llama (transformers, random weights, one token on a DynamicCache
+of 16, then the cache cropped back): what a model's eager layers issue. Each row: op, state, launches per loop,
+median host us per loop and per launch over --repeats loops, alternating idle and busy. The launches per loop stay
+under the CUDA launch queue's depth (1024 entries) so no loop blocks on a full queue. Nothing here is a judged row.
 """
 from __future__ import annotations
 
