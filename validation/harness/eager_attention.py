@@ -23,8 +23,8 @@ dispatch rate), the graph replayed --replays times per window, median over --win
 ``bytes`` (operands read + result written once), ``flop``, ``median_ms``, achieved GB/s. A final profiler session
 names the kernels of a few shapes.
 
-XX
-``torch.cat([cache, new], dim=-2)`` of a contiguous (batch, heads, seq, head_dim) cache with the step's new key
+Section ``cat`` (rows with ``op`` cat_contig, cat_strided, cat_strided_batch, crop_contiguous): DynamicCache's
+update, ``torch.cat([cache, new], dim=-2)`` of a contiguous (batch, heads, seq, head_dim) cache with the step's new key
 (batch, heads, 1, head_dim) as the model leaves it: contiguous (separate k/v projections: view + transpose of one
 token is contiguous), ``cat_strided`` BLOOM's slice of its fused QKV (``fused_qkv.view(b, 1, h, 3, d)[..., 1, :]
 .transpose(1, 2)``: heads 3 x head_dim apart), ``cat_strided_batch`` GPT-2's (``c_attn(x).split(...)`` then view +
