@@ -15,9 +15,9 @@ the cross-attention cache too, which the rewind does not copy.
 The copies' speed is measured, not assumed: validation/harness/eager_attention.py ``crop_contiguous`` rows (the same
 crop and copy on a (batch, 32, seq + 1, 128) cache), fitted as t = t0 + bytes / rate (relative-error least squares
 over the 16-bit rows). H100: 1.66 TB/s (0.49 of the datasheet bandwidth: a copy from a strided view). The H200
-datasets take the H100 fit (the calls for an H200 were lent H100s; the strided-input kernels measured on both ran at
-the same per-SM rate, eager-attention-h200.jsonl's cat rows). The host issues each copy at the machine's own
-calibration: a clone and a slice per tensor (eager_op_host_ratio).
+datasets take the H100 fit (the H200 run predates the crop rows, and the later call for an H200 was lent an H100;
+the strided-input kernels measured on both ran at the same per-SM rate, eager-attention-h200.jsonl's cat rows).
+The host issues each copy at the machine's own calibration: a clone and a slice per tensor (eager_op_host_ratio).
 
 The head start models the measurement (this harness on the machine that ran it), so validation/transfer.py applies
 the same one in every column, the leave-one-GPU-out and --calibration none ones included: those columns test the
