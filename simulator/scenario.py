@@ -112,6 +112,11 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     notes = list(dev.assumptions) + [n for n in (plan_note, default_note, cal_note, host_note, power_note) if n]
     notes += _precision_notes(dev, request.dtype, request.quant, plan, config, rt.name)
     notes += _runtime_notes(rt, dev, request.dtype)
+    if request.kv_dtype == "fp8" and rt.kv_cache != "preallocated":
+        notes.append(f"--kv-dtype fp8 under --runtime {rt.name}: HF's DynamicCache keeps K and V in the model dtype "
+                     "(transformers' quantized caches are int2/int4); the cache memory and the attention reads are "
+                     "priced at 1 byte per element as a serving engine stores them, the cache concatenation at the "
+                     "model dtype. --runtime vllm models an fp8 cache end to end")
     return Scenario(model=name, config=config, device=dev, calibration=cal, runtime=rt, power=power, plan=plan,
                     dtype=request.dtype, quant=request.quant, kv_dtype=request.kv_dtype, with_loss=request.with_loss,
                     optimizer=request.optimizer, assumptions=tuple(notes),
