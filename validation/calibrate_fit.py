@@ -217,6 +217,16 @@ def fit_transposed(records: list[dict], memory_bw_bytes_per_s: float) -> tuple[C
             [f"transposed memory: {len(rows)} (op, dtype, size) points, ops {sorted({r['op'] for r in rows})}"])
 
 
+def fit_fixed_plus_linear(times_s, sizes) -> tuple[float, float]:
+    """(t0 seconds, seconds per unit of size) of t = t0 + size x c, least squares of the relative error (each record
+    weighted by 1 / its time): the form of the memory-bound rules (default.yaml provenance.method)."""
+    import numpy as np
+
+    t, x = np.asarray(times_s, dtype=float), np.asarray(sizes, dtype=float)
+    (t0, per_unit), *_ = np.linalg.lstsq(np.stack([1 / t, x / t], axis=1), np.ones_like(t), rcond=None)
+    return float(t0), float(per_unit)
+
+
 def fit_dispatch(med: dict[str, float]) -> dict[str, float]:
     """Least squares of wall time per call = calls * P + kernels * K + views * V over DISPATCH_MIX (non-negative)."""
     import numpy as np

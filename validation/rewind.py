@@ -38,7 +38,7 @@ HOST_OPS = ("aten.clone", "aten.slice.Tensor")     # per tensor: crop's slice, c
 @functools.cache
 def rewind_fit(gpu: str) -> tuple[float, float] | None:
     """(t0 seconds, bytes per second) of one crop + contiguous copy on ``gpu``, or None without data."""
-    import numpy as np
+    from .calibrate_fit import fit_fixed_plus_linear
 
     path = REWIND_DATA.get(gpu)
     if path is None or not path.is_file():
@@ -47,29 +47,21 @@ def rewind_fit(gpu: str) -> tuple[float, float] | None:
             and r.get("op") == REWIND_OP and r.get("status") == "ok" and r.get("dtype") in ("fp16", "bf16")]
     if len(rows) < 4:
         return None
-    t = np.array([r["median_ms"] * 1e-3 for r in rows])
-    b = np.array([float(r["bytes"]) for r in rows])
-    (t0, per_byte), *_ = np.linalg.lstsq(np.stack([1 / t, b / t], axis=1), np.ones_like(t), rcond=None)
-    return max(float(t0), 0.0), 1.0 / float(per_byte)
-
-
-def _layers(config: dict) -> int | None:
-    for key in ("num_hidden_layers", "n_layer", "num_layers", "n_layers"):
-        if isinstance(config.get(key), int):
-            return config[key]
-    return None
+    t0, per_byte = fit_fixed_plus_linear([r["median_ms"] * 1e-3 for r in rows], [r["bytes"] for r in rows])
+    return max(t0, 0.0), 1.0 / per_byte
 
 
 def head_start_s(config: dict, kv_bytes: float, gpu: str) -> float:
     """The host's head start on a decode step measured after the rewind of a cache of ``kv_bytes`` per GPU (every
     layer's K and V copied once), 0 where there is nothing to copy or no measured copy speed."""
+    from aisim.graph.build import layer_count
     from aisim.specs import load_calibration
 
-    layers, fit = _layers(config), rewind_fit(gpu)
-    if not layers or not fit or kv_bytes <= 0 or config.get("is_encoder_decoder"):
+    fit = rewind_fit(gpu)
+    if not fit or kv_bytes <= 0 or config.get("is_encoder_decoder"):
         return 0.0
     t0, rate = fit
-    tensors = 2 * layers
+    tensors = 2 * layer_count(config)
     per_tensor = kv_bytes / tensors
     gpu_s = tensors * (t0 + 2 * per_tensor / rate)          # the view read, the copy written
     cal = load_calibration(gpu)

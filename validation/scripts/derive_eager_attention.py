@@ -28,6 +28,8 @@ import re
 import statistics
 from pathlib import Path
 
+from .derive_grouped_gemm import load   # (header, ok case rows) of a harness JSONL file
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "validation" / "data" / "kernels"
 CAL_DIR = ROOT / "hardware_specs" / "calibration"
@@ -35,27 +37,17 @@ SKINNY_MAX_M = 8
 CAT_MIN_BYTES = 64 * 2 ** 20
 
 
-def load(path: Path) -> tuple[dict, list[dict]]:
-    with open(path) as handle:
-        rows = [json.loads(line) for line in handle if line.strip()]
-    header = next((r for r in rows if r.get("type") == "header"), {})
-    return header, [r for r in rows if r.get("type") == "case" and r.get("status") == "ok"]
-
-
 def fit_skinny_gemm(raw: dict) -> tuple[float, float, int]:
     """(t0 seconds, fraction of datasheet bandwidth, records) of t = t0 + bytes / (p x BW) over the raw file's
     16-bit matmul records with M <= 8 (relative-error least squares)."""
-    import numpy as np
-
-    from aisim.validation.calibrate_fit import ELEM_BYTES, gemm_bytes
+    from aisim.validation.calibrate_fit import ELEM_BYTES, fit_fixed_plus_linear, gemm_bytes
 
     bw = raw["peaks"]["memory_bw_bytes_per_s"]
     rows = [r for r in raw["records"] if r["bench"] == "gemm" and r.get("time_s") and r["m"] <= SKINNY_MAX_M
             and r["dtype"] in ("fp16", "bf16")]
-    t = np.array([r["time_s"] for r in rows])
-    b = np.array([gemm_bytes(r["m"], r["n"], r["k"], ELEM_BYTES[r["dtype"]]) for r in rows])
-    (t0, per_byte), *_ = np.linalg.lstsq(np.stack([1 / t, b / t], axis=1), np.ones_like(t), rcond=None)
-    return float(t0), float(1.0 / (per_byte * bw)), len(rows)
+    t0, per_byte = fit_fixed_plus_linear([r["time_s"] for r in rows],
+                                         [gemm_bytes(r["m"], r["n"], r["k"], ELEM_BYTES[r["dtype"]]) for r in rows])
+    return t0, 1.0 / (per_byte * bw), len(rows)
 
 
 def strided_rows(rows: list[dict]) -> list[dict]:
