@@ -256,6 +256,12 @@ class CalibrationSpec(Spec):
         "host time per predicted op in a DynamicCache decode step (decode) or a forward-backward (train: autograd's "
         "recording and backward engine) over the same in their forward, timed in one loop "
         "(validation/framework_overhead.py bench_framework_phases); absent: 1")
+    eager_step_host_adds: dict[Literal["forward", "train"], NonNegative] = Field(
+        default_factory=dict, description="HF's host work once per model call outside the per-op costs (mask "
+        "creation, the model-level Python and output wrappers), in plain adds (eager_add_dispatch_s), before "
+        "eager_framework_scale and eager_phase_scale; 'forward' for forward, prefill and decode steps, 'train' for "
+        "a forward-backward. The intercept of host time over depth of tiny non-judged models "
+        "(validation/framework_overhead.py bench_framework_depth). Applies with the per-op host table only")
     allreduce_cpu_s: NonNegative | None = Field(None, description="CPU time to issue one small NCCL all-reduce")
     power_compute_fraction: PowerFraction = Field(description="power at full compute load / board power")
     power_memory_fraction: PowerFraction = Field(description="power at full memory-bound load / board power")

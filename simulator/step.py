@@ -157,7 +157,7 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     from .cost.energy import step_energy_j, waiting_power_w
     from .cost.memory import breakdown
     from .cost.ops_time import op_time
-    from .cost.timeline import cpu_costs, simulate
+    from .cost.timeline import cpu_costs, simulate, step_host_s
 
     dev, rt, plan = sc.device, sc.runtime, sc.plan
     cal = runtime_calibration(sc)
@@ -179,7 +179,7 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
         times = [replace(t, gpu_s=g) for t, g in zip(times, gpu_s.tolist())]
     cpu_s = cpu_costs(a.ops, list(a.kinds), a.launches, cal, rt, w.phase)
     syncs = np.array([k == "sync" for k in a.kinds])
-    timeline = simulate(gpu_s, cpu_s, a.repeats, syncs)
+    timeline = simulate(gpu_s, cpu_s, a.repeats, syncs, step_host_s(cal, rt, w.phase))
     stage_s = timeline.runtime_s + rt.per_step_overhead_s
     # the GPUs of one pipeline stage (tensor x data parallel) work together; the stages run one after another
     # (no micro-batching): each stage's GPUs wait, at the waiting power, while the other pp - 1 stages run

@@ -348,3 +348,75 @@ def test_derive_op_host_bad_input_is_one_line(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert err[-1].startswith("usage:") or "error:" in err[-1]
         assert "Traceback" not in "\n".join(err)
+
+
+def test_step_host_s_is_scaled_per_call_work_on_eager_with_the_table_only(cal):
+    """eager_step_host_adds plain adds x the framework and phase scales, once per call ('train' for a
+    forward-backward, 'forward' otherwise); 0 without the per-op table, on graphs runtimes, or when unset (as in
+    every shipped calibration: validation/scripts/step_host_whatif.py reports why)."""
+    from aisim.cost.timeline import step_host_s
+    from aisim.specs import all_runtimes
+
+    rts = all_runtimes()
+    c = cal.model_copy(update={"eager_add_dispatch_s": 10e-6, "eager_framework_scale": 2.0,
+                               "eager_phase_scale": {"train": 1.5}, "eager_step_host_adds": {"forward": 30.0,
+                                                                                           "train": 60.0}})
+    assert step_host_s(c, rts["eager"], "decode") == pytest.approx(30 * 10e-6 * 2.0)
+    assert step_host_s(c, rts["eager"], "forward-backward") == pytest.approx(60 * 10e-6 * 2.0 * 1.5)
+    assert step_host_s(c, rts["vllm"], "decode") == 0.0
+    assert step_host_s(c.model_copy(update={"eager_add_dispatch_s": None}), rts["eager"], "decode") == 0.0
+    from aisim.specs import default_calibration
+
+    assert not any(c.eager_step_host_adds for c in (load_calibration("h100-sxm"), load_calibration("h200"),
+                                                     default_calibration()))
+
+
+def test_simulate_starts_the_host_after_the_per_call_work():
+    """head_cpu_s delays every issue: a host-bound step grows by it, a GPU-bound one by at most it, and the host
+    busy time counts it."""
+    import numpy as np
+
+    from aisim.cost.timeline import simulate
+
+    one = np.ones(3)
+    host_bound = simulate(np.full(3, 1e-6), np.full(3, 10e-6), one, np.zeros(3, bool), head_cpu_s=50e-6)
+    assert host_bound.runtime_s == pytest.approx(
+        simulate(np.full(3, 1e-6), np.full(3, 10e-6), one, np.zeros(3, bool)).runtime_s + 50e-6)
+    assert host_bound.cpu_busy_s == pytest.approx(80e-6)
+    gpu_bound = simulate(np.full(3, 1e-3), np.full(3, 10e-6), one, np.zeros(3, bool), head_cpu_s=50e-6)
+    assert 3e-3 < gpu_bound.runtime_s <= 3e-3 + 10e-6 + 50e-6
+
+
+def test_fit_step_host_adds_recovers_the_per_call_work(cal):
+    """Depth sweeps made as c + s x the per-op prediction give back c / (s x add) in plain adds (forward and decode
+    sweeps pooled; forward-backward apart), whatever the host's add and scale."""
+    from aisim.validation import framework_overhead as fo
+
+    c = cal.model_copy(update={"eager_op_host_ratio": load_calibration("h100-sxm").eager_op_host_ratio,
+                               "eager_add_dispatch_s": 10e-6})
+    runs = []
+    for add_s, scale, adds in ((10e-6, 1.8, 25.0), (8e-6, 2.3, 35.0)):
+        unit = c.model_copy(update={"eager_add_dispatch_s": add_s})
+        records = [{"bench": "overhead", "name": "add_out_s", "samples_s": [add_s]}]
+        for family in ("llama", "opt"):
+            for phase, per_call in (("forward", adds), ("decode", adds), ("forward-backward", 2 * adds)):
+                for layers in (1, 2, 4):
+                    p = fo.predicted_config_host_s(fo.depth_config(family, layers), unit, phase)
+                    records.append({"bench": "framework_depth", "family": family, "layers": layers, "phase": phase,
+                                    "time_s": scale * (p + per_call * add_s)})
+        runs.append(records)
+    fit = fo.fit_step_host_adds(runs, c)
+    assert fit["forward"] == pytest.approx(30.0, abs=0.2)     # median of 25 x 4 sweeps and 35 x 4
+    assert fit["train"] == pytest.approx(60.0, abs=0.2)
+
+
+def test_depth_sweep_runs_on_a_cpu():
+    """bench_framework_depth yields a record per family, depth and phase (forward-backward for dense only)."""
+    from aisim.validation.framework_overhead import bench_framework_depth
+
+    recs = list(bench_framework_depth(families=("opt", "olmoe"), depths=(1, 2), repeats=1, device="cpu"))
+    assert [(r["family"], r["layers"], r["phase"]) for r in recs] == [
+        ("opt", 1, "forward"), ("opt", 1, "decode"), ("opt", 1, "forward-backward"),
+        ("opt", 2, "forward"), ("opt", 2, "decode"), ("opt", 2, "forward-backward"),
+        ("olmoe", 1, "forward"), ("olmoe", 1, "decode"), ("olmoe", 2, "forward"), ("olmoe", 2, "decode")]
+    assert all(r["time_s"] > 0 for r in recs)

@@ -91,13 +91,49 @@ def _tiny_model(config: dict, device: str, dtype):
 def predicted_host_s(family: str, cal, phase: str = "forward") -> float:
     """Host time aisim's eager cost model (cost/timeline.py cpu_costs, with ``cal``'s dispatch constants and per-op
     table, no framework or phase scale) predicts for a TINY model's traced step."""
-    from aisim.cost.timeline import cpu_costs
+    return predicted_config_host_s(TINY[family], cal, phase)
+
+
+def predicted_config_host_s(config: dict, cal, phase: str = "forward") -> float:
+    """predicted_host_s of any tiny config (the depth sweep's), with the calibration's per-call host work
+    (step_host_s) where it has one."""
+    from aisim.cost.timeline import cpu_costs, step_host_s
     from aisim.specs import RuntimeSpec
 
-    ops, kinds, launches, repeats = _trace_arrays(TINY[family], phase)
+    ops, kinds, launches, repeats = _trace_arrays(config, phase)
     bare = cal.model_copy(update={"eager_framework_scale": 1.0, "eager_phase_scale": {}})
     eager = RuntimeSpec(name="eager", description="eager", dispatch="eager", source="tiny-model prediction")
-    return float((cpu_costs(ops, kinds, launches, bare, eager) * repeats).sum())
+    return float((cpu_costs(ops, kinds, launches, bare, eager, phase) * repeats).sum()
+                 + step_host_s(bare, eager, phase))
+
+
+def fit_step_host_adds(runs: list[list[dict]], cal) -> dict[str, float]:
+    """eager_step_host_adds from depth sweeps (bench_framework_depth records, one list per run): per run, family
+    and phase, measured time per call = c + s x (the per-op prediction, ``cal``'s costs without per-call work)
+    over the depths (fit_fixed_plus_linear: least squares of the relative error); c / (s x the run's own plain
+    add) is that sweep's per-call work in plain adds. 'forward': the median over the forward and decode sweeps
+    of every family and run; 'train': over the forward-backward sweeps."""
+    from .calibrate_fit import fit_fixed_plus_linear
+
+    bare = cal.model_copy(update={"eager_step_host_adds": {}})
+    found: dict[str, list[float]] = {"forward": [], "train": []}
+    for records in runs:
+        adds = [statistics.median(r["samples_s"]) for r in records if r.get("name") == "add_out_s"]
+        if not adds:
+            continue
+        unit = bare.model_copy(update={"eager_add_dispatch_s": adds[0]})
+        sweeps: dict[tuple[str, str], list[dict]] = {}
+        for r in records:
+            if r.get("bench") == "framework_depth":
+                sweeps.setdefault((r["family"], r["phase"]), []).append(r)
+        for (family, phase), rows in sorted(sweeps.items()):
+            if len({r["layers"] for r in rows}) < 3:
+                continue
+            predicted = [predicted_config_host_s(depth_config(family, r["layers"]), unit, phase) for r in rows]
+            c, s = fit_fixed_plus_linear([r["time_s"] for r in rows], predicted)
+            if s > 0:
+                found["train" if phase == "forward-backward" else "forward"].append(c / (s * adds[0]))
+    return {k: round(statistics.median(v), 1) for k, v in found.items() if v}
 
 
 def fit_framework_scale_per_op(records: list[dict], cal) -> float | None:
@@ -230,6 +266,105 @@ def bench_framework_phases(repeats: int = 5, device: str = "cuda") -> list[dict]
     return records
 
 
+# Tiny mixture-of-experts models for the depth sweep: width 64, each with the expert count, top-k and routing
+# flags of an architecture the MoE validation uses (OLMoE, Qwen1.5-MoE with its shared expert, Qwen3-MoE), so the
+# routing code and its host work are the real ones while the GPU does almost nothing. Not the judged models.
+TINY_MOE = {
+    "olmoe": {"model_type": "olmoe", "architectures": ["OlmoeForCausalLM"], "hidden_size": 64,
+              "intermediate_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
+              "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False, "vocab_size": 1000,
+              "max_position_embeddings": 256, "pad_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False},
+    "qwen2_moe": {"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 64,
+                  "intermediate_size": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 128,
+                  "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4, "num_experts": 60,
+                  "num_experts_per_tok": 4, "norm_topk_prob": False, "decoder_sparse_step": 1,
+                  "mlp_only_layers": [], "vocab_size": 1000, "max_position_embeddings": 256,
+                  "use_sliding_window": False, "tie_word_embeddings": False},
+    "qwen3_moe": {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64,
+                  "intermediate_size": 128, "moe_intermediate_size": 32, "num_hidden_layers": 4,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_experts": 128,
+                  "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                  "vocab_size": 1000, "max_position_embeddings": 256, "use_sliding_window": False,
+                  "tie_word_embeddings": False},
+}
+DEPTHS = (1, 2, 4, 8, 16)
+
+
+def with_layers(config: dict, layers: int) -> dict:
+    """``config`` with every layer stack ``layers`` deep."""
+    from aisim.graph.build import layer_keys
+
+    return {**config, **{k: layers for k in layer_keys(config)}}
+
+
+def depth_config(family: str, layers: int) -> dict:
+    """The depth sweep's config of ``family`` (a TINY or TINY_MOE key) at ``layers`` layers."""
+    return with_layers({**TINY, **TINY_MOE}[family], layers)
+
+
+def bench_framework_depth(families=None, depths=DEPTHS, repeats: int = 5, device: str = "cuda"):
+    """Per family and depth, the wall time per step of a forward (B x S under inference_mode, as
+    bench_framework_overhead) and a DynamicCache decode step (as bench_framework_phases), interleaved; dense
+    families also a forward-backward. Yields one record per (family, depth, phase) as soon as it is measured.
+    fp16 for the dense families, bf16 for the MoE ones (their default grouped-GEMM experts path needs it)."""
+    import torch
+    from transformers import DynamicCache
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for family in families or (*TINY, *TINY_MOE):
+        moe = family in TINY_MOE
+        for layers in depths:
+            config = depth_config(family, layers)
+            model = _tiny_model(config, device, torch.bfloat16 if moe else torch.float16)
+            impl = getattr(model.config, "_experts_implementation", None) if moe else None
+            ids = torch.randint(0, 1000, (BATCH, SEQ), device=device)
+            new = ids[:, -1:]
+
+            def forward():
+                with torch.inference_mode():
+                    model(input_ids=ids, use_cache=False)
+
+            def backward():
+                model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+                model.zero_grad(set_to_none=True)
+
+            def decode_loop():
+                with torch.inference_mode():
+                    cache = DynamicCache(config=model.config)
+                    model(input_ids=ids, past_key_values=cache, use_cache=True)
+                    sync()
+                    t0 = time.perf_counter()
+                    for _ in range(DECODE_STEPS):
+                        model(input_ids=new, past_key_values=cache, use_cache=True)
+                    sync()
+                    return (time.perf_counter() - t0) / DECODE_STEPS
+
+            def timed(fn):
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(DECODE_STEPS):
+                    fn()
+                sync()
+                return (time.perf_counter() - t0) / DECODE_STEPS
+
+            phases = {"forward": lambda: timed(forward), "decode": decode_loop}
+            if not moe:
+                phases["forward-backward"] = lambda: timed(backward)
+            for fn in phases.values():   # warm-up: two loops each
+                fn()
+                fn()
+            samples = {phase: [] for phase in phases}
+            for _ in range(repeats):
+                for phase, fn in phases.items():
+                    samples[phase].append(fn())
+            for phase, vals in samples.items():
+                yield {"bench": "framework_depth", "family": family, "layers": layers, "phase": phase,
+                       "dtype": "bf16" if moe else "fp16",
+                       "experts_implementation": impl, "time_s": statistics.median(vals), "samples_s": vals}
+            model = None
+            sync()
+
+
 def fit_phase_scales(records: list[dict], kernel_s: float, view_s: float, module_s: float) -> dict[str, float]:
     """eager_phase_scale: per phase (decode, train), the median over the tiny models of (measured / predicted host
     time of that phase's step) / (the same ratio of the forward measured in the same loop): how much more (or less)
@@ -246,8 +381,10 @@ def fit_framework_scale(records: list[dict], kernel_s: float, view_s: float, mod
 def main(argv: list[str] | None = None) -> int:
     """On a CUDA machine: ``python -m aisim.validation.framework_overhead --out FILE.jsonl [--rounds 3]`` measures
     the dispatch loops and the tiny models' forward / decode / forward-backward, a JSONL line per record plus a
-    ``fit`` line per round (appended: a killed run keeps its finished rounds). ``--derive FILE.jsonl`` prints the
-    eager_phase_scale those rounds give (median over rounds), for a calibration file."""
+    ``fit`` line per round (appended: a killed run keeps its finished rounds). ``--depth`` measures the depth sweep
+    instead (bench_framework_depth: a record per family, depth and phase, written as each is measured; no fit line:
+    derive_op_host --step-adds reads them). ``--derive FILE.jsonl`` prints the eager_phase_scale those rounds give
+    (median over rounds), for a calibration file."""
     import argparse
     import json
 
@@ -255,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--derive")
+    parser.add_argument("--depth", action="store_true",
+                        help="measure the depth sweep instead (bench_framework_depth, with the dispatch loops)")
     args = parser.parse_args(argv)
     if not (args.out or args.derive):
         parser.error("give --out FILE.jsonl (measure, on a CUDA machine) or --derive FILE.jsonl")
@@ -285,6 +424,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: {exc}") from None
     with open(args.out, "a") as out:
         out.write(json.dumps(header("framework_overhead", args)) + "\n")
+        if args.depth:
+            for round_ in range(args.rounds):
+                for r in (*bench_overheads(), *bench_framework_depth()):
+                    out.write(json.dumps({"type": "record", "round": round_, **r}) + "\n")
+                    out.flush()
+                    if r.get("bench") == "framework_depth":
+                        print(round_, r["family"], r["layers"], r["phase"], f"{r['time_s'] * 1e6:.0f} us", flush=True)
+            return 0
         for round_ in range(args.rounds):
             raw = bench_overheads() + bench_framework_overhead() + bench_framework_phases()
             fitted = fit_overheads(raw, default_calibration())

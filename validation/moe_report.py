@@ -74,7 +74,7 @@ def load_cases(path: Path = DATA) -> list[dict]:
         return [r for r in map(json.loads, f) if r.get("type") == "case" and r.get("status") == "ok"]
 
 
-def estimate_case(case: dict) -> tuple[float, float, float]:
+def estimate_case(case: dict, calibration="auto") -> tuple[float, float, float]:
     """(runtime ms, peak memory GB, expected distinct experts per layer) of one measured case."""
     from aisim.formulas import expected_distinct_experts
     from aisim.graph.engine import moe_routing
@@ -82,7 +82,8 @@ def estimate_case(case: dict) -> tuple[float, float, float]:
     from aisim.step import step_cost
     from aisim.workload import StepShape
 
-    sc = scenario(str(CONFIGS / f"{case['model']}.json"), DEVICE, dtype="bf16", runtime=RUNTIME)
+    sc = scenario(str(CONFIGS / f"{case['model']}.json"), DEVICE, dtype="bf16", runtime=RUNTIME,
+                  calibration=calibration)
     cost = step_cost(sc, StepShape(phase=case["workload"], batch=case["batch"], seq=case["context"]))
     moe = moe_routing(sc.config)
     tokens = case["batch"] * (case["context"] if case["workload"] == "prefill" else 1)
@@ -94,12 +95,12 @@ def estimate_case(case: dict) -> tuple[float, float, float]:
     return runtime_s * 1e3, cost.memory.total_gb, distinct
 
 
-def compare_moe(path: Path = DATA) -> list[MoeRow]:
+def compare_moe(path: Path = DATA, calibration="auto") -> list[MoeRow]:
     rows = []
     for case in load_cases(path):
         if case["impl"] != SCORED_IMPL:
             continue
-        ms, gb, distinct = estimate_case(case)
+        ms, gb, distinct = estimate_case(case, calibration)
         rows.append(MoeRow(case["model"], case["impl"], case["workload"], case["batch"], case["context"],
                            case["median_ms"], ms, case["peak_allocated_gb"], gb,
                            case["routing"]["mean_distinct"], distinct))

@@ -79,12 +79,24 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
     return costs * (cal.eager_framework_scale * cal.eager_phase_scale.get(PHASE_SCALE_KEY.get(phase, ""), 1.0))
 
 
-def simulate(gpu_s: np.ndarray, cpu_s: np.ndarray, repeats: np.ndarray, syncs: np.ndarray) -> Timeline:
-    """Walk the ops in order. A run of consecutive ops with the same repeat count that holds a sync (an engine's
-    per-layer host sync, e.g. bitsandbytes) is walked call by call, since each repetition waits for the GPU;
-    other ops are walked as blocks of back-to-back calls."""
+def step_host_s(cal: CalibrationSpec, runtime: RuntimeSpec, phase: str = "forward") -> float:
+    """CPU seconds of HF's work once per model call outside the ops (``eager_step_host_adds`` plain adds, scaled as
+    the per-op costs are); eager dispatch with the per-op host table only, else 0."""
+    if runtime.dispatch != "eager" or cal.eager_add_dispatch_s is None or not cal.eager_step_host_adds:
+        return 0.0
+    key = PHASE_SCALE_KEY.get(phase, "")
+    adds = cal.eager_step_host_adds.get("train" if key == "train" else "forward", 0.0)
+    return adds * cal.eager_add_dispatch_s * cal.eager_framework_scale * cal.eager_phase_scale.get(key, 1.0)
+
+
+def simulate(gpu_s: np.ndarray, cpu_s: np.ndarray, repeats: np.ndarray, syncs: np.ndarray,
+             head_cpu_s: float = 0.0) -> Timeline:
+    """Walk the ops in order, after ``head_cpu_s`` of host work before the first op (step_host_s). A run of
+    consecutive ops with the same repeat count that holds a sync (an engine's per-layer host sync, e.g.
+    bitsandbytes) is walked call by call, since each repetition waits for the GPU; other ops are walked as blocks
+    of back-to-back calls."""
     g_l, c_l, r_l, s_l = gpu_s.tolist(), cpu_s.tolist(), repeats.tolist(), syncs.tolist()
-    state = [0.0, 0.0]  # cpu, gpu
+    state = [head_cpu_s, 0.0]  # cpu, gpu
     i, n = 0, len(g_l)
     while i < n:
         j = i + 1
@@ -105,7 +117,7 @@ def simulate(gpu_s: np.ndarray, cpu_s: np.ndarray, repeats: np.ndarray, syncs: n
         i = j
     cpu, gpu = state
     return Timeline(runtime_s=max(cpu, gpu), gpu_busy_s=float(np.dot(gpu_s, repeats)),
-                    cpu_busy_s=float(np.dot(cpu_s, repeats)))
+                    cpu_busy_s=float(np.dot(cpu_s, repeats)) + head_cpu_s)
 
 
 def _step(state: list[float], g: float, c: float, r: float, sync: bool) -> None:

@@ -11,6 +11,10 @@ validation/data/kernels/op-host-h100.jsonl), and the framework and phase scales 
 - ``eager_add_dispatch_s``: the calibration's own measured plain add (its raw file's add_out_s median).
 - ``eager_framework_scale``: the raw file's tiny-model forwards (framework records) over what the per-op costs
   predict for their traced steps (framework_overhead.fit_framework_scale_per_op).
+- ``eager_step_host_adds`` (only with --step-adds; the shipped files do not set it, see
+  validation/scripts/step_host_whatif.py): HF's per-call host work outside the ops, in plain adds: the intercept
+  over depth of tiny non-judged models at 1-16 layers (validation/data/kernels/framework-depth-h100*.jsonl,
+  framework_overhead.fit_step_host_adds), fitted first; the scales below are then fitted with it.
 - ``eager_phase_scale``: train, the same with the per-op costs (h100-sxm's: the rounds ran on an H100 host) from
   the four rounds of validation/data/kernels/framework-phases-h100.jsonl (median over rounds; decode brackets 1 and
   stays unset); one value, written to default.yaml too (a new calibration copies it).
@@ -28,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "validation" / "data" / "kernels" / "op-host-h100.jsonl"
 PHASES = ROOT / "validation" / "data" / "kernels" / "framework-phases-h100.jsonl"
+DEPTHS = tuple(ROOT / "validation" / "data" / "kernels" / f"framework-depth-h100{s}.jsonl" for s in ("", "-run2"))
 CAL_DIR = ROOT / "hardware_specs" / "calibration"
 # aisim's traced aten op -> the op_host microbenchmark that times it
 OPS = {"aten.add.Tensor": "add", "aten.mul.Tensor": "mul", "aten.neg": "neg", "aten.rsqrt": "rsqrt",
@@ -62,15 +67,31 @@ def host_table(path: Path = DATA) -> dict[str, float]:
     return dict(sorted(table.items()))
 
 
-def derive(calibration: str, path: Path = DATA) -> dict:
+def step_host_adds(table: dict[str, float] | None = None) -> dict[str, float]:
+    """eager_step_host_adds from the depth sweeps (DEPTHS), read with h100-sxm's constants (they ran on H100
+    hosts; a ratio to the plain add, portable as the table is)."""
+    from aisim.validation.framework_overhead import fit_step_host_adds
+
+    h100, _ = _with_table("h100-sxm", table or host_table())
+    runs = []
+    for depth in DEPTHS:
+        with open(depth) as f:
+            runs.append([r for r in map(json.loads, f) if r.get("type") == "record"])
+    return fit_step_host_adds(runs, h100)
+
+
+def derive(calibration: str, path: Path = DATA, with_step_adds: bool = False) -> dict:
     from aisim.validation.framework_overhead import fit_framework_scale_per_op, fit_phase_scales_per_op
 
     table = host_table(path)
     cal, raw = _with_table(calibration, table)
-    scale = fit_framework_scale_per_op(raw, cal)
     # the phase rounds ran on an H100 host: their ratios are read with its constants, one value for every file
     # (a ratio of host costs, portable as the table is; default.yaml carries it for new calibrations)
     h100, _ = _with_table("h100-sxm", table)
+    step_adds = step_host_adds(table) if with_step_adds else {}
+    cal = cal.model_copy(update={"eager_step_host_adds": step_adds})
+    h100 = h100.model_copy(update={"eager_step_host_adds": step_adds})
+    scale = fit_framework_scale_per_op(raw, cal)
     rounds: dict[int, list[dict]] = {}
     with open(PHASES) as f:
         for r in map(json.loads, f):
@@ -80,7 +101,7 @@ def derive(calibration: str, path: Path = DATA) -> dict:
     train = [p["train"] for p in per_round if "train" in p]
     decode = [p["decode"] for p in per_round if "decode" in p]
     return {"eager_add_dispatch_s": float(f"{cal.eager_add_dispatch_s:.4g}"), "eager_op_host_ratio": table,
-            "eager_framework_scale": round(scale, 4), "eager_phase_scale": {"train": round(statistics.median(train), 3)},
+            **({"eager_step_host_adds": step_adds} if step_adds else {}), "eager_framework_scale": round(scale, 4), "eager_phase_scale": {"train": round(statistics.median(train), 3)},
             "train_per_round": train, "decode_per_round": decode}
 
 
@@ -142,13 +163,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibration", default="h100-sxm")
     parser.add_argument("--data", default=str(DATA))
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--step-adds", action="store_true",
+                        help="also fit eager_step_host_adds from the depth sweeps and the scales with it (printed only)")
     args = parser.parse_args(argv)
+    if args.step_adds and args.write:
+        parser.error("--step-adds is printed only: the shipped files do not set it (validation/scripts/step_host_whatif.py)")
     raw = CAL_DIR / f"{args.calibration}.raw.json"
     for path, what in ((raw, "--calibration: no raw measurements of that calibration"), (Path(args.data), "--data")):
         if not path.is_file():
             parser.error(f"{what}: {path} is not a file")
     try:
-        fit = derive(args.calibration, Path(args.data))
+        fit = derive(args.calibration, Path(args.data), args.step_adds)
     except (ValueError, KeyError, StopIteration) as exc:   # a file without the records derive needs
         parser.error(f"{args.data} or {raw}: not the op_host / calibration records expected ({type(exc).__name__}: "
                      f"{exc})")
