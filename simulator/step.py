@@ -179,13 +179,15 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
         times = [replace(t, gpu_s=g) for t, g in zip(times, gpu_s.tolist())]
     cpu_s = cpu_costs(a.ops, list(a.kinds), a.launches, cal, rt, w.phase)
     syncs = np.array([k == "sync" for k in a.kinds])
-    timeline = simulate(gpu_s, cpu_s, a.repeats, syncs, step_host_s(cal, rt, w.phase))
+    # HF's per-call host work happens once per model call: in the first stage's timeline (pp 1), else added once
+    head_s = step_host_s(cal, rt, w.phase)
+    timeline = simulate(gpu_s, cpu_s, a.repeats, syncs, head_s if plan.pp == 1 else 0.0)
     stage_s = timeline.runtime_s + rt.per_step_overhead_s
     # the GPUs of one pipeline stage (tensor x data parallel) work together; the stages run one after another
     # (no micro-batching): each stage's GPUs wait, at the waiting power, while the other pp - 1 stages run
     stage_j, _ = step_energy_j(dev.gpu, cal, gpu_s, busy_c, busy_m, a.repeats, stage_s, plan.tp * plan.dp,
                                power_w)
-    runtime_s = stage_s * plan.pp
+    runtime_s = stage_s * plan.pp + (head_s if plan.pp > 1 else 0.0)
     energy_j = stage_j * plan.pp + waiting_power_w(dev.gpu, cal) * (plan.pp - 1) * stage_s * plan.gpus
     table = tuple(op_rows(a.ops, a.costs, times, a.repeats, stage_s))
     return StepCost(runtime_s, energy_j, energy_j / (runtime_s * plan.gpus) if runtime_s else 0.0, a.flops, a.bytes,

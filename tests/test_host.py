@@ -355,7 +355,7 @@ def test_step_host_s_is_scaled_per_call_work_on_eager_with_the_table_only(cal):
     forward-backward, 'forward' otherwise); 0 without the per-op table, on graphs runtimes, or when unset (as in
     every shipped calibration: validation/scripts/step_host_whatif.py reports why)."""
     from aisim.cost.timeline import step_host_s
-    from aisim.specs import all_runtimes
+    from aisim.specs import all_runtimes, default_calibration
 
     rts = all_runtimes()
     c = cal.model_copy(update={"eager_add_dispatch_s": 10e-6, "eager_framework_scale": 2.0,
@@ -365,15 +365,13 @@ def test_step_host_s_is_scaled_per_call_work_on_eager_with_the_table_only(cal):
     assert step_host_s(c, rts["eager"], "forward-backward") == pytest.approx(60 * 10e-6 * 2.0 * 1.5)
     assert step_host_s(c, rts["vllm"], "decode") == 0.0
     assert step_host_s(c.model_copy(update={"eager_add_dispatch_s": None}), rts["eager"], "decode") == 0.0
-    from aisim.specs import default_calibration
-
-    assert not any(c.eager_step_host_adds for c in (load_calibration("h100-sxm"), load_calibration("h200"),
-                                                     default_calibration()))
+    assert not any(shipped.eager_step_host_adds for shipped in (load_calibration("h100-sxm"),
+                                                                load_calibration("h200"), default_calibration()))
 
 
 def test_simulate_starts_the_host_after_the_per_call_work():
-    """head_cpu_s delays every issue: a host-bound step grows by it, a GPU-bound one by at most it, and the host
-    busy time counts it."""
+    """head_cpu_s delays every issue: a host-bound step grows by it, a GPU-bound one too (its first kernel waits
+    for the head and its own dispatch), and the host busy time counts it."""
     import numpy as np
 
     from aisim.cost.timeline import simulate
@@ -384,7 +382,7 @@ def test_simulate_starts_the_host_after_the_per_call_work():
         simulate(np.full(3, 1e-6), np.full(3, 10e-6), one, np.zeros(3, bool)).runtime_s + 50e-6)
     assert host_bound.cpu_busy_s == pytest.approx(80e-6)
     gpu_bound = simulate(np.full(3, 1e-3), np.full(3, 10e-6), one, np.zeros(3, bool), head_cpu_s=50e-6)
-    assert 3e-3 < gpu_bound.runtime_s <= 3e-3 + 10e-6 + 50e-6
+    assert gpu_bound.runtime_s == pytest.approx(50e-6 + 10e-6 + 3e-3)   # the first kernel waits for both
 
 
 def test_fit_step_host_adds_recovers_the_per_call_work(cal):
@@ -420,3 +418,38 @@ def test_depth_sweep_runs_on_a_cpu():
         ("opt", 2, "forward"), ("opt", 2, "decode"), ("opt", 2, "forward-backward"),
         ("olmoe", 1, "forward"), ("olmoe", 1, "decode"), ("olmoe", 2, "forward"), ("olmoe", 2, "decode")]
     assert all(r["time_s"] > 0 for r in recs)
+
+
+def test_eager_collectives_cost_the_host_their_measured_in_model_adds(cal):
+    """With the per-op table, an eager all-reduce over g ranks costs max(allreduce_cpu_s, adds(g) x add) times the
+    framework scale; a group size not listed takes the largest listed below it (the smallest if none); graphs
+    runtimes keep the replay cost, and a file without the table the tight loop's issue cost."""
+    import numpy as np
+
+    from aisim.cost.timeline import collective_host_adds, cpu_costs
+    from aisim.graph.ops import Op, TensorMeta
+    from aisim.specs import all_runtimes
+
+    t = TensorMeta((8, 64), "bf16")
+    ops = [Op("nccl.all_reduce", (t,), {}, (t,), True, attrs={"group": g}) for g in (2, 4, 8, 1)]
+    c = cal.model_copy(update={"eager_add_dispatch_s": 10e-6, "eager_framework_scale": 2.0, "allreduce_cpu_s": 50e-6,
+                               "eager_collective_host_adds": {2: 10.0, 4: 20.0}})
+    assert [collective_host_adds(c, g) for g in (1, 2, 3, 4, 8)] == [10.0, 10.0, 10.0, 20.0, 20.0]
+    costs = cpu_costs(ops, ["comm"] * 4, np.ones(4), c, all_runtimes()["eager"])
+    assert costs.tolist() == pytest.approx([2.0 * 100e-6, 2.0 * 200e-6, 2.0 * 200e-6, 2.0 * 100e-6])
+    no_table = c.model_copy(update={"eager_add_dispatch_s": None})
+    assert cpu_costs(ops, ["comm"] * 4, np.ones(4), no_table, all_runtimes()["eager"]).tolist() == pytest.approx(
+        [2.0 * 50e-6] * 4)
+
+
+def test_committed_tiny_tp_sweeps_derive_the_calibrations_collective_adds():
+    """derive_collective_host on the committed tp-tiny runs gives exactly the adds in h100-sxm.yaml, h200.yaml and
+    default.yaml; TP 4 costs more per all-reduce than TP 2, and both far more than a tight loop's issue cost."""
+    from aisim.specs import default_calibration
+    from aisim.validation.scripts.derive_collective_host import derive
+
+    fit = derive()["eager_collective_host_adds"]
+    for shipped in (load_calibration("h100-sxm"), load_calibration("h200"), default_calibration()):
+        assert shipped.eager_collective_host_adds == fit
+    h100 = load_calibration("h100-sxm")
+    assert fit[4] > fit[2] and fit[2] * h100.eager_add_dispatch_s > 2 * 24e-6

@@ -78,6 +78,13 @@ def test_shipped_suites_load():
     assert {c.tp for c in tp4.cases} == {1, 4} and tp4.cases[-1].model == "Llama-2-70b-hf"   # the 70B last
     whisper = load_suite(ROOT / "validation/suites/whisper.yaml")
     assert {c.workload for c in whisper.cases} == {"encode", "decode"} and any(c.step_tokens > 1 for c in whisper.cases)
+    # the tiny TP sweeps (derive_collective_host): every TP > 1 case has its TP 1 twin, and the configs resolve
+    for name, degrees in (("tp-tiny", {1, 2}), ("tp-tiny4", {1, 2, 4})):
+        suite = load_suite(ROOT / f"validation/suites/{name}.yaml")
+        assert {c.tp for c in suite.cases} == degrees
+        twins = {(c.model, c.workload, c.batch, c.seq) for c in suite.cases if c.tp == 1}
+        assert all((c.model, c.workload, c.batch, c.seq) in twins for c in suite.cases)
+        assert all((ROOT / c.model).is_file() for c in suite.cases)
 
 
 # ------------------------------------------------------------------ runner, end to end on the CPU

@@ -211,58 +211,60 @@ def bench_framework_overhead(repeats: int = 5, calls: int = 50, device: str = "c
     return records
 
 
-def bench_framework_phases(repeats: int = 5, device: str = "cuda") -> list[dict]:
-    """Wall time per step of each tiny model in three phases, interleaved in one loop so that host drift hits them
-    alike: a forward under inference_mode (as bench_framework_overhead), a decode step with HF's DynamicCache (as
-    validation/measure.py's decode: model(new_ids, past_key_values=cache, use_cache=True)), and a forward-backward
-    with the loss, grads set to None after each (as measure.py's forward-backward); fp16 weights, as above."""
+def _phase_timers(model, ids, sync, backward: bool = True) -> dict:
+    """Phase -> a function returning the wall time per call of DECODE_STEPS calls: a forward under inference_mode
+    (as bench_framework_overhead), a decode step with HF's DynamicCache from a cache of the ids (as
+    validation/measure.py's decode: model(new_ids, past_key_values=cache, use_cache=True)), and (``backward``) a
+    forward-backward with the loss, grads set to None after each (as measure.py's forward-backward)."""
     import torch
     from transformers import DynamicCache
 
+    new = ids[:, -1:]
+
+    def forward():
+        with torch.inference_mode():
+            model(input_ids=ids, use_cache=False)
+
+    def forward_backward():
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    def timed(fn):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(DECODE_STEPS):
+            fn()
+        sync()
+        return (time.perf_counter() - t0) / DECODE_STEPS
+
+    def decode():
+        with torch.inference_mode():
+            cache = DynamicCache(config=model.config)
+            model(input_ids=ids, past_key_values=cache, use_cache=True)
+            return timed(lambda: model(input_ids=new, past_key_values=cache, use_cache=True))
+
+    timers = {"forward": lambda: timed(forward), "decode": decode}
+    if backward:
+        timers["forward-backward"] = lambda: timed(forward_backward)
+    return timers
+
+
+def bench_framework_phases(repeats: int = 5, device: str = "cuda") -> list[dict]:
+    """Wall time per step of each tiny model in three phases (_phase_timers), interleaved in one loop so that host
+    drift hits them alike; fp16 weights, as above."""
     records = []
     for family, config, model, ids, sync in _tiny_models(device):
-        new = ids[:, -1:]
-
-        def forward():
-            with torch.inference_mode():
-                model(input_ids=ids, use_cache=False)
-
-        def decode_loop():
-            with torch.inference_mode():
-                cache = DynamicCache(config=model.config)
-                model(input_ids=ids, past_key_values=cache, use_cache=True)
-                sync()
-                t0 = time.perf_counter()
-                for _ in range(DECODE_STEPS):
-                    model(input_ids=new, past_key_values=cache, use_cache=True)
-                sync()
-                return (time.perf_counter() - t0) / DECODE_STEPS
-
-        def backward():
-            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
-            model.zero_grad(set_to_none=True)
-
-        def timed(fn, calls=DECODE_STEPS):
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            sync()
-            return (time.perf_counter() - t0) / calls
-
-        for fn in (forward, backward):
-            for _ in range(3):
-                fn()
-        decode_loop()
-        samples = {"forward": [], "decode": [], "forward-backward": []}
+        timers = _phase_timers(model, ids, sync)
+        for fn in timers.values():   # warm-up
+            fn()
+        samples = {phase: [] for phase in timers}
         for _ in range(repeats):
-            samples["forward"].append(timed(forward))
-            samples["decode"].append(decode_loop())
-            samples["forward-backward"].append(timed(backward))
+            for phase, fn in timers.items():
+                samples[phase].append(fn())
         for phase, vals in samples.items():
             records.append({"bench": "framework_phase", "family": family, "phase": phase,
                             "time_s": statistics.median(vals), "samples_s": vals, "counts": op_counts(config, phase)})
-        model = None   # free it before the next family (the closures above are done with it)
+        model = timers = None   # free it before the next family
     return records
 
 
@@ -303,65 +305,30 @@ def depth_config(family: str, layers: int) -> dict:
 
 
 def bench_framework_depth(families=None, depths=DEPTHS, repeats: int = 5, device: str = "cuda"):
-    """Per family and depth, the wall time per step of a forward (B x S under inference_mode, as
-    bench_framework_overhead) and a DynamicCache decode step (as bench_framework_phases), interleaved; dense
-    families also a forward-backward. Yields one record per (family, depth, phase) as soon as it is measured.
-    fp16 for the dense families, bf16 for the MoE ones (their default grouped-GEMM experts path needs it)."""
+    """Per family and depth, the wall time per step of each phase of _phase_timers, interleaved (forward-backward
+    for the dense families only). Yields one record per (family, depth, phase) as soon as it is measured. fp16 for
+    the dense families, bf16 for the MoE ones (their default grouped-GEMM experts path needs it)."""
     import torch
-    from transformers import DynamicCache
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for family in families or (*TINY, *TINY_MOE):
         moe = family in TINY_MOE
         for layers in depths:
-            config = depth_config(family, layers)
-            model = _tiny_model(config, device, torch.bfloat16 if moe else torch.float16)
+            model = _tiny_model(depth_config(family, layers), device, torch.bfloat16 if moe else torch.float16)
             impl = getattr(model.config, "_experts_implementation", None) if moe else None
-            ids = torch.randint(0, 1000, (BATCH, SEQ), device=device)
-            new = ids[:, -1:]
-
-            def forward():
-                with torch.inference_mode():
-                    model(input_ids=ids, use_cache=False)
-
-            def backward():
-                model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
-                model.zero_grad(set_to_none=True)
-
-            def decode_loop():
-                with torch.inference_mode():
-                    cache = DynamicCache(config=model.config)
-                    model(input_ids=ids, past_key_values=cache, use_cache=True)
-                    sync()
-                    t0 = time.perf_counter()
-                    for _ in range(DECODE_STEPS):
-                        model(input_ids=new, past_key_values=cache, use_cache=True)
-                    sync()
-                    return (time.perf_counter() - t0) / DECODE_STEPS
-
-            def timed(fn):
-                sync()
-                t0 = time.perf_counter()
-                for _ in range(DECODE_STEPS):
-                    fn()
-                sync()
-                return (time.perf_counter() - t0) / DECODE_STEPS
-
-            phases = {"forward": lambda: timed(forward), "decode": decode_loop}
-            if not moe:
-                phases["forward-backward"] = lambda: timed(backward)
-            for fn in phases.values():   # warm-up: two loops each
+            timers = _phase_timers(model, torch.randint(0, 1000, (BATCH, SEQ), device=device), sync, backward=not moe)
+            for fn in timers.values():   # warm-up: two loops each
                 fn()
                 fn()
-            samples = {phase: [] for phase in phases}
+            samples = {phase: [] for phase in timers}
             for _ in range(repeats):
-                for phase, fn in phases.items():
+                for phase, fn in timers.items():
                     samples[phase].append(fn())
             for phase, vals in samples.items():
                 yield {"bench": "framework_depth", "family": family, "layers": layers, "phase": phase,
-                       "dtype": "bf16" if moe else "fp16",
-                       "experts_implementation": impl, "time_s": statistics.median(vals), "samples_s": vals}
-            model = None
+                       "dtype": "bf16" if moe else "fp16", "experts_implementation": impl,
+                       "time_s": statistics.median(vals), "samples_s": vals}
+            model = timers = None
             sync()
 
 

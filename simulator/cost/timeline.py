@@ -34,7 +34,8 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
 
     Eager, with the calibrated split: py_calls * P (Python-level torch calls the op's Python code made) plus K
     for a kernel-launching aten op (its own measured cost where the calibration's eager_op_dispatch_s has it) or V
-    for a view; M per nn.Module call; a collective its measured issue cost.
+    for a view; M per nn.Module call; a collective its measured issue cost (with the per-op table, at least its
+    measured in-model cost, ``eager_collective_host_adds`` plain adds).
     With a per-op host table (``eager_op_host_ratio`` and ``eager_add_dispatch_s``): each op costs the plain add's
     host time times its ratio (the table's 'kernel' / 'view' entries for ops it does not list; harness/op_host.py).
     Without the split (older files): one ``eager_dispatch_s`` per aten op. All scaled by the calibrated
@@ -54,6 +55,9 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
     for i, (op, kind) in enumerate(zip(ops, kinds)):
         if kind == "module":
             costs[i] = cal.module_overhead_s
+        elif kind == "comm" and table and cal.eager_collective_host_adds:
+            costs[i] = max(cal.allreduce_cpu_s or 0.0,
+                           collective_host_adds(cal, op.attrs.get("group", 2)) * cal.eager_add_dispatch_s)
         elif kind == "comm" and cal.allreduce_cpu_s is not None:
             costs[i] = cal.allreduce_cpu_s
         elif op.attrs.get("engine"):  # graph.engine: py_calls eager torch calls, `launches` of them kernels
@@ -79,10 +83,19 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
     return costs * (cal.eager_framework_scale * cal.eager_phase_scale.get(PHASE_SCALE_KEY.get(phase, ""), 1.0))
 
 
+def collective_host_adds(cal: CalibrationSpec, group: int) -> float:
+    """eager_collective_host_adds of a collective over ``group`` ranks: the largest listed size <= group, else the
+    smallest listed."""
+    sizes = sorted(cal.eager_collective_host_adds)
+    below = [n for n in sizes if n <= group]
+    return cal.eager_collective_host_adds[below[-1] if below else sizes[0]]
+
+
 def step_host_s(cal: CalibrationSpec, runtime: RuntimeSpec, phase: str = "forward") -> float:
     """CPU seconds of HF's work once per model call outside the ops (``eager_step_host_adds`` plain adds, scaled as
     the per-op costs are); eager dispatch with the per-op host table only, else 0."""
-    if runtime.dispatch != "eager" or cal.eager_add_dispatch_s is None or not cal.eager_step_host_adds:
+    if (runtime.dispatch != "eager" or cal.eager_add_dispatch_s is None or not cal.eager_op_host_ratio
+            or not cal.eager_step_host_adds):
         return 0.0
     key = PHASE_SCALE_KEY.get(phase, "")
     adds = cal.eager_step_host_adds.get("train" if key == "train" else "forward", 0.0)

@@ -77,7 +77,10 @@ def step_host_adds(table: dict[str, float] | None = None) -> dict[str, float]:
     for depth in DEPTHS:
         with open(depth) as f:
             runs.append([r for r in map(json.loads, f) if r.get("type") == "record"])
-    return fit_step_host_adds(runs, h100)
+    fit = fit_step_host_adds(runs, h100)
+    if "forward" not in fit:
+        raise ValueError(f"no depth sweep of three or more depths in {', '.join(map(str, DEPTHS))}")
+    return fit
 
 
 def derive(calibration: str, path: Path = DATA, with_step_adds: bool = False) -> dict:
@@ -101,7 +104,8 @@ def derive(calibration: str, path: Path = DATA, with_step_adds: bool = False) ->
     train = [p["train"] for p in per_round if "train" in p]
     decode = [p["decode"] for p in per_round if "decode" in p]
     return {"eager_add_dispatch_s": float(f"{cal.eager_add_dispatch_s:.4g}"), "eager_op_host_ratio": table,
-            **({"eager_step_host_adds": step_adds} if step_adds else {}), "eager_framework_scale": round(scale, 4), "eager_phase_scale": {"train": round(statistics.median(train), 3)},
+            **({"eager_step_host_adds": step_adds} if step_adds else {}), "eager_framework_scale": round(scale, 4),
+            "eager_phase_scale": {"train": round(statistics.median(train), 3)},
             "train_per_round": train, "decode_per_round": decode}
 
 
@@ -167,7 +171,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="also fit eager_step_host_adds from the depth sweeps and the scales with it (printed only)")
     args = parser.parse_args(argv)
     if args.step_adds and args.write:
-        parser.error("--step-adds is printed only: the shipped files do not set it (validation/scripts/step_host_whatif.py)")
+        parser.error("--step-adds is printed only: the shipped files do not set it "
+                     "(validation/scripts/step_host_whatif.py)")
+    for depth in DEPTHS if args.step_adds else ():
+        if not depth.is_file():
+            parser.error(f"--step-adds: the depth sweep {depth} is not a file")
     raw = CAL_DIR / f"{args.calibration}.raw.json"
     for path, what in ((raw, "--calibration: no raw measurements of that calibration"), (Path(args.data), "--data")):
         if not path.is_file():
@@ -175,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         fit = derive(args.calibration, Path(args.data), args.step_adds)
     except (ValueError, KeyError, StopIteration) as exc:   # a file without the records derive needs
-        parser.error(f"{args.data} or {raw}: not the op_host / calibration records expected ({type(exc).__name__}: "
+        files = f"{args.data}, {raw}" + (" or the depth sweeps" if args.step_adds else "")
+        parser.error(f"{files}: not the op_host / calibration / depth records expected ({type(exc).__name__}: "
                      f"{exc})")
     print(json.dumps(fit, indent=1))
     if args.write:
