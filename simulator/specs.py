@@ -264,13 +264,13 @@ class CalibrationSpec(Spec):
         "(validation/framework_overhead.py bench_framework_depth). Applies with the per-op host table only")
     allreduce_cpu_s: NonNegative | None = Field(None, description="CPU time to issue one small NCCL all-reduce")
     eager_collective_host_adds: dict[int, NonNegative] = Field(
-        default_factory=dict, description="per group size: host work of one collective issued from eager HF code "
+        default_factory=dict, description="per group size: host work of one all-reduce issued from eager HF code "
         "(the TP suites' forward hook calling torch.distributed.all_reduce, validation/tp.py), in plain adds "
         "(eager_add_dispatch_s) before eager_framework_scale: the extra time per all-reduce of tiny non-judged "
         "models at TP 2 and TP 4 over their TP 1 twins (validation/scripts/derive_collective_host.py). A group "
         "size not listed takes the largest listed size below it (the smallest above it if none). With the per-op "
-        "host table, an eager collective costs the host the larger of it and allreduce_cpu_s (a tight loop's "
-        "issue cost)")
+        "host table, an eager all-reduce costs the host the larger of it and allreduce_cpu_s (a tight loop's "
+        "issue cost; the in-model figure includes the issue: on the measuring hosts aisim charged none)")
     power_compute_fraction: PowerFraction = Field(description="power at full compute load / board power")
     power_memory_fraction: PowerFraction = Field(description="power at full memory-bound load / board power")
     idle_power_w: Positive | None = None

@@ -422,8 +422,9 @@ def test_depth_sweep_runs_on_a_cpu():
 
 def test_eager_collectives_cost_the_host_their_measured_in_model_adds(cal):
     """With the per-op table, an eager all-reduce over g ranks costs max(allreduce_cpu_s, adds(g) x add) times the
-    framework scale; a group size not listed takes the largest listed below it (the smallest if none); graphs
-    runtimes keep the replay cost, and a file without the table the tight loop's issue cost."""
+    framework scale (the in-model figure includes the issue); a group size not listed takes the largest listed
+    below it (the smallest if none). Other collectives, graphs runtimes and files without the table keep the tight
+    loop's issue cost."""
     import numpy as np
 
     from aisim.cost.timeline import collective_host_adds, cpu_costs
@@ -432,14 +433,19 @@ def test_eager_collectives_cost_the_host_their_measured_in_model_adds(cal):
 
     t = TensorMeta((8, 64), "bf16")
     ops = [Op("nccl.all_reduce", (t,), {}, (t,), True, attrs={"group": g}) for g in (2, 4, 8, 1)]
-    c = cal.model_copy(update={"eager_add_dispatch_s": 10e-6, "eager_framework_scale": 2.0, "allreduce_cpu_s": 50e-6,
+    ops.append(Op("nccl.all_gather", (t,), {}, (t,), True, attrs={"group": 4}))
+    c = cal.model_copy(update={"eager_add_dispatch_s": 10e-6, "eager_framework_scale": 2.0, "allreduce_cpu_s": 150e-6,
                                "eager_collective_host_adds": {2: 10.0, 4: 20.0}})
     assert [collective_host_adds(c, g) for g in (1, 2, 3, 4, 8)] == [10.0, 10.0, 10.0, 20.0, 20.0]
-    costs = cpu_costs(ops, ["comm"] * 4, np.ones(4), c, all_runtimes()["eager"])
-    assert costs.tolist() == pytest.approx([2.0 * 100e-6, 2.0 * 200e-6, 2.0 * 200e-6, 2.0 * 100e-6])
+    kinds, launches = ["comm"] * 5, np.ones(5)
+    costs = cpu_costs(ops, kinds, launches, c, all_runtimes()["eager"])
+    # group 2 and 1: the tight loop's 150 us is larger than 10 adds; group 4 and 8: 20 adds; the all-gather: 150 us
+    assert costs.tolist() == pytest.approx([2.0 * 150e-6, 2.0 * 200e-6, 2.0 * 200e-6, 2.0 * 150e-6, 2.0 * 150e-6])
     no_table = c.model_copy(update={"eager_add_dispatch_s": None})
-    assert cpu_costs(ops, ["comm"] * 4, np.ones(4), no_table, all_runtimes()["eager"]).tolist() == pytest.approx(
-        [2.0 * 50e-6] * 4)
+    assert cpu_costs(ops, kinds, launches, no_table, all_runtimes()["eager"]).tolist() == pytest.approx(
+        [2.0 * 150e-6] * 5)
+    graphs = cpu_costs(ops, kinds, launches, c, all_runtimes()["vllm"])
+    assert graphs.tolist() == pytest.approx(cpu_costs(ops, kinds, launches, no_table, all_runtimes()["vllm"]).tolist())
 
 
 def test_committed_tiny_tp_sweeps_derive_the_calibrations_collective_adds():
@@ -453,3 +459,18 @@ def test_committed_tiny_tp_sweeps_derive_the_calibrations_collective_adds():
         assert shipped.eager_collective_host_adds == fit
     h100 = load_calibration("h100-sxm")
     assert fit[4] > fit[2] and fit[2] * h100.eager_add_dispatch_s > 2 * 24e-6
+
+
+def test_a_refit_calibration_keeps_the_per_op_table_and_collective_adds():
+    """fit_overheads on the committed H100 raw records (as `aisim calibrate --refit`) copies default.yaml's per-op
+    table and per-collective adds, which no calibration run measures."""
+    import json
+    from pathlib import Path
+
+    from aisim.specs import default_calibration
+    from aisim.validation.calibrate_fit import fit_overheads
+
+    raw = json.loads((Path(__file__).resolve().parents[1] / "hardware_specs" / "calibration" / "h100-sxm.raw.json").read_text())["records"]
+    fitted = fit_overheads([r for r in raw if r.get("bench") in ("overhead", "framework")], default_calibration())
+    assert fitted["eager_op_host_ratio"] == default_calibration().eager_op_host_ratio
+    assert fitted["eager_collective_host_adds"] == default_calibration().eager_collective_host_adds != {}

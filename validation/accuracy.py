@@ -87,8 +87,9 @@ WHY = """\
   30.9 ms against 19.0 ms). A tight loop of all-reduces costs the host 24-47 us each; inside the model each one
   costs far more. Tiny non-judged models at 1, 4 and 16 layers measure it (validation/suites/tp-tiny.yaml and
   tp-tiny4.yaml on a 2-GPU and a 4-GPU H100 host and a 2-GPU H200 host: validation/data/kernels/tp-tiny-*.jsonl):
-  a TP=2 step adds 115-240 us per all-reduce over its TP=1 twin on one host, 320-370 us on another, and 100-110
-  (opt) or 495-540 us (llama) on the third, and TP=4 1.1-1.6x TP=2's on the same host. aisim charges each eager
+  a TP=2 step adds 115-240 us per all-reduce over its TP=1 twin on one host, 320-370 us on another (one sweep there,
+  whose TP=1 16-layer point is an outlier, gives -90 us and stays in the median), and 100-110 (opt) or 495-540 us
+  (llama) on the third; TP=4 adds 310-570 us, 1.1-1.6x TP=2's on the same host. aisim charges each eager
   all-reduce `eager_collective_host_adds` (TP 2: 10.5 plain adds, the median over the three hosts' sweeps; TP 4:
   14.6, that times the same-host ratio; python -m
   aisim.validation.scripts.derive_collective_host), which took the tp runtime MAPE from 20.9% to 10.2% (TP 2) and

@@ -259,7 +259,8 @@ def fit_overheads(records: list[dict], defaults: CalibrationSpec | None = None) 
 
     table = defaults.eager_op_host_ratio if defaults is not None else {}
     if table and "add_out_s" in med:
-        fitted.update(eager_add_dispatch_s=med["add_out_s"], eager_op_host_ratio=dict(table))
+        fitted.update(eager_add_dispatch_s=med["add_out_s"], eager_op_host_ratio=dict(table),
+                      eager_collective_host_adds=dict(defaults.eager_collective_host_adds))
         cal = defaults.model_copy(update={k: v for k, v in fitted.items() if k in CalibrationSpec.model_fields})
         scale = fit_framework_scale_per_op(records, cal)
     else:

@@ -24,6 +24,11 @@ import re
 import statistics
 from pathlib import Path
 
+from aisim.errors import AisimError
+
+from .derive_eager_attention import write_lines
+from .derive_op_host import _flow
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = tuple(ROOT / "validation" / "data" / "kernels" / f"tp-tiny-{host}.jsonl" for host in ("h100x2", "h100x4", "h200x2"))
 CONFIGS = ROOT / "validation" / "harness" / "configs" / "tiny"
@@ -106,22 +111,19 @@ def derive(paths: tuple[Path, ...] = DATA, reference=None) -> dict:
     return {"eager_collective_host_adds": adds, "sweeps": per_sweep}
 
 
-def _flow(d: dict) -> str:
-    return "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}"
-
-
-def write(value: dict[int, float]) -> None:
+def write(value: dict[int, float], paths: tuple[Path, ...] = DATA) -> None:
+    """The value and its provenance (each file's GPUs, driver, torch, transformers, date) into WRITE_TO."""
+    headers = []
+    for path in paths:
+        with open(path) as f:
+            h = json.loads(f.readline())
+        headers.append(f"{path.name}: {h.get('gpu_count')} x {h.get('gpu_name')}, driver {h.get('driver')}, torch "
+                       f"{h.get('torch')}, transformers {h.get('transformers')}, {str(h.get('date', ''))[:10]}")
     note = ("# eager_collective_host_adds: python -m aisim.validation.scripts.derive_collective_host (tiny llama/opt "
-            "at TP 2 and TP 1 on 2 x and TP 4, 2 and 1 on 4 x NVIDIA H100 80GB HBM3, TP 2 and 1 on 2 x NVIDIA H200, "
-            "driver 580.159.04, torch 2.11.0+cu130, transformers 5.17.0, 2026-11-26: validation/data/kernels/"
-            "tp-tiny-h100x2.jsonl, tp-tiny-h100x4.jsonl, tp-tiny-h200x2.jsonl; per TP degree)")
+            "at TP 1 and TP > 1, per TP degree; validation/data/kernels/" + "; ".join(headers) + ")")
     for name in WRITE_TO:
-        path = CAL_DIR / f"{name}.yaml"
-        text = path.read_text()
-        text = re.sub(r"^# eager_collective_host_adds:.*\n", "", text, flags=re.M)
-        text = re.sub(r"^eager_collective_host_adds:.*\n", "", text, flags=re.M)
-        text = text.rstrip("\n") + "\n" + note + "\n" + f"eager_collective_host_adds: {_flow(value)}" + "\n"
-        path.write_text(text)
+        write_lines(CAL_DIR / f"{name}.yaml", {"eager_collective_host_adds":
+                                               f"eager_collective_host_adds: {_flow(value)}"}, note)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,13 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     for data in args.data:
         if not Path(data).is_file():
             parser.error(f"--data: {data} is not a file")
+    paths = tuple(Path(d) for d in args.data)
     try:
-        fit = derive(tuple(Path(d) for d in args.data))
-    except (ValueError, KeyError) as exc:
-        parser.error(f"--data {' '.join(args.data)}: not the tp-tiny suites' records ({exc})")
+        fit = derive(paths)
+    except (ValueError, KeyError, AttributeError, TypeError, AisimError) as exc:
+        parser.error(f"--data {' '.join(args.data)}: not the tp-tiny suites' records ({type(exc).__name__}: {exc})")
     print(json.dumps(fit, indent=1))
     if args.write:
-        write(fit["eager_collective_host_adds"])
+        write(fit["eager_collective_host_adds"], paths)
     return 0
 
 

@@ -104,12 +104,13 @@ def check(rows: list[dict], gpu, cal, rate: float) -> dict[str, tuple[float, flo
 
 
 def write_lines(path: Path, lines: dict[str, str], note: str) -> None:
-    """Replace each ``key: ...`` line (or append it) and the note line above them."""
+    """Replace each ``key: ...`` line (or append it) and the note line above them (a comment starting with the
+    first key)."""
     text = path.read_text()
     for key, line in lines.items():
         pattern = re.compile(rf"^{key}:.*$", re.M)
         text = pattern.sub(line, text) if pattern.search(text) else text.rstrip("\n") + "\n" + line + "\n"
-    text = re.sub(r"^# strided_cat_elements_per_sm_cycle.*\n", "", text, flags=re.M)
+    text = re.sub(rf"^# {re.escape(next(iter(lines)))}.*\n", "", text, flags=re.M)
     first = next(iter(lines.values()))
     path.write_text(re.sub(rf"^{re.escape(first)}$", lambda _: note + "\n" + first, text, count=1, flags=re.M))
 
