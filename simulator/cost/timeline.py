@@ -34,8 +34,8 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
 
     Eager, with the calibrated split: py_calls * P (Python-level torch calls the op's Python code made) plus K
     for a kernel-launching aten op (its own measured cost where the calibration's eager_op_dispatch_s has it) or V
-    for a view; M per nn.Module call; a collective its measured issue cost (with the per-op table, an all-reduce at least its
-    measured in-model cost, ``eager_collective_host_adds`` plain adds).
+    for a view; M per nn.Module call; a collective its measured issue cost (with the per-op table, an all-reduce
+    at least its measured in-model cost, ``eager_collective_host_adds`` plain adds).
     With a per-op host table (``eager_op_host_ratio`` and ``eager_add_dispatch_s``): each op costs the plain add's
     host time times its ratio (the table's 'kernel' / 'view' entries for ops it does not list; harness/op_host.py).
     Without the split (older files): one ``eager_dispatch_s`` per aten op. All scaled by the calibrated
