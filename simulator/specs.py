@@ -268,9 +268,11 @@ class CalibrationSpec(Spec):
         "(the TP suites' forward hook calling torch.distributed.all_reduce, validation/tp.py), in plain adds "
         "(eager_add_dispatch_s) before eager_framework_scale: the extra time per all-reduce of tiny non-judged "
         "models at TP 2 and TP 4 over their TP 1 twins (validation/scripts/derive_collective_host.py). A group "
-        "size not listed takes the largest listed size below it (the smallest above it if none). With the per-op "
-        "host table, an eager all-reduce costs the host the larger of it and allreduce_cpu_s (a tight loop's "
-        "issue cost; the in-model figure includes the issue: on the measuring hosts aisim charged none)")
+        "size not listed takes the largest listed size below it (the smallest above it if none). An eager "
+        "all-reduce costs the host the larger of it and allreduce_cpu_s (a tight loop's issue cost; the in-model "
+        "figure includes the issue: on the measuring hosts aisim charged none); in a file without "
+        "eager_add_dispatch_s (default.yaml) the unit is its per-op dispatch cost. Like every host cost it takes "
+        "the train phase scale in a forward-backward (backward all-reduces were not measured)")
     power_compute_fraction: PowerFraction = Field(description="power at full compute load / board power")
     power_memory_fraction: PowerFraction = Field(description="power at full memory-bound load / board power")
     idle_power_w: Positive | None = None

@@ -116,12 +116,13 @@ No goal was set for this table. Estimates use `--runtime tgi-2023` (TGI 0.x's pe
 over the full vocabulary at prefill and a gRPC call per step, counted in its source) and, for the int8 run,
 bitsandbytes' LLM.int8 matmul expanded from its source (quantize with outlier split, two host syncs, col32
 transform, int8 GEMM, dequantize, fp16 outlier matmul). The best-fit line above ranks the candidate devices; all
-A100 variants use the default rules (no A100 calibration file). The PCIe A100 system ranks first mainly through
-the 8-shard rows, whose all-reduces then cross PCIe, but it overshoots the large-batch 8-shard prefills. Remaining
-gaps: fp16 prefill is 30-60% short at 4-8 shards on the NVSwitch A100s (TGI's BLOOM code and 2023 host are slower
-than the 2026 transformers code traced here; tokenizer and detokenizer CPU time is not modelled), and int8 steps
-are about 30% short (LLM.int8's Python ran on a 2023 host; its per-call costs here are today's calibrated eager
-dispatch costs)."""
+A100 variants use the default rules (no A100 calibration file), with TGI's Python-issued all-reduces at the
+in-model cost the tiny TP sweeps measured (`eager_collective_host_adds`, an assumption for TGI's own TP layers).
+The NVSwitch A100 40GB and the PCIe A100 rank close; the PCIe system gains on the 8-shard rows, whose all-reduces
+then cross PCIe, but overshoots the large-batch 8-shard prefills. Remaining gaps: fp16 prefill is 35-60% short at
+4-8 shards on the NVSwitch A100s (TGI's BLOOM code and 2023 host are slower than the 2026 transformers code traced
+here; tokenizer and detokenizer CPU time is not modelled), and int8 steps are about 25% short (LLM.int8's Python
+ran on a 2023 host; its per-call costs here are today's calibrated eager dispatch costs)."""
 
 WHISPER_TEXT = """\
 No parameter was fitted to these rows. The GTX 1650 laptop GPU has no measured calibration: its file

@@ -34,8 +34,8 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
 
     Eager, with the calibrated split: py_calls * P (Python-level torch calls the op's Python code made) plus K
     for a kernel-launching aten op (its own measured cost where the calibration's eager_op_dispatch_s has it) or V
-    for a view; M per nn.Module call; a collective its measured issue cost (with the per-op table, an all-reduce
-    at least its measured in-model cost, ``eager_collective_host_adds`` plain adds).
+    for a view; M per nn.Module call; a collective its measured issue cost (an all-reduce at least its measured
+    in-model cost, ``eager_collective_host_adds`` plain adds, or eager ops in a file without the add).
     With a per-op host table (``eager_op_host_ratio`` and ``eager_add_dispatch_s``): each op costs the plain add's
     host time times its ratio (the table's 'kernel' / 'view' entries for ops it does not list; harness/op_host.py).
     Without the split (older files): one ``eager_dispatch_s`` per aten op. All scaled by the calibrated
@@ -55,10 +55,11 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
     for i, (op, kind) in enumerate(zip(ops, kinds)):
         if kind == "module":
             costs[i] = cal.module_overhead_s
-        elif kind == "comm" and table and cal.eager_collective_host_adds and op.name == "nccl.all_reduce":
-            # measured in the model, issue included: it replaces a tight loop's issue cost where larger
-            costs[i] = max(cal.allreduce_cpu_s or 0.0,
-                           collective_host_adds(cal, op.attrs.get("group", 2)) * cal.eager_add_dispatch_s)
+        elif kind == "comm" and cal.eager_collective_host_adds and op.name == "nccl.all_reduce":
+            # measured in the model, issue included: it replaces a tight loop's issue cost where larger; in plain
+            # adds, or per eager op where the file has no add (default.yaml: GPUs without a calibration)
+            unit = cal.eager_add_dispatch_s or cal.eager_kernel_dispatch_s or cal.eager_dispatch_s
+            costs[i] = max(cal.allreduce_cpu_s or 0.0, collective_host_adds(cal, op.attrs.get("group", 2)) * unit)
         elif kind == "comm" and cal.allreduce_cpu_s is not None:
             costs[i] = cal.allreduce_cpu_s
         elif op.attrs.get("engine"):  # graph.engine: py_calls eager torch calls, `launches` of them kernels
