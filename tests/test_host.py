@@ -470,7 +470,8 @@ def test_a_refit_calibration_keeps_the_per_op_table_and_collective_adds():
     from aisim.specs import default_calibration
     from aisim.validation.calibrate_fit import fit_overheads
 
-    raw = json.loads((Path(__file__).resolve().parents[1] / "hardware_specs" / "calibration" / "h100-sxm.raw.json").read_text())["records"]
+    raw_path = Path(__file__).resolve().parents[1] / "hardware_specs" / "calibration" / "h100-sxm.raw.json"
+    raw = json.loads(raw_path.read_text())["records"]
     fitted = fit_overheads([r for r in raw if r.get("bench") in ("overhead", "framework")], default_calibration())
     assert fitted["eager_op_host_ratio"] == default_calibration().eager_op_host_ratio
     assert fitted["eager_collective_host_adds"] == default_calibration().eager_collective_host_adds != {}

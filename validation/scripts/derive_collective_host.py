@@ -4,17 +4,18 @@
 
 The tp-tiny suites (validation/suites/tp-tiny.yaml and tp-tiny4.yaml; validation/data/kernels/tp-tiny-h100x2.jsonl,
 tp-tiny-h100x4.jsonl and tp-tiny-h200x2.jsonl, a 2-GPU and a 4-GPU H100 host and a 2-GPU H200 host: tiny llama and
-opt models, width 256, at 1, 4 and 16 layers, forward 1 x 128 and decode batch 1, at TP 4 (4-GPU host), TP 2 and TP 1, with the TP suites'
-implementation, validation/tp.py: an all-reduce from a forward hook per row-parallel linear, two per layer) measure
-what a TP step adds over its TP 1 twin on the same host per all-reduce: the slope over the all-reduce count.
-aisim's own per-all-reduce increment (with the field unset) is taken off, and the rest is read in the calibration
-host's time: divided by how much slower that host ran the TP 1 layers than h100-sxm's constants predict (slope over
-depth of measured over estimated TP 1 time), then expressed in h100-sxm's plain adds before its framework scale.
+opt models, width 256, at 1, 4 and 16 layers, forward 1 x 128 and decode batch 1, at TP 4 (4-GPU host), TP 2 and
+TP 1, with the TP suites' implementation, validation/tp.py: an all-reduce from a forward hook per row-parallel
+linear, two per layer) measure what a TP step adds over its TP 1 twin on the same host per all-reduce: the slope
+over the all-reduce count. aisim's own per-all-reduce increment (with the field unset) is taken off, and the rest
+is read in the calibration host's time: divided by how much slower that host ran the TP 1 layers than h100-sxm's
+constants predict (slope over depth of measured over estimated TP 1 time), then expressed in h100-sxm's plain adds
+before its framework scale.
 
 TP 2: the median over every (host, family, phase) sweep; hosts and families differ up to 5x (host variance, as for
-every host cost here). TP 4: the TP 2 value times the median ratio of TP 4's per-all-reduce extra to TP 2's on the same host.
---write puts it in h100-sxm.yaml, h200.yaml and default.yaml (a ratio to the add, portable as the per-op table is).
-Nothing here sees a judged row.
+every host cost here). TP 4: the TP 2 value times the median ratio of TP 4's per-all-reduce extra to TP 2's on the
+same host. --write puts it in h100-sxm.yaml, h200.yaml and default.yaml (a ratio to the add, portable as the
+per-op table is). Nothing here sees a judged row.
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ from .derive_eager_attention import write_lines
 from .derive_op_host import _flow
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = tuple(ROOT / "validation" / "data" / "kernels" / f"tp-tiny-{host}.jsonl" for host in ("h100x2", "h100x4", "h200x2"))
+DATA = tuple(ROOT / "validation" / "data" / "kernels" / f"tp-tiny-{host}.jsonl"
+             for host in ("h100x2", "h100x4", "h200x2"))
 CONFIGS = ROOT / "validation" / "harness" / "configs" / "tiny"
 CAL_DIR = ROOT / "hardware_specs" / "calibration"
 WRITE_TO = ("h100-sxm", "h200", "default")
