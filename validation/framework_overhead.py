@@ -249,19 +249,26 @@ def _phase_timers(model, ids, sync, backward: bool = True) -> dict:
     return timers
 
 
+def _interleaved(timers: dict, repeats: int, warmup: int) -> dict[str, list[float]]:
+    """Phase -> ``repeats`` samples of its timer, the phases taken in turn each round (host drift hits them alike),
+    after ``warmup`` calls of each."""
+    for fn in timers.values():
+        for _ in range(warmup):
+            fn()
+    samples = {phase: [] for phase in timers}
+    for _ in range(repeats):
+        for phase, fn in timers.items():
+            samples[phase].append(fn())
+    return samples
+
+
 def bench_framework_phases(repeats: int = 5, device: str = "cuda") -> list[dict]:
     """Wall time per step of each tiny model in three phases (_phase_timers), interleaved in one loop so that host
     drift hits them alike; fp16 weights, as above."""
     records = []
     for family, config, model, ids, sync in _tiny_models(device):
         timers = _phase_timers(model, ids, sync)
-        for fn in timers.values():   # warm-up
-            fn()
-        samples = {phase: [] for phase in timers}
-        for _ in range(repeats):
-            for phase, fn in timers.items():
-                samples[phase].append(fn())
-        for phase, vals in samples.items():
+        for phase, vals in _interleaved(timers, repeats, warmup=1).items():
             records.append({"bench": "framework_phase", "family": family, "phase": phase,
                             "time_s": statistics.median(vals), "samples_s": vals, "counts": op_counts(config, phase)})
         model = timers = None   # free it before the next family
@@ -317,14 +324,7 @@ def bench_framework_depth(families=None, depths=DEPTHS, repeats: int = 5, device
             model = _tiny_model(depth_config(family, layers), device, torch.bfloat16 if moe else torch.float16)
             impl = getattr(model.config, "_experts_implementation", None) if moe else None
             timers = _phase_timers(model, torch.randint(0, 1000, (BATCH, SEQ), device=device), sync, backward=not moe)
-            for fn in timers.values():   # warm-up: two loops each
-                fn()
-                fn()
-            samples = {phase: [] for phase in timers}
-            for _ in range(repeats):
-                for phase, fn in timers.items():
-                    samples[phase].append(fn())
-            for phase, vals in samples.items():
+            for phase, vals in _interleaved(timers, repeats, warmup=2).items():
                 yield {"bench": "framework_depth", "family": family, "layers": layers, "phase": phase,
                        "dtype": "bf16" if moe else "fp16", "experts_implementation": impl,
                        "time_s": statistics.median(vals), "samples_s": vals}

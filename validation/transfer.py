@@ -74,12 +74,15 @@ def calibration_choices(dataset: str) -> dict[str, object]:
             "none (default rules)": "none"}
 
 
-def runtime_mape(dataset: str, calibration) -> dict[str, float | None]:
-    """Runtime MAPE (%) per category of one dataset estimated under one calibration choice."""
+def runtime_mape(dataset: str, calibration, categories: tuple[str, ...] | None = RUNTIME_CATEGORIES
+                 ) -> dict[str, float | None]:
+    """Runtime MAPE (%) per category of one dataset estimated under one calibration choice (``categories``: None
+    for every runtime category, tp rows and encode included)."""
     import aisim
 
     rows = compare(measured_cases(dataset), functools.partial(aisim.estimate, calibration=calibration))
-    return {s.category: s.mape_pct for s in summarize(rows) if s.category in RUNTIME_CATEGORIES}
+    return {s.category: s.mape_pct for s in summarize(rows)
+            if (s.category in categories if categories is not None else "runtime" in s.category)}
 
 
 @functools.cache

@@ -37,25 +37,16 @@ def with_step_adds(calibration: str):
     return refit(calibration).model_copy(update={"eager_collective_host_adds": collective})
 
 
-def runtime_mape(dataset: str, calibration) -> dict[str, float | None]:
-    """Runtime MAPE (%) per runtime category of one dataset under one calibration (tp rows included)."""
-    import aisim
-    from aisim.validation.report import compare, summarize
-    from aisim.validation.transfer import measured_cases
-
-    rows = compare(measured_cases(dataset), functools.partial(aisim.estimate, calibration=calibration))
-    return {s.category: s.mape_pct for s in summarize(rows) if "runtime" in s.category}
-
-
 def rows() -> list[tuple[str, str, str, float | None, float | None]]:
     """(dataset, calibration, category, shipped MAPE, with the per-call adds MAPE)."""
     from aisim.validation import moe_report
+    from aisim.validation.transfer import runtime_mape
 
     out = []
     for dataset, cals in DATASETS.items():
         for cal in cals:
-            shipped = runtime_mape(dataset, load_calibration(cal))
-            adds = runtime_mape(dataset, with_step_adds(cal))
+            shipped = runtime_mape(dataset, load_calibration(cal), categories=None)
+            adds = runtime_mape(dataset, with_step_adds(cal), categories=None)
             out += [(dataset, cal, k, shipped[k], adds[k]) for k in shipped]
     shipped = moe_report.moe_mape(moe_report.compare_moe())
     adds = moe_report.moe_mape(moe_report.compare_moe(calibration=with_step_adds("h100-sxm")))
