@@ -24,16 +24,27 @@ SOFTMAX_FLOPS_PER_ELEMENT = 5      # max, subtract, exp, sum, divide
 NORM_FLOPS_PER_ELEMENT = 8         # mean, variance, normalise, scale, shift
 FLASH_BACKWARD_FLOPS_RATIO = 2.5   # FlashAttention-2: 5 matmuls in backward vs 2 in forward
 ADAMW_FLOPS_PER_PARAM = 12
-ADAMW_STREAMS_READ = 4             # param, grad, exp_avg, exp_avg_sq
-ADAMW_STREAMS_WRITTEN = 3          # param, exp_avg, exp_avg_sq
-SGD_STREAMS_READ = 2
-SGD_STREAMS_WRITTEN = 1
+# torch.optim.AdamW, as the kernels run (torch/optim/adam.py, torch 2.11-2.13):
+# fused (_fused_adamw_): one kernel reads param, grad, exp_avg, exp_avg_sq and writes param, exp_avg, exp_avg_sq.
+# foreach (_multi_tensor_adam, weight_decay != 0, no amsgrad, not capturable): 8 kernels, each a full pass:
+#   _foreach_mul_(params)                  R1 W1   decoupled weight decay
+#   _foreach_lerp_(exp_avgs, grads)        R2 W1
+#   _foreach_mul_(exp_avg_sqs)             R1 W1
+#   _foreach_addcmul_(exp_avg_sqs, g, g)   R2 W1   the same grad twice: one DRAM read
+#   _foreach_sqrt(exp_avg_sqs)             R1 W1   a new parameter-sized list (cost/memory.py's temporary)
+#   _foreach_div_(sqrt, bias_correction)   R1 W1
+#   _foreach_add_(sqrt, eps)               R1 W1
+#   _foreach_addcdiv_(params, m, sqrt)     R3 W1
+# (the step counters are CPU tensors: their _foreach_add_ launches nothing on the GPU).
+ADAMW_STREAMS = {"fused": (4, 3, 1), "foreach": (12, 8, 8)}      # (read, written, kernels) per parameter
+SGD_STREAMS = {"fused": (2, 1, 1), "foreach": (2, 1, 1)}          # _foreach_add_(params, grads): one kernel
 # Bytes per weight element of weight-only quantization (scales and zero points not counted).
 QUANT_BYTES_PER_WEIGHT = {"bitsandbytes-int8": DTYPE_BYTES["int8"], "int8": DTYPE_BYTES["int8"], "fp8": DTYPE_BYTES["fp8"],
                           "int4": DTYPE_BYTES["int4"]}
-FOREACH_TENSORS_PER_LAUNCH = 110   # multi_tensor_apply depth-4 list limit (ATen MultiTensorApply.cuh)
-ADAMW_FOREACH_OPS = 10             # foreach kernels in torch.optim.adamw._multi_tensor_adamw
-SGD_FOREACH_OPS = 1
+# multi_tensor_apply (aten/src/ATen/native/cuda/MultiTensorApply.cuh): a launch takes at most 110 tensors (depth-1
+# lists; fewer at greater depth, counted here at the depth-1 limit) and 320 blocks of 65536-element chunks.
+FOREACH_TENSORS_PER_LAUNCH = 110
+FOREACH_ELEMENTS_PER_LAUNCH = 320 * 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,21 +349,25 @@ def _collective(op: Op) -> Cost:
     return Cost(0.0, 0.0, _bytes(op.outputs), 1, "comm")
 
 
-def _optimizer(op: Op, flops_per_param: float, read: int, written: int, kernels: int) -> Cost:
+def _optimizer(op: Op, flops_per_param: float, streams: dict[str, tuple[int, int, int]]) -> Cost:
+    """An optimizer step over all parameters: ``streams[impl]`` full passes read and written and kernels; each
+    kernel is launched once per multi_tensor_apply batch of tensors or chunks."""
     params = op.inputs[0]
     state_bytes = ELEMENT_BYTES.get(params.dtype, 4)
-    launches = kernels * math.ceil(op.attrs.get("n_tensors", 1) / FOREACH_TENSORS_PER_LAUNCH)
+    read, written, kernels = streams[op.attrs.get("impl", "fused")]
+    launches = kernels * max(math.ceil(op.attrs.get("n_tensors", 1) / FOREACH_TENSORS_PER_LAUNCH),
+                             math.ceil(params.numel / FOREACH_ELEMENTS_PER_LAUNCH))
     return Cost(flops_per_param * params.numel, read * params.numel * state_bytes,
                 written * params.numel * state_bytes, launches, "memory")
 
 
 @formula("optimizer.adamw")
 def _adamw(op: Op) -> Cost:
-    """AdamW (foreach): reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq."""
-    return _optimizer(op, ADAMW_FLOPS_PER_PARAM, ADAMW_STREAMS_READ, ADAMW_STREAMS_WRITTEN, ADAMW_FOREACH_OPS)
+    """AdamW, fused (one pass over param, grad and both moments) or foreach (8 passes: ADAMW_STREAMS)."""
+    return _optimizer(op, ADAMW_FLOPS_PER_PARAM, ADAMW_STREAMS)
 
 
 @formula("optimizer.sgd")
 def _sgd(op: Op) -> Cost:
-    """Plain SGD (foreach add_): reads param and grad, writes param."""
-    return _optimizer(op, 2, SGD_STREAMS_READ, SGD_STREAMS_WRITTEN, SGD_FOREACH_OPS)
+    """Plain SGD: reads param and grad, writes param (one kernel, fused or foreach)."""
+    return _optimizer(op, 2, SGD_STREAMS)

@@ -224,6 +224,15 @@ class CalibrationSpec(Spec):
                           "bandwidth (the same rate on H100 and H200, which differ 1.43x in bandwidth); that it "
                           "scales with SMs x clock on other GPUs is an assumption (only those two were measured); "
                           "absent: the default rules' value")
+    unaligned_gemm_efficiency: dict[str, dict[Literal["output", "input"], Fraction]] = Field(
+        default_factory=dict, description="per GPU architecture: 16-bit GEMMs with a leading dimension that is not "
+        "a multiple of 8 elements (an odd vocabulary's LM head), which cuBLAS runs on older kernels: the achieved "
+        "fraction of the 16-bit peak when the output's (``output``) or only an input's (``input``) is odd; "
+        "compute-bound GEMMs of the measured row range take the lower of it and the aligned efficiency; absent: "
+        "the default rules'; an architecture in neither: not modelled")
+    multi_tensor_bandwidth_fraction: dict[int, Fraction] = Field(
+        default_factory=dict, description="multi_tensor_apply kernels (the foreach and fused optimizers): fraction "
+        "of datasheet bandwidth per element size in bytes; absent: the default rules', else the memory curve")
     reference_gpu: str | None = Field(
         None, description="the GPU whose datasheet the curves' x axes refer to (default: `device`, if it names a GPU "
                           "spec). On another GPU a curve over bytes (FLOPs) is read at equal roofline time: x scaled by "
@@ -294,20 +303,20 @@ class CalibrationSpec(Spec):
                           "runs in its non-vectorized kernel: fraction of bandwidth vs bytes; absent: the memory curve")
     masked_attention_table: MaskedAttentionTable | None = Field(
         None, description="SDPA with an explicit mask (validation/harness/sdpa_mask.py; absent: the attention curve)")
-    architecture_gemm_plateau: dict[str, Fraction] = Field(
-        default_factory=dict, description="default rules only: per GPU architecture, the large-GEMM plateau of the "
-        "16-bit tensor-core GEMM curves where the measured GPUs of that architecture sit off the rule's "
-        "(provenance.gemm); the curves are scaled to it for a GPU of that architecture without a calibration")
+    architecture_gemm_plateau: dict[str, dict[Literal["fp32", "tf32", "fp16", "bf16"], Fraction]] = Field(
+        default_factory=dict, description="default rules only: per GPU architecture and GEMM dtype, the large-GEMM "
+        "plateau where the measured GPUs of that architecture sit off the rule's (provenance.gemm); that dtype's "
+        "curve is scaled to it for a GPU of that architecture without a calibration")
     notes: str = ""
 
     def for_architecture(self, architecture: str) -> "CalibrationSpec":
         """These rules as they apply to a GPU of ``architecture``: measured files unchanged; the default rules with
-        their 16-bit GEMM curves scaled to that architecture's plateau where it has one."""
-        plateau = self.architecture_gemm_plateau.get(architecture)
-        if self.measured or plateau is None:
+        their GEMM curves scaled to that architecture's plateau per dtype where it has one."""
+        plateaus = self.architecture_gemm_plateau.get(architecture)
+        if self.measured or not plateaus:
             return self
         curves = dict(self.gemm_efficiency)
-        for dtype in ("fp16", "bf16"):
+        for dtype, plateau in plateaus.items():
             if dtype in curves:
                 c = curves[dtype]
                 scale = plateau / max(c.efficiency)

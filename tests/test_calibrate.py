@@ -16,6 +16,8 @@ from aisim.validation import calibrate_bench as bench
 from aisim.validation import calibrate_fit as fit
 from aisim.validation.collectives import bus_bytes, fit_alpha_beta, fit_collectives
 
+REPO = Path(__file__).resolve().parents[1]
+
 PEAKS = {"flops_per_s": {"fp32": 50e12, "tf32": 400e12, "fp16": 800e12, "bf16": 800e12},
          "memory_bw_bytes_per_s": 2e12}
 BW = PEAKS["memory_bw_bytes_per_s"]
@@ -310,18 +312,32 @@ def test_default_rules_documented_and_valid():
 
 
 def test_default_rules_take_the_architecture_gemm_plateau():
-    """An uncalibrated Hopper GPU gets the 16-bit GEMM curves scaled to the Hopper plateau (the H100/H200
+    """An uncalibrated Hopper GPU gets the GEMM curves scaled to the Hopper plateau per dtype (the H100/H200
     calibrations' sustained large-GEMM median); other architectures keep the rule; measured files are untouched."""
+    import statistics
+
     from aisim.specs import calibration_for, load_calibration
 
     rule = cal.load_default_rules()
-    assert rule.architecture_gemm_plateau == {"hopper": 0.70}
+    hopper = rule.architecture_gemm_plateau["hopper"]
+    assert (hopper["fp16"], hopper["bf16"]) == (0.70, 0.70)
+    for dtype in ("tf32", "fp32"):   # the mean of the two raw files' medians of the >= 1e11-FLOP records, 2 places
+        medians = []
+        for gpu in ("h100-sxm", "h200"):
+            raw = json.loads((REPO / "hardware_specs" / "calibration" / f"{gpu}.raw.json").read_text())
+            peak = raw["peaks"]["flops_per_s"][dtype]
+            medians.append(statistics.median(
+                2 * r["m"] * r["n"] * r["k"] / r["time_s"] / peak for r in raw["records"]
+                if r["bench"] == "gemm" and r.get("time_s") and r["dtype"] == dtype
+                and 2 * r["m"] * r["n"] * r["k"] >= 1e11))
+        assert hopper[dtype] == pytest.approx(sum(medians) / 2, abs=0.005)
+    assert max(calibration_for("h20", "hopper").gemm_efficiency["fp32"].efficiency) == pytest.approx(0.75)
     top = {d: max(calibration_for(d, a).gemm_efficiency["bf16"].efficiency)
            for d, a in (("h20", "hopper"), ("a100-sxm4-80gb", "ampere"), ("b200", "blackwell"))}
     assert top == pytest.approx({"h20": 0.70, "a100-sxm4-80gb": 0.75, "b200": 0.75})
     h20 = calibration_for("h20", "hopper").gemm_efficiency["fp16"]
     assert h20.efficiency[0] == pytest.approx(0.05 * 0.70 / 0.75) and h20.x == rule.gemm_efficiency["fp16"].x
-    assert calibration_for("h20", "hopper").gemm_efficiency["fp32"] == rule.gemm_efficiency["fp32"]
+    assert calibration_for("a100-sxm4-80gb", "ampere").gemm_efficiency["fp32"] == rule.gemm_efficiency["fp32"]
     measured = calibration_for("h100-sxm", "hopper")
     assert measured.measured and measured.gemm_efficiency == load_calibration("h100-sxm").gemm_efficiency
     assert max(calibration_for("h100-sxm", "hopper", default=True).gemm_efficiency["bf16"].efficiency) == \

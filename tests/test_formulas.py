@@ -1,4 +1,6 @@
 """Exact, hand-worked numbers for the formula registry (a multiply-add is 2 FLOPs)."""
+import math
+
 import pytest
 
 from aisim.formulas import FORMULAS, attention_flops, attention_pairs, is_known, op_cost
@@ -68,11 +70,59 @@ def test_views_are_free_and_unknown_ops_are_not_silently_zero():
     assert op_cost(unknown).bytes == 4000  # costed as a copy, and reported by the estimate
 
 
-def test_adamw_moves_seven_streams():
-    c = op_cost(op("optimizer.adamw", [T(1000, dtype="fp32")], [], n_tensors=220))
-    assert c.bytes_read == 4 * 1000 * 4 and c.bytes_written == 3 * 1000 * 4
-    assert c.launches == 10 * 2  # 10 foreach kernels, 220 tensors at 110 per launch
+def test_adamw_fused_moves_seven_streams_foreach_twenty():
+    """fused: one kernel over param, grad and both moments; foreach (torch's default on CUDA): 8 full passes,
+    12 reads and 8 writes per parameter (formulas.ADAMW_STREAMS, from torch/optim/adam.py); a kernel launches per
+    110 tensors or per 320 x 65536 elements (multi_tensor_apply), whichever needs more."""
+    fused = op_cost(op("optimizer.adamw", [T(1000, dtype="fp32")], [], n_tensors=220))
+    assert fused.bytes_read == 4 * 1000 * 4 and fused.bytes_written == 3 * 1000 * 4
+    assert fused.launches == 2                   # one kernel, 220 tensors at 110 per launch
+    foreach = op_cost(op("optimizer.adamw", [T(1000, dtype="bf16")], [], n_tensors=220, impl="foreach"))
+    assert foreach.bytes_read == 12 * 1000 * 2 and foreach.bytes_written == 8 * 1000 * 2
+    assert foreach.launches == 8 * 2
+    big = op_cost(op("optimizer.adamw", [T(10 ** 9, dtype="fp32")], [], n_tensors=220, impl="foreach"))
+    assert big.launches == 8 * math.ceil(10 ** 9 / (320 * 65536))   # 48 chunk-full launches per kernel
+    sgd = op_cost(op("optimizer.sgd", [T(1000, dtype="fp32")], [], n_tensors=1, impl="foreach"))
+    assert (sgd.bytes_read, sgd.bytes_written, sgd.launches) == (2 * 4000, 4000, 1)
 
 
 def test_registry_has_no_duplicate_names():
     assert len(FORMULAS) == len(set(FORMULAS))
+
+
+def test_unaligned_gemms_and_optimizer_kernels_take_their_measured_rates():
+    """A compute-bound 16-bit GEMM flagged unaligned runs at the default rules' plateau (gemm-align-h100.jsonl),
+    never faster than aligned; the optimizer's multi_tensor_apply kernels at their measured fraction of bandwidth
+    per element size, not the copy curve."""
+    from aisim.catalog import resolve_device
+    from aisim.cost.ops_time import op_time
+    from aisim.specs import load_calibration
+
+    dev, cal = resolve_device("h100"), load_calibration("h100-sxm")
+    a, b = T(2048, 1280, dtype="bf16"), T(1280, 50257, dtype="bf16")
+    aligned = op("aten.mm", [a, b], [T(2048, 50257, dtype="bf16")])
+    flagged = op("aten.mm", [a, b], [T(2048, 50257, dtype="bf16")], unaligned="output")
+    t0, t1 = (op_time(o, op_cost(o), dev, cal, "bf16").gpu_s for o in (aligned, flagged))
+    assert t1 == pytest.approx(op_cost(flagged).flops / dev.gpu.peak_for("bf16") / 0.099, rel=1e-6) and t1 > 4 * t0
+    # not on another architecture (not measured), below the measured rows, nor where the engine pads (vLLM, Inductor)
+    a100 = resolve_device("a100")
+    assert op_time(flagged, op_cost(flagged), a100, cal, "bf16").gpu_s == \
+        op_time(aligned, op_cost(aligned), a100, cal, "bf16").gpu_s
+    few = [op("aten.mm", [T(1024, 1280, dtype="bf16"), b], [T(1024, 50257, dtype="bf16")], **kw)
+           for kw in ({}, {"unaligned": "output"})]
+    assert len({op_time(o, op_cost(o), dev, cal, "bf16").gpu_s for o in few}) == 1
+    assert op_time(flagged, op_cost(flagged), dev, cal, "bf16", aten_kernels=False).gpu_s == pytest.approx(t0)
+    for dtype, fraction in (("fp32", 0.78), ("bf16", 0.68)):
+        o = op("optimizer.adamw", [T(10 ** 9, dtype=dtype)], [], n_tensors=100, impl="foreach")
+        c = op_cost(o)
+        expected = c.bytes / dev.gpu.memory_bw_bytes_per_s / fraction + (c.launches - 1) * cal.launch_overhead_s
+        assert op_time(o, c, dev, cal, "fp32").gpu_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_default_rules_hold_what_the_gemm_align_microbenchmark_derives():
+    from aisim.specs import load_calibration
+    from aisim.validation.scripts import derive_gemm_align as d
+
+    _, unaligned, multi = d.derive()
+    rules = load_calibration("none")
+    assert rules.unaligned_gemm_efficiency == unaligned and rules.multi_tensor_bandwidth_fraction == multi

@@ -274,3 +274,19 @@ def test_sliding_window_decode_holds_the_window_not_the_prompt():
     g = trace_workload(cfg, Workload(phase="decode", batch=2, seq=4096, dtype="fp16"), ParallelPlan())
     full_prompt_kv = 2 * 2 * 2 * 2 * 4096 * 16 * 2     # K and V, 2 layers, batch 2, 2 kv heads, head_dim 16, fp16
     assert g.peak_activation_bytes < full_prompt_kv / 4
+
+
+def test_gemms_off_16_byte_alignment_are_flagged_where_cublas_sees_them():
+    """An LM head over an odd vocabulary (GPT-2's 50257): its forward GEMM's output and, in backward, the input and
+    weight gradients' operands have a leading dimension off 16 bytes in bf16; the same model at an aligned vocabulary
+    has none; fp32 is not flagged (the rule was measured on 16-bit GEMMs: validation/harness/gemm_align.py)."""
+    def flags(vocab, dtype="bf16"):
+        config = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": vocab,
+                  "n_positions": 64}
+        g = trace_workload(config, Workload(phase="forward-backward", batch=2, seq=16, dtype=dtype), ParallelPlan(),
+                           use_cache=False)
+        return [(o.phase, o.attrs["unaligned"]) for o in g.ops if o.attrs.get("unaligned")]
+
+    odd = flags(50257)
+    assert ("forward", "output") in odd and ("backward", "input") in odd and len(odd) == 3
+    assert flags(50264) == [] and flags(50257, "fp32") == []

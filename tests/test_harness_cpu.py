@@ -27,8 +27,9 @@ AISIM_INSTALLED = ensure_aisim("aisim.validation.harness")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from aisim.validation.harness import (common, eager_attention, fp8_gemm, graph_gemv, graphs_decode,  # noqa: E402
-                                      host_scopes, launch_busy, moe_bench, op_host, serve_cb, train_step)
+from aisim.validation.harness import (common, eager_attention, fp8_gemm, gemm_align, graph_gemv,  # noqa: E402
+                                      graphs_decode, host_scopes, launch_busy, moe_bench, op_host, serve_cb,
+                                      train_step)
 
 HARNESS = ROOT / "validation" / "harness"
 
@@ -159,6 +160,22 @@ def test_graph_gemv_shapes_and_smoke(tmp_path, isolated_env):
     assert [r["batch"] for r in cases] == [1, 4]
     for r in cases:
         assert r["status"] == "ok" and r["gemms_per_step"] == 9 and len(r["eager_ms"]) == 2
+
+
+# ------------------------------------------------------------------------------------------------ gemm_align
+
+
+def test_gemm_align_smoke_pairs_each_odd_shape_with_its_aligned_twin(tmp_path, isolated_env):
+    assert gemm_align.aligned(50257) == 50264 and gemm_align.aligned(50264) == 50264
+    path = tmp_path / "ga.jsonl"
+    assert gemm_align.main(["--smoke", "--no-optimizer", "--out", str(path)]) == 0
+    records = read_jsonl(path)
+    check_header(records[0], "gemm_align")
+    gemms = [r for r in records if r["type"] == "gemm"]
+    assert all(r["status"] == "ok" and r["median_ms"] > 0 for r in gemms)
+    linear = [(r["m"], r["n"], r["op"]) for r in gemms if r["op"] != "mm"]
+    assert len(linear) == 12 and {n for _, n, _ in linear} == {65, 72}
+    assert [r["aligned"] for r in gemms if r["op"] == "mm"] == [False, True]
 
 
 # --------------------------------------------------------------------------------------------- eager_attention

@@ -33,10 +33,10 @@ GOALS = {"forward/prefill runtime": 5.0, "decode runtime": 10.0, "forward-backwa
 # commit message.
 CEILING_MARGIN_PCT = 0.5
 CEILINGS = {
-    "h100.jsonl": {"forward/prefill runtime": 8.1, "decode runtime": 10.8, "forward-backward/train runtime": 16.9,
-                   "peak memory": 1.7, "energy per token": 18.4},
-    "h200.jsonl": {"forward/prefill runtime": 10.4, "decode runtime": 8.4, "forward-backward/train runtime": 11.3,
-                   "peak memory": 1.9, "energy per token": 13.8},
+    "h100.jsonl": {"forward/prefill runtime": 8.1, "decode runtime": 10.8, "forward-backward/train runtime": 13.4,
+                   "peak memory": 1.1, "energy per token": 18.3},
+    "h200.jsonl": {"forward/prefill runtime": 10.4, "decode runtime": 8.4, "forward-backward/train runtime": 9.1,
+                   "peak memory": 1.3, "energy per token": 13.2},
     "tp2-h200.jsonl": {"forward/prefill runtime": 11.9, "decode runtime": 11.2, "tp runtime": 10.7,
                        "peak memory": 0.8, "energy per token": 23.8},
     "tp4-h200.jsonl": {"forward/prefill runtime": 8.4, "decode runtime": 10.0, "tp runtime": 15.1,
@@ -106,8 +106,21 @@ WHY = """\
   conv output is a transposed view, so the residual adds and layer norms of the encoder read an operand across
   its innermost dim at 0.12-0.3 of HBM bandwidth. A microbenchmark of such ops (calibrate --add-transposed) now
   feeds a separate curve, and those rows are 6-12% short.
-- **Training memory with AdamW** is low by about 10% (cs336-2.7b train): the step's foreach temporaries are
-  modelled as one parameter-sized buffer; PyTorch 2.11's foreach AdamW holds more at its peak.
+- **The train rows' optimizer is torch.optim.AdamW with its defaults** (validation/measure.py), which on CUDA is
+  the foreach implementation: 8 kernels, each a full pass over a parameter-sized list (12 reads and 8 writes per
+  parameter, counted from torch/optim/adam.py _multi_tensor_adam; formulas.ADAMW_STREAMS), and a parameter-sized
+  list of square roots alive at its peak. The rows are estimated with `optimizer_impl="foreach"`, as the record
+  says; they were estimated as the fused kernel (one pass, 7 streams) until 2026-11-26, which left cs336-2.7b train
+  11% (fp32) and 29% (bf16) short and its memory 13% and 11% low on h100.jsonl; now -4.3% / -3.2% and -0.4% /
+  -0.1%. The passes run at the bandwidth AdamW's multi_tensor_apply kernels reached in a microbenchmark of other
+  sizes (validation/harness/gemm_align.py: 0.78 of datasheet for fp32, 0.68 for bf16), nothing fitted to these rows.
+- **GPT-2's LM head is off cuBLAS's alignment**: its 50257-wide output (and, in backward, operand) has a leading
+  dimension that is not a multiple of 8, so cuBLAS runs its three GEMMs on older kernels at 4-8x the aligned time
+  (1.8-2.7 ms each for gpt2-large in the kernel profile, validation/data/profiles/h100-profile-2026-11-26.txt). The
+  tracer flags such GEMMs and they run at the plateau the gemm_align microbenchmark measured (0.099 of the 16-bit
+  peak with an odd output, 0.144 with an odd input; Hopper only, from 2048 rows): the gpt2 bf16 forward-backward rows gained 2-5 ms of GPU time
+  (gpt2-large on h100.jsonl -45.9% -> -39.5%; the rest of those rows is host time, which varies 1.5x between the
+  H100 runs).
 """
 
 

@@ -182,7 +182,8 @@ def compare_one(m: dict, estimator: Estimator) -> ComparisonRow:
         est = estimator(model=m["model"], device=device, workload=m["workload"], batch=m["batch"], seq=m["seq"],
                         dtype=m["dtype"], tp=tp, tp_scope=m.get("tp_scope") or "all",
                         with_loss=m["workload"] in TRAINING_WORKLOADS,
-                        **({"step_tokens": m["step_tokens"]} if m.get("step_tokens", 1) != 1 else {}))
+                        **({"step_tokens": m["step_tokens"]} if m.get("step_tokens", 1) != 1 else {}),
+                        **_train_plan(m))
     except Exception as exc:  # noqa: BLE001 - shown as n/a with the reason
         est_error = f"{type(exc).__name__}: {exc}"
     ok = m.get("status") == "ok"
@@ -201,6 +202,18 @@ def compare_one(m: dict, estimator: Estimator) -> ComparisonRow:
     return ComparisonRow(m["key"], m["model"], m["gpu_name"], device, m["workload"], m["batch"], m["seq"],
                          m["dtype"], tp, m.get("status", "unknown"), metrics, fits, est_error, m.get("error"),
                          int(m.get("step_tokens") or 1))
+
+
+def _train_plan(m: dict) -> dict:
+    """A train row's optimizer as its harness ran it: measure.py steps torch.optim.AdamW with its defaults
+    (foreach on CUDA; recorded as "adamw (foreach default)"), which makes 8 passes over the states where the fused
+    kernel makes one (formulas.ADAMW_STREAMS). Other rows: nothing."""
+    if m.get("workload") != "train" or m.get("optimizer") != "adamw (foreach default)":
+        return {}
+    from aisim.studies.train import DTYPE_PRECISION
+    from aisim.workload import TrainPlan
+
+    return {"train": TrainPlan(precision=DTYPE_PRECISION[m["dtype"]], optimizer_impl="foreach")}
 
 
 def _as_timed(m: dict, est, device: str) -> float | None:

@@ -166,6 +166,27 @@ def strided_cat_s(cal: CalibrationSpec, gpu: HardwareSpec, out_elements: float) 
     return out_elements / (rate * gpu.sm_count * gpu.boost_clock_mhz * 1e6) if rate else 0.0
 
 
+UNALIGNED_MIN_ROWS = 2048    # the smallest compute-bound row count validation/harness/gemm_align.py measured
+
+
+def unaligned_gemm_efficiency(cal: CalibrationSpec, gpu: HardwareSpec, which: str, rows: int) -> float | None:
+    """The plateau of a 16-bit GEMM of ``rows`` rows whose output (``which`` = "output") or an input ("input") has
+    a leading dimension off the 16-byte alignment cuBLAS's fast kernels need, on this GPU's architecture (the
+    default rules' where the calibration has none; validation/harness/gemm_align.py); None: not modelled (another
+    architecture, or fewer rows than were measured)."""
+    if rows < UNALIGNED_MIN_ROWS:
+        return None
+    table = cal.unaligned_gemm_efficiency or default_calibration().unaligned_gemm_efficiency
+    return table.get(gpu.architecture, {}).get(which)
+
+
+def multi_tensor_efficiency(cal: CalibrationSpec, element_bytes: int) -> float | None:
+    """Fraction of datasheet bandwidth a multi_tensor_apply kernel (foreach or fused optimizer) reaches on elements
+    of this size (the default rules' where the calibration has none); None: price it on the memory curve."""
+    return (cal.multi_tensor_bandwidth_fraction or default_calibration().multi_tensor_bandwidth_fraction).get(
+        element_bytes)
+
+
 def graph_replay_credit_s(cal: CalibrationSpec, gpu: HardwareSpec) -> float:
     """GPU time a kernel saves when replayed from a CUDA graph instead of queued back to back on an eager stream
     (how every efficiency was measured): the memory curve's smallest kernel time (its first point: a few KB, a

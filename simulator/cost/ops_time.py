@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..specs import Device
 from ..formulas import Cost, gemm_dims, routed_rows
-from ..graph.ops import Op
+from ..graph.ops import ELEMENT_BYTES, Op
 from ..specs import CalibrationSpec
 from . import comm, efficiency
 
@@ -58,8 +58,10 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
     ``graph_credit_s``: replayed from a CUDA graph, a kernel takes this much less than the back-to-back eager
     stream the efficiencies were measured on (efficiency.graph_replay_credit_s), never less than its roofline or
     a graph replay's per-kernel time. ``aten_kernels``: the runtime runs PyTorch's own kernels for the ops it does
-    not fuse (eager, kernel-sum), so a cat with a strided input takes ATen's strided cat kernel; engines with
-    their own kernels (CUDA-graph engines, torch.compile, ggml) do not."""
+    not fuse (eager, kernel-sum), so a cat with a strided input takes ATen's strided cat kernel and a GEMM off
+    16-byte alignment cuBLAS's slower kernels; engines with their own kernels or padded shapes (vLLM pads the
+    vocabulary to a multiple of 64, vllm/model_executor/layers/vocab_parallel_embedding.py; Inductor pads mm shapes,
+    torch/_inductor/config.py shape_padding; ggml) do not."""
     gpu = device.gpu
     if cost.kind == "comm":
         seconds = comm.collective_time_s(op, cost, device, cal)
@@ -96,6 +98,10 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
             eff = efficiency.gemm_efficiency(cal, dtype, batch * m, n, k, cost.flops, cost.bytes,
                                              memory_s > compute_s, gpu)
             eff *= compute_scale if compute_s >= memory_s else memory_scale
+            unaligned = op.attrs.get("unaligned") if aten_kernels else None
+            plateau = efficiency.unaligned_gemm_efficiency(cal, gpu, unaligned, batch * m) if unaligned else None
+            if plateau is not None and compute_s >= memory_s:
+                eff = min(eff, plateau * compute_scale)
     elif cost.kind == "attention":
         variant = "backward" if op.name.endswith("_backward") else ("decode" if op.inputs[0].shape[-2] == 1 else "")
         q = op.inputs[0]
@@ -106,8 +112,10 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
                                                                                 cost.bytes, gpu)
         eff *= compute_scale
     else:
-        eff = efficiency.memory_efficiency(cal, cost.bytes, gpu, bool(op.attrs.get("transposed")),
-                                           innermost_broadcast(op)) * memory_scale
+        multi = (efficiency.multi_tensor_efficiency(cal, ELEMENT_BYTES.get(op.inputs[0].dtype, 4))
+                 if op.name.startswith("optimizer.") and op.inputs else None)
+        eff = (multi if multi is not None else efficiency.memory_efficiency(
+            cal, cost.bytes, gpu, bool(op.attrs.get("transposed")), innermost_broadcast(op))) * memory_scale
     kernel_s = roofline_s / eff
     if aten_kernels and op.attrs.get("strided_inputs") and op.outputs:   # PyTorch cat's strided kernel
         kernel_s = max(kernel_s, efficiency.strided_cat_s(cal, gpu, op.outputs[0].numel))

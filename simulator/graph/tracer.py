@@ -122,6 +122,10 @@ class _Dispatch(TorchDispatchMode):
             attrs["transposed"] = True   # an operand read across its innermost dim (uncoalesced elementwise)
         if func is _CAT and _strided_cat(inputs, outs):
             attrs["strided_inputs"] = True
+        if func in _MATMULS:
+            unaligned = _unaligned(outs, inputs)
+            if unaligned:
+                attrs["unaligned"] = unaligned
         if tracer.param_storages:
             weight = sum(a.numel() * a.element_size() for a in inputs
                          if a.untyped_storage()._cdata in tracer.param_storages)
@@ -135,6 +139,9 @@ class _Dispatch(TorchDispatchMode):
 
 
 _CAT = torch.ops.aten.cat.default
+_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+            torch.ops.aten.baddbmm.default)
+ALIGN_BYTES = 16      # cuBLASLt's fast (TMA) kernels need 16-byte-aligned leading dimensions and pointers
 _GROUPED_MM = getattr(torch.ops.aten, "_grouped_mm", None)
 _GROUPED_MM = _GROUPED_MM.default if _GROUPED_MM is not None else None
 
@@ -160,6 +167,24 @@ def _strided_cat(inputs, outs) -> bool:
     if out.dim() == 4 and not out.is_contiguous() and out.is_contiguous(memory_format=torch.channels_last):
         return False              # channels_last: a format the strided branch does not take (Shape.cu)
     return any(a.numel() and not a.is_contiguous() for a in inputs)
+
+
+def _misaligned(t: torch.Tensor) -> bool:
+    """Whether a 16-bit matrix operand (its last two dims) has a leading dimension or start off 16 bytes."""
+    if t.dim() < 2 or t.element_size() != 2 or 1 in t.shape[-2:]:
+        return False
+    rows, cols = t.stride(-2), t.stride(-1)
+    lead = rows if cols == 1 else cols if rows == 1 else None
+    step = ALIGN_BYTES // t.element_size()
+    return lead is not None and (lead % step != 0 or t.storage_offset() % step != 0)
+
+
+def _unaligned(outs, inputs) -> str | None:
+    """A GEMM cuBLAS cannot give its aligned kernels: "output" if the output's leading dimension is off 16 bytes
+    (an LM head over an odd vocabulary), "input" if only an operand's is, None if aligned (cost/ops_time.py)."""
+    if any(_misaligned(o) for o in outs):
+        return "output"
+    return "input" if any(_misaligned(a) for a in inputs) else None
 
 
 def _transposed(t: torch.Tensor) -> bool:
