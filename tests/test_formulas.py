@@ -108,11 +108,11 @@ def test_unaligned_gemms_and_optimizer_kernels_take_their_measured_rates():
     a100 = resolve_device("a100")
     assert op_time(flagged, op_cost(flagged), a100, cal, "bf16").gpu_s == \
         op_time(aligned, op_cost(aligned), a100, cal, "bf16").gpu_s
-    few = [op("aten.mm", [T(1024, 1280, dtype="bf16"), b], [T(1024, 50257, dtype="bf16")], **kw)
+    few = [op("aten.mm", [T(256, 1280, dtype="bf16"), b], [T(256, 50257, dtype="bf16")], **kw)
            for kw in ({}, {"unaligned": "output"})]
     assert len({op_time(o, op_cost(o), dev, cal, "bf16").gpu_s for o in few}) == 1
     assert op_time(flagged, op_cost(flagged), dev, cal, "bf16", aten_kernels=False).gpu_s == pytest.approx(t0)
-    for dtype, fraction in (("fp32", 0.78), ("bf16", 0.68)):
+    for dtype, fraction in (("fp32", 0.77), ("bf16", 0.69)):
         o = op("optimizer.adamw", [T(10 ** 9, dtype=dtype)], [], n_tensors=100, impl="foreach")
         c = op_cost(o)
         expected = c.bytes / dev.gpu.memory_bw_bytes_per_s / fraction + (c.launches - 1) * cal.launch_overhead_s

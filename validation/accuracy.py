@@ -113,12 +113,14 @@ WHY = """\
   says; they were estimated as the fused kernel (one pass, 7 streams) until 2026-11-26, which left cs336-2.7b train
   11% (fp32) and 29% (bf16) short and its memory 13% and 11% low on h100.jsonl; now -4.3% / -3.2% and -0.4% /
   -0.1%. The passes run at the bandwidth AdamW's multi_tensor_apply kernels reached in a microbenchmark of other
-  sizes (validation/harness/gemm_align.py: 0.78 of datasheet for fp32, 0.68 for bf16), nothing fitted to these rows.
+  sizes (validation/harness/gemm_align.py, two H100 hosts: 0.77 of datasheet for fp32, 0.69 for bf16), nothing
+  fitted to these rows.
 - **GPT-2's LM head is off cuBLAS's alignment**: its 50257-wide output (and, in backward, operand) has a leading
   dimension that is not a multiple of 8, so cuBLAS runs its three GEMMs on older kernels at 4-8x the aligned time
   (1.8-2.7 ms each for gpt2-large in the kernel profile, validation/data/profiles/h100-profile-2026-11-26.txt). The
   tracer flags such GEMMs and they run at the plateau the gemm_align microbenchmark measured (0.099 of the 16-bit
-  peak with an odd output, 0.144 with an odd input; Hopper only, from 2048 rows): the gpt2 bf16 forward-backward rows gained 2-5 ms of GPU time
+  peak with an odd output, 0.145 with an odd input; Hopper only, from 512 rows): the gpt2 bf16 forward-backward
+  rows gained 2-5 ms of GPU time
   (gpt2-large on h100.jsonl -45.9% -> -39.5%; the rest of those rows is host time, which varies 1.5x between the
   H100 runs).
 """

@@ -166,7 +166,7 @@ def strided_cat_s(cal: CalibrationSpec, gpu: HardwareSpec, out_elements: float) 
     return out_elements / (rate * gpu.sm_count * gpu.boost_clock_mhz * 1e6) if rate else 0.0
 
 
-UNALIGNED_MIN_ROWS = 2048    # the smallest compute-bound row count validation/harness/gemm_align.py measured
+UNALIGNED_MIN_ROWS = 512     # gemm_align.py: 512 rows reach 0.93 of the plateau, 128 rows 0.80 (not applied)
 
 
 def unaligned_gemm_efficiency(cal: CalibrationSpec, gpu: HardwareSpec, which: str, rows: int) -> float | None:

@@ -12,7 +12,8 @@
    1024 and 2048: 184M and 670M parameters), fp32 and bf16: one ``step()`` timed with CUDA events, gradients set.
 
 Records: ``{"type": "gemm", "op": fwd|dgrad|wgrad|mm, "dtype", "m", "n", "k", "aligned": bool, "ms": [...],
-"median_ms"}`` and ``{"type": "optimizer", "impl", "dtype", "params", "tensors", "ms": [...], "median_ms"}``.
+"median_ms", "status"}`` and ``{"type": "optimizer", "impl", "dtype", "hidden", "params", "tensors", "ms": [...],
+"median_ms", "status"}``. ``--tokens`` sets the LM-head GEMMs' row counts (default 1, 2048, 8192).
 """
 from __future__ import annotations
 
@@ -41,14 +42,22 @@ def linear_gemms(m: int, n: int, k: int, device, dtype):
     return {"fwd": lambda: F.linear(x, w), "dgrad": lambda: dy.mm(w), "wgrad": lambda: dy.t().mm(x)}
 
 
+def plain_gemm(m: int, n: int, k: int, device, dtype):
+    """One (M x K) @ (K x N) GEMM: an odd K checks that the rule is about alignment, not the vocabulary."""
+    import torch
+
+    a, b = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
+    return {"mm": lambda: a.mm(b)}
+
+
 def time_ms(fn, device, windows: int = 5) -> list[float]:
     ms, _ = common.time_calls([fn], device, window_ms=20.0, windows=windows, max_reps=2000)
     return ms
 
 
-def gemm_cases(smoke: bool):
+def gemm_cases(smoke: bool, tokens: tuple[int, ...] = TOKENS):
     dtypes = ("bf16",) if smoke else ("bf16", "fp16")
-    vocabs, hiddens, tokens = ((64 + 1,), (32,), (1, 16)) if smoke else (VOCABS, HIDDENS, TOKENS)
+    vocabs, hiddens, tokens = ((64 + 1,), (32,), (1, 16)) if smoke else (VOCABS, HIDDENS, tokens)
     for dtype in dtypes:
         for n in vocabs:
             for k in hiddens:
@@ -86,9 +95,9 @@ def run_optimizer(dtype_name: str, h: int, impl: str, device, smoke: bool) -> di
     params = gpt_params(h, 2 if smoke else 12, 64 if smoke else 32000, device, dtype)
     opt = torch.optim.AdamW(params, lr=1e-6, **({"fused": True} if impl == "fused" else {"foreach": True}))
     times = common.time_steps(opt.step, device, warmup=2, min_trials=5, max_trials=20, min_time_s=0.2)
-    rec = {"type": "optimizer", "impl": impl, "dtype": dtype_name, "hidden": h, "params": sum(p.numel() for p in params),
-           "tensors": len(params), "ms": common.rounded(times, 4), "median_ms": round(statistics.median(times), 4),
-           "status": "ok"}
+    rec = {"type": "optimizer", "impl": impl, "dtype": dtype_name, "hidden": h,
+           "params": sum(p.numel() for p in params), "tensors": len(params), "ms": common.rounded(times, 4),
+           "median_ms": round(statistics.median(times), 4), "status": "ok"}
     del opt, params
     common.free_memory()
     return rec
@@ -97,6 +106,7 @@ def run_optimizer(dtype_name: str, h: int, impl: str, device, smoke: bool) -> di
 def main(argv=None) -> int:
     parser = common.harness_parser(__doc__, "tiny shapes on the CPU")
     parser.add_argument("--no-optimizer", action="store_true")
+    parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="rows (M) of the LM-head GEMMs")
     args = parser.parse_args(argv)
     common.set_env()
     import torch
@@ -107,13 +117,11 @@ def main(argv=None) -> int:
     out, budget, measure_host = common.start_run(SCRIPT, args, device)
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
     with torch.inference_mode():
-        for dtype, kind, m, n, k in gemm_cases(args.smoke):
+        for dtype, kind, m, n, k in gemm_cases(args.smoke, tuple(common.parse_ints(args.tokens))):
             if budget.expired():
                 break
             try:
-                gemms = (linear_gemms(m, n, k, device, dtypes[dtype]) if kind == "linear" else
-                         {"mm": (lambda a, b: lambda: a.mm(b))(torch.randn(m, k, device=device, dtype=dtypes[dtype]),
-                                                               torch.randn(k, n, device=device, dtype=dtypes[dtype]))})
+                gemms = (linear_gemms if kind == "linear" else plain_gemm)(m, n, k, device, dtypes[dtype])
                 for op, fn in gemms.items():
                     ms = time_ms(fn, device, 2 if args.smoke else 5)
                     rec = {"type": "gemm", "op": op, "dtype": dtype, "m": m, "n": n, "k": k,
