@@ -199,8 +199,13 @@ def _grouped_mm(op: Op) -> Cost:
 
 @formula("aten.addmm", "aten.baddbmm")
 def _addmm(op: Op) -> Cost:
+    """addmm: the bias through cuBLASLt's epilogue, one kernel. baddbmm: ATen copies ``input`` (expanded) into the
+    output, then the batched GEMM reads it back as C with beta (aten/src/ATen/native/cuda/Blas.cpp,
+    baddbmm_out_cuda_impl): two kernels, the output's bytes read once more (the copy is priced in cost/ops_time.py)."""
     batch, m, n, k = gemm_dims(op)
-    return Cost(2.0 * batch * m * n * k + batch * m * n, _bytes(op.inputs), _bytes(op.outputs), 1, "gemm")
+    c_read = _bytes(op.outputs) if op.name == "aten.baddbmm" else 0.0
+    return Cost(2.0 * batch * m * n * k + batch * m * n, _bytes(op.inputs) + c_read, _bytes(op.outputs),
+                2 if c_read else 1, "gemm")
 
 
 @formula("aten.convolution", "aten.convolution_backward")

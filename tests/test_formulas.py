@@ -126,3 +126,15 @@ def test_default_rules_hold_what_the_gemm_align_microbenchmark_derives():
     _, unaligned, multi = d.derive()
     rules = load_calibration("none")
     assert rules.unaligned_gemm_efficiency == unaligned and rules.multi_tensor_bandwidth_fraction == multi
+
+
+def test_default_rules_hold_what_the_broadcast_ops_microbenchmark_derives():
+    from aisim.specs import load_calibration
+    from aisim.validation.scripts import derive_broadcast_ops as d
+
+    _, fractions, every = d.fractions()
+    rules = load_calibration("none")
+    assert rules.broadcast_copy_bandwidth_fraction == fractions["broadcast_copy_bandwidth_fraction"]
+    assert rules.outer_broadcast_bandwidth_fraction == fractions["outer_broadcast_bandwidth_fraction"]
+    # the half softmax to float is one kernel near the copy rate; bfloat16's cast-then-softmax is far slower
+    assert every["softmax_to_fp32"]["float16"] > 2 * every["softmax_to_fp32"]["bfloat16"]

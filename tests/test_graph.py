@@ -290,3 +290,46 @@ def test_gemms_off_16_byte_alignment_are_flagged_where_cublas_sees_them():
     odd = flags(50257)
     assert ("forward", "output") in odd and ("backward", "input") in odd and len(odd) == 3
     assert flags(50264) == [] and flags(50257, "fp32") == []
+
+
+def test_half_softmax_to_float_is_one_kernel_as_cuda_runs_it():
+    """F.softmax(x_fp16, dtype=torch.float32) is one CUDA kernel reading half (ATen SoftMax.cpp half_to_float);
+    a bfloat16 input is cast first. BLOOM's eager attention does the former."""
+    from aisim.graph.tracer import tracing
+
+    def ops(dtype):
+        x = torch.empty(2, 4, 8, 8, dtype=dtype, device="meta")
+        with tracing() as tracer:
+            y = torch.nn.functional.softmax(x, dim=-1, dtype=torch.float32)
+        assert y.dtype == torch.float32 and y.shape == x.shape
+        return [(o.name, o.inputs[0].dtype) for o in tracer.ops]
+
+    assert ops(torch.float16) == [("aten._softmax", "fp16")]
+    assert [n for n, _ in ops(torch.bfloat16)] == ["aten._to_copy", "aten._softmax"]
+
+
+def test_bloom_attention_pays_the_broadcast_kernels_it_runs():
+    """BLOOM's ALiBi baddbmm copies its expanded (B*H, 1, S) input into the output before the GEMM, and its
+    (B, 1, S, S) mask is added over the heads: both on PyTorch's non-vectorized kernel, at the fractions
+    validation/harness/broadcast_ops.py measured; a norm's lower-rank weight and contiguous adds are not."""
+    from aisim.catalog import resolve_device
+    from aisim.cost.ops_time import baddbmm_copy_s, op_time, outer_broadcast
+    from aisim.specs import load_calibration
+
+    _, config = resolve_model("bloom-560m")
+    g = trace_workload(config, Workload(phase="forward", batch=8, seq=1024, dtype="fp16"), ParallelPlan(),
+                       use_cache=False)
+    badd = next(o for o in g.ops if o.name == "aten.baddbmm")
+    assert badd.attrs.get("broadcast_input") and op_cost(badd).launches == 2
+    assert op_cost(badd).bytes_read == pytest.approx(sum(t.nbytes for t in badd.inputs) + badd.outputs[0].nbytes)
+    dev, cal = resolve_device("h100"), load_calibration("h100-sxm")
+    out = badd.outputs[0].nbytes
+    assert baddbmm_copy_s(badd, cal, dev.gpu) == pytest.approx(out / dev.gpu.memory_bw_bytes_per_s / 0.3)
+    eager, engine = (op_time(badd, op_cost(badd), dev, cal, "fp16", aten_kernels=a).gpu_s for a in (True, False))
+    assert eager == pytest.approx(engine + baddbmm_copy_s(badd, cal, dev.gpu))
+    flagged = {o.scope.split(".")[-1] if o.scope else "" for o in g.ops if outer_broadcast(o)}
+    assert "self_attention" in flagged                               # the mask added over the heads
+    assert not any(outer_broadcast(o) for o in g.ops if o.name == "aten.native_layer_norm")
+    residual = next(o for o in g.ops if o.name == "aten.add.Tensor" and len(o.inputs) == 2
+                    and o.inputs[0].shape == o.inputs[1].shape)
+    assert not outer_broadcast(residual)

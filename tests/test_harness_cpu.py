@@ -27,9 +27,9 @@ AISIM_INSTALLED = ensure_aisim("aisim.validation.harness")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from aisim.validation.harness import (common, eager_attention, fp8_gemm, gemm_align, graph_gemv,  # noqa: E402
-                                      graphs_decode, host_scopes, launch_busy, moe_bench, op_host, serve_cb,
-                                      train_step)
+from aisim.validation.harness import (broadcast_ops, common, eager_attention, fp8_gemm, gemm_align,  # noqa: E402
+                                      graph_gemv, graphs_decode, host_scopes, launch_busy, moe_bench, op_host,
+                                      serve_cb, train_step)
 
 HARNESS = ROOT / "validation" / "harness"
 
@@ -176,6 +176,18 @@ def test_gemm_align_smoke_pairs_each_odd_shape_with_its_aligned_twin(tmp_path, i
     linear = [(r["m"], r["n"], r["op"]) for r in gemms if r["op"] != "mm"]
     assert len(linear) == 12 and {n for _, n, _ in linear} == {65, 72}
     assert [r["aligned"] for r in gemms if r["op"] == "mm"] == [False, True]
+
+
+def test_broadcast_ops_smoke_times_each_kernel_with_its_bytes(tmp_path, isolated_env):
+    path = tmp_path / "bo.jsonl"
+    assert broadcast_ops.main(["--smoke", "--out", str(path)]) == 0
+    records = read_jsonl(path)
+    check_header(records[0], "broadcast_ops")
+    cases = {r["op"]: r for r in records if r["type"] == "case"}
+    assert set(cases) == {"broadcast_copy", "baddbmm_broadcast", "bmm", "add_outer_broadcast", "add_contiguous"}
+    big = 2 * 2 * 32 * 32 * 4                         # one (B, H, S, S) fp32 tensor of the smoke shape
+    assert cases["broadcast_copy"]["bytes"] == big and cases["add_contiguous"]["bytes"] == 3 * big
+    assert all(r["status"] == "ok" and r["median_ms"] > 0 for r in cases.values())
 
 
 # --------------------------------------------------------------------------------------------- eager_attention

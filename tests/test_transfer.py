@@ -96,15 +96,18 @@ def test_decode_gemms_match_their_measured_graph_replay():
 
 # Regression ceilings (MAPE %, value when set + 0.5) of validation/transfer.py's tables; lower them as they improve.
 TRANSFER_CEILINGS = {
-    ("h100.jsonl", "h200"): {"forward/prefill runtime": 9.2, "decode runtime": 13.5,
+    # forward 8.77 -> 9.22 on 2026-11-27, the same stated regression
+    ("h100.jsonl", "h200"): {"forward/prefill runtime": 9.7, "decode runtime": 13.5,
                              "forward-backward/train runtime": 11.3},
-    ("h200.jsonl", "h100-sxm"): {"forward/prefill runtime": 12.4, "decode runtime": 9.8,
+    ("h200.jsonl", "h100-sxm"): {"forward/prefill runtime": 11.8, "decode runtime": 9.8,
                                  "forward-backward/train runtime": 9.2},
     ("h100.jsonl", "none"): {"forward/prefill runtime": 9.7, "decode runtime": 13.8,
                              "forward-backward/train runtime": 11.8},
-    ("h200.jsonl", "none"): {"forward/prefill runtime": 14.6, "decode runtime": 8.5,
+    ("h200.jsonl", "none"): {"forward/prefill runtime": 14.1, "decode runtime": 8.5,
                              "forward-backward/train runtime": 8.8},
-    ("median of the 4 H100 runs", "h200"): {"forward/prefill runtime": 6.9, "decode runtime": 9.3,
+    # forward 6.59 -> 7.00 on 2026-11-27 (a stated regression: the outer-broadcast rule's rotary multiplies in the
+    # Llama prefills and the framework-scale refit)
+    ("median of the 4 H100 runs", "h200"): {"forward/prefill runtime": 7.5, "decode runtime": 9.3,
                                             "forward-backward/train runtime": 8.9},
     ("median of the 4 H100 runs", "none"): {"forward/prefill runtime": 7.6, "decode runtime": 9.0,
                                             "forward-backward/train runtime": 9.4},

@@ -180,6 +180,12 @@ def unaligned_gemm_efficiency(cal: CalibrationSpec, gpu: HardwareSpec, which: st
     return table.get(gpu.architecture, {}).get(which)
 
 
+def broadcast_fraction(cal: CalibrationSpec, field: str, element_bytes: int) -> float | None:
+    """``broadcast_copy_bandwidth_fraction`` or ``outer_broadcast_bandwidth_fraction`` for this element size (the
+    default rules' where the calibration has none; validation/harness/broadcast_ops.py); None: not modelled."""
+    return (getattr(cal, field) or getattr(default_calibration(), field)).get(element_bytes)
+
+
 def multi_tensor_efficiency(cal: CalibrationSpec, element_bytes: int) -> float | None:
     """Fraction of datasheet bandwidth a multi_tensor_apply kernel (foreach or fused optimizer) reaches on elements
     of this size (the default rules' where the calibration has none); None: price it on the memory curve."""

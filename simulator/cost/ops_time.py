@@ -51,6 +51,33 @@ def innermost_broadcast(op: Op) -> bool:
     return any(len(t.shape) == rank and t.shape[-1] == 1 for t in op.inputs)
 
 
+def outer_broadcast(op: Op) -> bool:
+    """An elementwise op with an operand of the output's rank that is broadcast along an outer dim but not the
+    innermost ((B, 1, S, S) attention mask over (B, H, S, S), (B, 1, S, D) rotary tables over the heads): PyTorch's
+    non-vectorized kernel, ``outer_broadcast_bandwidth_fraction`` (validation/harness/broadcast_ops.py). A
+    lower-rank operand (a norm's (H,) weight) and an innermost broadcast (``innermost_broadcast``) are not this."""
+    outs = op.outputs
+    if not op.attrs.get("pointwise") or not outs or len(outs[0].shape) < 2:
+        return False
+    shape = outs[0].shape
+    return any(len(t.shape) == len(shape) and t.shape[-1] == shape[-1] and 1 < t.numel < outs[0].numel
+               and any(a == 1 < b for a, b in zip(t.shape[:-1], shape[:-1])) for t in op.inputs)
+
+
+def baddbmm_copy_s(op: Op, cal: CalibrationSpec, gpu) -> float:
+    """The copy ATen's baddbmm makes of ``input`` into the output before its GEMM (formulas._addmm): on the memory
+    curve, or the broadcast one when ``input`` is expanded (BLOOM's ALiBi bias, (B*H, 1, S)), which PyTorch copies
+    with its non-vectorized kernel (``broadcast_copy_bandwidth_fraction``; validation/harness/broadcast_ops.py)."""
+    out, src = op.outputs[0], op.inputs[0]
+    nbytes = out.nbytes + src.nbytes
+    eff = efficiency.memory_efficiency(cal, nbytes, gpu)
+    fraction = (efficiency.broadcast_fraction(cal, "broadcast_copy_bandwidth_fraction", ELEMENT_BYTES.get(out.dtype, 4))
+                if op.attrs.get("broadcast_input") else None)
+    if fraction is not None:     # the fraction is of the bytes written, as measured
+        return max(out.nbytes / gpu.memory_bw_bytes_per_s / fraction, nbytes / gpu.memory_bw_bytes_per_s / eff)
+    return nbytes / gpu.memory_bw_bytes_per_s / eff
+
+
 def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_dtype: str,
             compute_scale: float = 1.0, memory_scale: float = 1.0, matvec_max_m: int = 0,
             graph_credit_s: float = 0.0, aten_kernels: bool = True) -> OpTime:
@@ -114,9 +141,17 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
     else:
         multi = (efficiency.multi_tensor_efficiency(cal, ELEMENT_BYTES.get(op.inputs[0].dtype, 4))
                  if op.name.startswith("optimizer.") and op.inputs else None)
-        eff = (multi if multi is not None else efficiency.memory_efficiency(
-            cal, cost.bytes, gpu, bool(op.attrs.get("transposed")), innermost_broadcast(op))) * memory_scale
+        inner = innermost_broadcast(op)
+        eff = multi if multi is not None else efficiency.memory_efficiency(
+            cal, cost.bytes, gpu, bool(op.attrs.get("transposed")), inner)
+        if multi is None and aten_kernels and not inner and outer_broadcast(op):
+            fraction = efficiency.broadcast_fraction(cal, "outer_broadcast_bandwidth_fraction",
+                                                     ELEMENT_BYTES.get(op.outputs[0].dtype, 4))
+            eff = min(eff, fraction) if fraction is not None else eff
+        eff *= memory_scale
     kernel_s = roofline_s / eff
+    if aten_kernels and op.name == "aten.baddbmm" and op.outputs:
+        kernel_s += baddbmm_copy_s(op, cal, gpu)
     if aten_kernels and op.attrs.get("strided_inputs") and op.outputs:   # PyTorch cat's strided kernel
         kernel_s = max(kernel_s, efficiency.strided_cat_s(cal, gpu, op.outputs[0].numel))
     if graph_credit_s:

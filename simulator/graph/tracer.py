@@ -2,7 +2,8 @@
 
 A TorchDispatchMode sees each aten op after autograd (forward and backward); a TorchFunctionMode replaces
 ``F.scaled_dot_product_attention`` by one recorded attention op (what the GPU runs is one fused kernel, not the
-math decomposition that the meta device would fall back to). Liveness: each new storage is counted from the op
+math decomposition that the meta device would fall back to), and a float16 softmax to float32 by the one kernel
+CUDA runs for it. Liveness: each new storage is counted from the op
 that allocates it until the last Python tensor on it dies (weakref finalizers; autograd keeps saved tensors'
 Python objects alive, so saved activations stay live until backward frees them).
 
@@ -126,6 +127,8 @@ class _Dispatch(TorchDispatchMode):
             unaligned = _unaligned(outs, inputs)
             if unaligned:
                 attrs["unaligned"] = unaligned
+        if func is _BADDBMM and outs and inputs[0].numel() < outs[0].numel():
+            attrs["broadcast_input"] = True     # ATen copies it, expanded, into the output first (ops_time)
         if tracer.param_storages:
             weight = sum(a.numel() * a.element_size() for a in inputs
                          if a.untyped_storage()._cdata in tracer.param_storages)
@@ -141,6 +144,7 @@ class _Dispatch(TorchDispatchMode):
 _CAT = torch.ops.aten.cat.default
 _MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
             torch.ops.aten.baddbmm.default)
+_BADDBMM = torch.ops.aten.baddbmm.default
 ALIGN_BYTES = 16      # cuBLASLt's fast (TMA) kernels need 16-byte-aligned leading dimensions and pointers
 _GROUPED_MM = getattr(torch.ops.aten, "_grouped_mm", None)
 _GROUPED_MM = _GROUPED_MM.default if _GROUPED_MM is not None else None
@@ -249,6 +253,27 @@ class _Attention(torch.autograd.Function):
         return None, None, *grads, None
 
 
+_SOFTMAXES = {torch.nn.functional.softmax: (3, torch.ops.aten._softmax),
+              torch.nn.functional.log_softmax: (3, torch.ops.aten._log_softmax),
+              torch.softmax: (2, torch.ops.aten._softmax), torch.log_softmax: (2, torch.ops.aten._log_softmax),
+              torch.Tensor.softmax: (2, torch.ops.aten._softmax),
+              torch.Tensor.log_softmax: (2, torch.ops.aten._log_softmax)}
+
+
+def _half_to_float_softmax(func, args, kwargs):
+    """``softmax(x, dim, dtype=torch.float32)`` of a float16 ``x`` as CUDA runs it: one kernel reading the half input
+    and writing float (aten/src/ATen/native/SoftMax.cpp softmax/log_softmax: ``input_.is_cuda() && Half &&
+    dtype == Float`` -> ``_softmax(input_, dim_, true)``); the meta device would cast first (a separate copy of the
+    whole input in float, a kernel that does not run on the GPU). None: not that case, run ``func`` as it is."""
+    dtype_at, aten_op = _SOFTMAXES[func]
+    x = args[0] if args else kwargs.get("input")
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    dtype = args[dtype_at] if len(args) > dtype_at else kwargs.get("dtype")
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float16 or dtype != torch.float32 or dim is None:
+        return None
+    return aten_op(x, dim, True)
+
+
 class _Functions(TorchFunctionMode):
     def __init__(self, tracer: Tracer):
         super().__init__()
@@ -259,6 +284,11 @@ class _Functions(TorchFunctionMode):
         if func is torch.nn.functional.scaled_dot_product_attention:
             self.tracer.py_calls += 1
             return self._attention(*args, **kwargs)
+        if func in _SOFTMAXES:
+            fused = _half_to_float_softmax(func, args, kwargs)
+            if fused is not None:
+                self.tracer.py_calls += 1
+                return fused
         if not self.tracer.suppress and getattr(func, "__name__", "") != "__get__":
             self.tracer.py_calls += 1
         return func(*args, **kwargs)

@@ -175,6 +175,23 @@ def start_run(script: str, args, device, **header_extra) -> tuple["JsonlOut", "B
     return out, Budget(args.max_minutes), measure_host
 
 
+def open_run(script: str, args):
+    """The common prologue of a harness script after its arguments: environment, device (CPU threads capped under
+    --smoke) and ``start_run``. Returns (device, out, budget, measure_host)."""
+    set_env()
+    device = pick_device()
+    if args.smoke:
+        smoke_threads(device)
+    return (device, *start_run(script, args, device))
+
+
+def close_run(out: "JsonlOut", measure_host: bool) -> int:
+    """The common epilogue: the ``end`` host line where the run wrote a ``start`` one; exit status 0."""
+    if measure_host:
+        out.write(host_record("end"))
+    return 0
+
+
 def rounded(values, digits: int = 3) -> list:
     return [None if v is None else round(float(v), digits) for v in values]
 

@@ -108,13 +108,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-optimizer", action="store_true")
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="rows (M) of the LM-head GEMMs")
     args = parser.parse_args(argv)
-    common.set_env()
+    device, out, budget, measure_host = common.open_run(SCRIPT, args)
     import torch
 
-    device = common.pick_device()
-    if args.smoke:
-        common.smoke_threads(device)
-    out, budget, measure_host = common.start_run(SCRIPT, args, device)
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
     with torch.inference_mode():
         for dtype, kind, m, n, k in gemm_cases(args.smoke, tuple(common.parse_ints(args.tokens))):
@@ -151,9 +147,7 @@ def main(argv=None) -> int:
                     raise
             out.write(rec)
             print(f"[gemm_align] AdamW {impl} {dtype} h={h}: {rec.get('median_ms')} ms ({rec['status']})", flush=True)
-    if measure_host:
-        out.write(common.host_record("end"))
-    return 0
+    return common.close_run(out, measure_host)
 
 
 if __name__ == "__main__":

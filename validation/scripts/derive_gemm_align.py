@@ -8,7 +8,8 @@ on two H100 hosts; the second, asked for an H200 and lent an H100, adds 128-1024
 - ``unaligned_gemm_efficiency``: 16-bit GEMMs of >= 2048 rows whose output (``output``) or only an input
   (``input``) has a leading dimension that is not a multiple of 8 elements: the median achieved fraction of the
   datasheet 16-bit peak, both files pooled; 512-1024 rows reach 0.93-0.97 of it (printed), so aisim applies it from
-  ``efficiency.UNALIGNED_MIN_ROWS`` = 512 rows. cuBLAS gives such GEMMs older, unpipelined kernels (a profile of gpt2-large's LM head on
+  ``efficiency.UNALIGNED_MIN_ROWS`` = 512 rows. cuBLAS gives such GEMMs older, unpipelined kernels (a profile of
+  gpt2-large's LM head on
   an H100: cutlass sm75 kernels) at 4-8x the time of the aligned twin. The odd-K GEMMs (0.22-0.28) are
   recorded but left out of the median, as is every GEMM of fewer rows. Keyed by the GPU's architecture.
 - ``multi_tensor_bandwidth_fraction``: torch.optim.AdamW, foreach and fused, over 184M- and 670M-parameter lists:
@@ -32,17 +33,23 @@ DATA = tuple(ROOT / "validation" / "data" / "kernels" / f"gemm-align-h100{run}.j
 MIN_ROWS = 2048
 
 
-def load(path: Path = DATA) -> tuple[dict, list[dict]]:
+def load_jsonl(path: Path, script: str) -> tuple[dict, list[dict]]:
+    """(header, records) of a harness JSONL file written by ``script``; AisimError (one line) otherwise."""
     try:
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except (OSError, ValueError) as exc:
-        raise AisimError(f"{path}: cannot read a gemm_align JSONL file ({exc}); run validation/harness/gemm_align.py")
+        raise AisimError(f"{path}: cannot read a {script} JSONL file ({exc}); run validation/harness/{script}.py")
     lines = [r for r in lines if isinstance(r, dict)]
-    header = next((r for r in lines if r.get("type") == "header" and r.get("script") == "gemm_align"), None)
+    header = next((r for r in lines if r.get("type") == "header" and r.get("script") == script), None)
     if header is None or not header.get("gpu_name"):
-        raise AisimError(f"{path}: no gemm_align header line with a gpu_name; pass a file written by "
-                         "validation/harness/gemm_align.py")
-    return header, [r for r in lines if r.get("status") == "ok" and r.get("type") in ("gemm", "optimizer")]
+        raise AisimError(f"{path}: no {script} header line with a gpu_name; pass a file written by "
+                         f"validation/harness/{script}.py")
+    return header, [r for r in lines if r is not header]
+
+
+def load(path: Path = DATA[0]) -> tuple[dict, list[dict]]:
+    header, records = load_jsonl(path, "gemm_align")
+    return header, [r for r in records if r.get("status") == "ok" and r.get("type") in ("gemm", "optimizer")]
 
 
 def _gpu(header: dict):

@@ -19,7 +19,7 @@ from ..measure import build_model, free_memory, prepare
 from ..suite import Case, MeasureSettings
 
 
-def profile(spec: str, out) -> None:
+def profile(spec: str, out, rows: int = 14) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
@@ -41,7 +41,7 @@ def profile(spec: str, out) -> None:
     total_us = sum(getattr(e, "self_device_time_total", 0) for e in kernels) / 3
     n_kernels = sum(e.count for e in kernels) / 3
     print(f"\n=== {case.key}: {n_kernels:.0f} kernels/step, CUDA kernel time {total_us / 1e3:.3f} ms/step", file=out)
-    print(events.table(sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=70), file=out)
+    print(events.table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=70), file=out)
     steps.cleanup()
     del bm, steps
     free_memory()
@@ -52,11 +52,12 @@ app = new_app(__doc__.split("\n")[0])
 
 @app.command()
 def _profile(cases: list[str] = typer.Argument(..., help="MODEL:WORKLOAD:BATCH:SEQ:DTYPE"),
-             out: Optional[Path] = typer.Option(None, help="text file (default stdout)")) -> int:
+             out: Optional[Path] = typer.Option(None, help="text file (default stdout)"),
+             rows: int = typer.Option(14, min=1, help="table rows (ops and kernels by CUDA time)")) -> int:
     stream = open(out, "w") if out else sys.stdout
     for spec in cases:
         try:
-            profile(spec, stream)
+            profile(spec, stream, rows)
         except Exception as exc:  # a failing case is reported and the next one runs
             print(f"\n=== {spec}: failed: {exc!r}", file=stream)
         stream.flush()
