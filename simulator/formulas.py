@@ -197,13 +197,19 @@ def _grouped_mm(op: Op) -> Cost:
                 rows * n * elem_a, 1, "gemm")
 
 
+def baddbmm_copies(op: Op) -> bool:
+    """Whether an ``aten.baddbmm`` copies its input into the output first (beta != 0, the default 1)."""
+    return op.name == "aten.baddbmm" and op.kwargs.get("beta", 1) != 0
+
+
 @formula("aten.addmm", "aten.baddbmm")
 def _addmm(op: Op) -> Cost:
-    """addmm: the bias through cuBLASLt's epilogue, one kernel. baddbmm: ATen copies ``input`` (expanded) into the
-    output, then the batched GEMM reads it back as C with beta (aten/src/ATen/native/cuda/Blas.cpp,
-    baddbmm_out_cuda_impl): two kernels, the output's bytes read once more (the copy is priced in cost/ops_time.py)."""
+    """addmm: the bias through cuBLASLt's epilogue, one kernel. baddbmm with beta != 0: ATen copies ``input``
+    (expanded) into the output, then the batched GEMM reads it back as C (aten/src/ATen/native/LinearAlgebra.cpp,
+    common_checks_baddbmm_bmm): two kernels, the output's bytes read once more (the copy is priced in
+    cost/ops_time.py); with beta == 0 neither happens."""
     batch, m, n, k = gemm_dims(op)
-    c_read = _bytes(op.outputs) if op.name == "aten.baddbmm" else 0.0
+    c_read = _bytes(op.outputs) if baddbmm_copies(op) else 0.0
     return Cost(2.0 * batch * m * n * k + batch * m * n, _bytes(op.inputs) + c_read, _bytes(op.outputs),
                 2 if c_read else 1, "gemm")
 

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from ..specs import Device
-from ..formulas import Cost, gemm_dims, routed_rows
+from ..formulas import Cost, baddbmm_copies, gemm_dims, routed_rows
 from ..graph.ops import ELEMENT_BYTES, Op
 from ..specs import CalibrationSpec
 from . import comm, efficiency
@@ -65,7 +65,8 @@ def outer_broadcast(op: Op) -> bool:
 
 
 def baddbmm_copy_s(op: Op, cal: CalibrationSpec, gpu) -> float:
-    """The copy ATen's baddbmm makes of ``input`` into the output before its GEMM (formulas._addmm): on the memory
+    """The copy ATen's baddbmm makes of ``input`` into the output before its GEMM when beta != 0 (formulas._addmm,
+    LinearAlgebra.cpp common_checks_baddbmm_bmm): on the memory
     curve, or the broadcast one when ``input`` is expanded (BLOOM's ALiBi bias, (B*H, 1, S)), which PyTorch copies
     with its non-vectorized kernel (``broadcast_copy_bandwidth_fraction``; validation/harness/broadcast_ops.py)."""
     out, src = op.outputs[0], op.inputs[0]
@@ -150,7 +151,7 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
             eff = min(eff, fraction) if fraction is not None else eff
         eff *= memory_scale
     kernel_s = roofline_s / eff
-    if aten_kernels and op.name == "aten.baddbmm" and op.outputs:
+    if aten_kernels and baddbmm_copies(op) and op.outputs:
         kernel_s += baddbmm_copy_s(op, cal, gpu)
     if aten_kernels and op.attrs.get("strided_inputs") and op.outputs:   # PyTorch cat's strided kernel
         kernel_s = max(kernel_s, efficiency.strided_cat_s(cal, gpu, op.outputs[0].numel))

@@ -5,7 +5,10 @@ Source: pytorch aten/src/ATen/autocast_mode.cpp (torch 2.x), ``TORCH_LIBRARY_IMP
 - ``lower_precision_fp`` ops run in the autocast dtype: every floating input is cast (linear, matmul, mm, bmm,
   addmm, baddbmm, conv*, scaled_dot_product_attention, ...);
 - ``fp32`` ops run in float32 (pow, rsqrt, exp, log, layer_norm, group_norm, nll_loss, cross_entropy, mse_loss,
-  ...); ``fp32_set_opt_dtype`` (softmax, log_softmax, sum, prod, cumsum) likewise;
+  ...): their inputs are cast;
+- ``fp32_set_opt_dtype`` ops (softmax, log_softmax, sum, prod, cumsum, cumprod) are not cast: called without a
+  dtype on a 16-bit input, they get ``dtype=torch.float32`` (so CUDA's softmax reads fp16 and writes fp32 in one
+  kernel, graph/tracer.py);
 - everything else runs in whatever dtype its inputs have (so a residual stream that starts as the fp32 embedding
   output stays fp32 while the linear outputs are bf16).
 Casts of leaf tensors that require grad (the weights) are cached for the autocast region (autocast_mode.cpp,
@@ -24,7 +27,8 @@ LOWER = {"linear", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "addmm", 
 FP32 = {"acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
         "sinh", "tan", "pow", "softplus", "layer_norm", "group_norm", "norm", "nll_loss", "cross_entropy",
         "mse_loss", "l1_loss", "smooth_l1_loss", "kl_div", "binary_cross_entropy_with_logits", "logsumexp",
-        "softmax", "log_softmax", "sum", "prod", "cumsum", "cumprod", "cdist"}
+        "cdist"}
+SET_OPT_DTYPE = {"softmax", "log_softmax", "sum", "prod", "cumsum", "cumprod"}
 _LOW = (torch.float16, torch.bfloat16)
 
 
@@ -61,6 +65,12 @@ class Autocast(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
+        if name in SET_OPT_DTYPE:
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            given = kwargs.get("dtype") is not None or any(isinstance(a, torch.dtype) for a in args)
+            if first is not None and first.dtype in _LOW and not given:
+                kwargs = {**kwargs, "dtype": torch.float32}
+            return func(*args, **kwargs)
         target = self.dtype if name in LOWER else (torch.float32 if name in FP32 else None)
         if target is not None:
             args = tuple(self._cast_tree(a, target) for a in args)

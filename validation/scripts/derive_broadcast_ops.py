@@ -49,8 +49,9 @@ def fractions(path: Path = DATA) -> tuple[dict, dict[str, dict[int, float]], dic
             if o == op and dt in ELEMENT:
                 by_size.setdefault(ELEMENT[dt], []).extend(v)
         out[field] = {size: round(statistics.median(v), 2) for size, v in sorted(by_size.items())}
-    if not all(out.values()):
-        raise AisimError(f"{path}: too few broadcast_ops records ({out}); rerun validation/harness/broadcast_ops.py")
+    if not all(out.values()) or not all(0 < f <= 1 for table in out.values() for f in table.values()):
+        raise AisimError(f"{path}: too few or implausible broadcast_ops records ({out}: fractions must lie in (0, 1]); "
+                         "rerun validation/harness/broadcast_ops.py")
     return header, out, every
 
 

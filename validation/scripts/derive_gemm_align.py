@@ -9,9 +9,9 @@ on two H100 hosts; the second, asked for an H200 and lent an H100, adds 128-1024
   (``input``) has a leading dimension that is not a multiple of 8 elements: the median achieved fraction of the
   datasheet 16-bit peak, both files pooled; 512-1024 rows reach 0.93-0.97 of it (printed), so aisim applies it from
   ``efficiency.UNALIGNED_MIN_ROWS`` = 512 rows. cuBLAS gives such GEMMs older, unpipelined kernels (a profile of
-  gpt2-large's LM head on
-  an H100: cutlass sm75 kernels) at 4-8x the time of the aligned twin. The odd-K GEMMs (0.22-0.28) are
-  recorded but left out of the median, as is every GEMM of fewer rows. Keyed by the GPU's architecture.
+  gpt2-large's LM head on an H100: cutlass sm75 kernels) at 4-8x the time of the aligned twin. The odd-K GEMMs
+  (0.22-0.28) are recorded but left out of the median, as is every GEMM of fewer rows. Keyed by the GPU's
+  architecture.
 - ``multi_tensor_bandwidth_fraction``: torch.optim.AdamW, foreach and fused, over 184M- and 670M-parameter lists:
   per element size, the slope of step time over bytes moved (formulas.ADAMW_STREAMS) as a fraction of the
   datasheet bandwidth, the median over both implementations (the intercept, 0.35-0.55 ms per step, is the Python
@@ -37,8 +37,9 @@ def load_jsonl(path: Path, script: str) -> tuple[dict, list[dict]]:
     """(header, records) of a harness JSONL file written by ``script``; AisimError (one line) otherwise."""
     try:
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError) as exc:
-        raise AisimError(f"{path}: cannot read a {script} JSONL file ({exc}); run validation/harness/{script}.py")
+    except (OSError, ValueError, RecursionError) as exc:
+        raise AisimError(f"{path}: cannot read a {script} JSONL file ({type(exc).__name__}); run "
+                         f"validation/harness/{script}.py")
     lines = [r for r in lines if isinstance(r, dict)]
     header = next((r for r in lines if r.get("type") == "header" and r.get("script") == script), None)
     if header is None or not header.get("gpu_name"):
