@@ -176,21 +176,24 @@ def unaligned_gemm_efficiency(cal: CalibrationSpec, gpu: HardwareSpec, which: st
     architecture, or fewer rows than were measured)."""
     if rows < UNALIGNED_MIN_ROWS:
         return None
-    table = cal.unaligned_gemm_efficiency or default_calibration().unaligned_gemm_efficiency
-    return table.get(gpu.architecture, {}).get(which)
+    return _rule(cal, "unaligned_gemm_efficiency").get(gpu.architecture, {}).get(which)
+
+
+def _rule(cal: CalibrationSpec, field: str) -> dict:
+    """A measured-rule table of the calibration, or the default rules' where the calibration has none."""
+    return getattr(cal, field) or getattr(default_calibration(), field)
 
 
 def broadcast_fraction(cal: CalibrationSpec, field: str, element_bytes: int) -> float | None:
-    """``broadcast_copy_bandwidth_fraction`` or ``outer_broadcast_bandwidth_fraction`` for this element size (the
-    default rules' where the calibration has none; validation/harness/broadcast_ops.py); None: not modelled."""
-    return (getattr(cal, field) or getattr(default_calibration(), field)).get(element_bytes)
+    """``broadcast_copy_bandwidth_fraction`` or ``outer_broadcast_bandwidth_fraction`` for this element size
+    (validation/harness/broadcast_ops.py); None: not modelled."""
+    return _rule(cal, field).get(element_bytes)
 
 
 def multi_tensor_efficiency(cal: CalibrationSpec, element_bytes: int) -> float | None:
     """Fraction of datasheet bandwidth a multi_tensor_apply kernel (foreach or fused optimizer) reaches on elements
-    of this size (the default rules' where the calibration has none); None: price it on the memory curve."""
-    return (cal.multi_tensor_bandwidth_fraction or default_calibration().multi_tensor_bandwidth_fraction).get(
-        element_bytes)
+    of this size; None: price it on the memory curve."""
+    return _rule(cal, "multi_tensor_bandwidth_fraction").get(element_bytes)
 
 
 def graph_replay_credit_s(cal: CalibrationSpec, gpu: HardwareSpec) -> float:

@@ -66,9 +66,9 @@ def outer_broadcast(op: Op) -> bool:
 
 def baddbmm_copy_s(op: Op, cal: CalibrationSpec, gpu) -> float:
     """The copy ATen's baddbmm makes of ``input`` into the output before its GEMM when beta != 0 (formulas._addmm,
-    LinearAlgebra.cpp common_checks_baddbmm_bmm): on the memory
-    curve, or the broadcast one when ``input`` is expanded (BLOOM's ALiBi bias, (B*H, 1, S)), which PyTorch copies
-    with its non-vectorized kernel (``broadcast_copy_bandwidth_fraction``; validation/harness/broadcast_ops.py)."""
+    LinearAlgebra.cpp common_checks_baddbmm_bmm): on the memory curve, or, when ``input`` is expanded (BLOOM's
+    ALiBi bias, (B*H, 1, S)), no faster than PyTorch's non-vectorized kernel copies it
+    (``broadcast_copy_bandwidth_fraction``; validation/harness/broadcast_ops.py)."""
     out, src = op.outputs[0], op.inputs[0]
     nbytes = out.nbytes + src.nbytes
     eff = efficiency.memory_efficiency(cal, nbytes, gpu)
