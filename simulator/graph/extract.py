@@ -15,7 +15,7 @@ from collections import Counter
 
 from ..errors import AisimError
 from ..workload import ParallelPlan, Workload
-from .ops import Graph, Op, TensorMeta
+from .ops import Graph, Op, optimizer_op
 
 TRACED_LAYERS = (2, 3)
 TRANSCRIPT_FIELDS = {"audio_s", "beam", "transcript_tokens", "windows"}
@@ -397,7 +397,4 @@ def _tensors_in(obj, depth: int = 0) -> list:
 def _optimizer_op(w: Workload, param_count: int, n_tensors: int) -> Op:
     """The optimizer step as one op over all parameters (costed by the optimizer formulas); mixed precision steps
     the fp32 master weights."""
-    dtype = "fp32" if w.dtype == "tf32" or w.autocast else w.dtype
-    params = TensorMeta((param_count,), dtype)
-    return Op(name=f"optimizer.{w.optimizer}", args=(params,), kwargs={}, outputs=(), alias=False,
-              phase="optimizer", attrs={"n_tensors": n_tensors})
+    return optimizer_op(w.optimizer, param_count, "fp32" if w.dtype == "tf32" or w.autocast else w.dtype, n_tensors)

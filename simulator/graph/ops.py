@@ -52,6 +52,13 @@ class Op:
         return (self.name, _freeze(self.args), _freeze(self.kwargs), self.outputs, self.phase)
 
 
+def optimizer_op(optimizer: str, n_params: int, dtype: str, n_tensors: int, impl: str = "fused") -> Op:
+    """The optimizer step as one op over ``n_params`` parameters in ``dtype`` held in ``n_tensors`` tensors, costed
+    by the optimizer formulas (formulas._optimizer: ``impl`` fused or foreach)."""
+    return Op(name=f"optimizer.{optimizer}", args=(TensorMeta((n_params,), dtype),), kwargs={}, outputs=(),
+              alias=False, phase="optimizer", attrs={"n_tensors": n_tensors, "impl": impl})
+
+
 def gemm_dims(op: Op) -> tuple[int, int, int, int]:
     """(batch, M, N, K) of a matmul-family op."""
     ins = op.inputs

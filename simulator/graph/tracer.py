@@ -3,9 +3,9 @@
 A TorchDispatchMode sees each aten op after autograd (forward and backward); a TorchFunctionMode replaces
 ``F.scaled_dot_product_attention`` by one recorded attention op (what the GPU runs is one fused kernel, not the
 math decomposition that the meta device would fall back to), and a float16 softmax to float32 by the one kernel
-CUDA runs for it. Liveness: each new storage is counted from the op
-that allocates it until the last Python tensor on it dies (weakref finalizers; autograd keeps saved tensors'
-Python objects alive, so saved activations stay live until backward frees them).
+CUDA runs for it. Liveness: each new storage is counted from the op that allocates it until the last Python tensor
+on it dies (weakref finalizers; autograd keeps saved tensors' Python objects alive, so saved activations stay live
+until backward frees them).
 
 Known inaccuracies: the caching allocator's rounding and fragmentation are not modelled; ``Tensor.item()`` on the
 meta device has no value, so it returns True / 0 (the common case of HF's input checks) and is recorded as a

@@ -124,15 +124,13 @@ def optimizer_cost(sc: Scenario, graph, plan: TrainPlan, dp: int) -> Added:
     from ..cost.memory import TRAIN_STATE_BYTES
     from ..cost.ops_time import op_time
     from ..formulas import op_cost
-    from ..graph.ops import Op, TensorMeta
+    from ..graph.ops import optimizer_op
 
     weight_b = TRAIN_STATE_BYTES[plan.precision][0]
     shard = dp if plan.stage >= 1 else 1
     n = max(1, round(graph.param_count / shard))
     tensors = max(1, round(graph.meta.get("n_param_tensors", 1) / (shard if plan.stage >= 3 else 1)))
-    op = Op(name=f"optimizer.{sc.optimizer}", args=(TensorMeta((n,), "fp32" if weight_b == 4 else "bf16"),),
-            kwargs={}, outputs=(), alias=False, phase="optimizer",
-            attrs={"n_tensors": tensors, "impl": plan.optimizer_impl})
+    op = optimizer_op(sc.optimizer, n, "fp32" if weight_b == 4 else "bf16", tensors, plan.optimizer_impl)
     cost = op_cost(op)
     t = op_time(op, cost, sc.device, sc.calibration, "fp32").gpu_s
     return Added(time_s=t, rows=[_row(f"optimizer.{sc.optimizer} ({plan.optimizer_impl})", 1, cost.bytes, t,
