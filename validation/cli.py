@@ -23,13 +23,20 @@ def emit(text: str, out=None) -> int:
     return 0
 
 
+# typer 0.29+ runs on its own vendored copy of click (typer._click): its parse errors and exits are not the click
+# package's classes, so both are caught (else a bad option value ended in a traceback)
+_TYPER_CLICK = sys.modules.get(typer.BadParameter.__module__)
+CLICK_ERRORS = tuple({click.ClickException, getattr(_TYPER_CLICK, "ClickException", click.ClickException)})
+CLICK_EXITS = tuple({click.exceptions.Exit, typer.Exit, getattr(_TYPER_CLICK, "Exit", click.exceptions.Exit)})
+
+
 def run(app: typer.Typer, argv: list[str] | None = None, prog: str | None = None) -> int:
     """Run ``app`` on ``argv`` (default sys.argv[1:]); return its exit code."""
     try:
         result = app(args=argv, prog_name=prog, standalone_mode=False)
-    except click.exceptions.Exit as exc:
+    except CLICK_EXITS as exc:
         return exc.exit_code
-    except click.ClickException as exc:
+    except CLICK_ERRORS as exc:
         exc.show()
         return 2
     except (AisimError, FileNotFoundError, ValueError) as exc:

@@ -388,11 +388,19 @@ def print_table(rows: list[dict], columns: list[str], title: str | None = None) 
 
 
 def parse_ints(text: str) -> list[int]:
-    return [int(x) for x in str(text).split(",") if x.strip()]
+    return _parse_list(text, int)
 
 
 def parse_floats(text: str) -> list[float]:
-    return [float(x) for x in str(text).split(",") if x.strip()]
+    return _parse_list(text, float)
+
+
+def _parse_list(text: str, kind) -> list:
+    """A comma-separated option value; a bad one stops the script with one line (exit 1), as argparse would."""
+    try:
+        return [kind(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"error: {text!r} is not a comma-separated list of {kind.__name__} values") from None
 
 
 def time_calls(calls, device, window_ms: float, windows: int, warm: int = 2, max_reps: int = 5000
