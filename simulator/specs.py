@@ -241,6 +241,11 @@ class CalibrationSpec(Spec):
     multi_tensor_bandwidth_fraction: dict[int, Fraction] = Field(
         default_factory=dict, description="multi_tensor_apply kernels (the foreach and fused optimizers): fraction "
         "of datasheet bandwidth per element size in bytes; absent: the default rules', else the memory curve")
+    stream_bandwidth_fraction: Fraction | None = Field(
+        None, description="fraction of datasheet bandwidth a plain streaming kernel (a large copy or add) reaches, "
+        "taken as the same on every HBM GPU: on another GPU than the reference, a memory-bound GEMM-table entry "
+        "keeps its measured time less this streaming part as a duration and streams at this GPU's bandwidth "
+        "(cost/efficiency.py transferred_memory_efficiency); absent: the default rules'")
     reference_gpu: str | None = Field(
         None, description="the GPU whose datasheet the curves' x axes refer to (default: `device`, if it names a GPU "
                           "spec). On another GPU a curve over bytes (FLOPs) is read at equal roofline time: x scaled by "

@@ -59,10 +59,10 @@ WHY = """\
   costs the host per op than a forward (`eager_phase_scale` train 1.39, the same tiny models timed forward and
   forward-backward in one loop: validation/data/kernels/framework-phases-h100.jsonl). The host varies more than that model can
   know: the same microbenchmark gave a framework scale of 0.95 to 2.30 on H100 machines of the same kind, and the
-  four runs of this suite on the H100 machines the device lent (`h100.jsonl`, `h100-rerun.jsonl`,
-  `h100-rerun2.jsonl`, `h100-rerun3.jsonl`; the transfer section below) differ from each other by 6-14% MAPE per
-  category: cs336-small bf16 forward-backward took 53.6, 35.8, 34.1 and 28.0 ms, Llama-3-8B decode batch 1 x 128
-  19.3, 20.0, 35.4 and 20.0 ms. Estimating each run with
+  five runs of this suite on the H100 machines the device lent (`h100.jsonl`, `h100-rerun.jsonl`,
+  `h100-rerun2.jsonl`, `h100-rerun3.jsonl`, `h100-rerun4.jsonl`; the transfer section below) differ from each other
+  by 10-21% MAPE per category: cs336-small bf16 forward-backward took 53.6, 35.8, 34.1, 28.0 and 52.7 ms, Llama-3-8B
+  forward batch 1 x 128 19.9, 30.0, 38.4, 18.4 and 53.5 ms. Estimating each run with
   its own host lines (validation/host.py, `--host`) did not help: decode MAPE of the second run went 13.7% ->
   18.7%; the tiny models' framework scale does not track real models' host cost closely enough.
 - **Decode steps that get faster as the batch grows** (Llama-3-8B at batch 8 x 4096: 14.5-17.4 ms in every H100

@@ -204,6 +204,8 @@ def spread_lines(per_run: dict[Path, list[MoeRow]]) -> list[str]:
     """The host spread of the same decode case across the runs, and the median-of-runs error range per model."""
     from aisim.specs import load_calibration
 
+    from .transfer import H100_RUNS
+
     runs = tuple(per_run)
     median = median_of_runs(list(per_run.values()))
 
@@ -228,7 +230,8 @@ def spread_lines(per_run: dict[Path, list[MoeRow]]) -> list[str]:
             "host-scopes run's hosts. "
             "And on hosts of the same pool the dense decode rows of the H100 suite ran faster than estimated (mean "
             f"signed error {_dense_decode_bias():+.1f}%, estimate - measured, against the per-case median of the "
-            "three suite runs): no host speed fits both; the diagnostic below shows where the MoE steps differ."]
+            f"{len(H100_RUNS)} suite runs): no host speed fits both; the diagnostic below shows where the MoE steps "
+            "differ."]
 
 
 def _dense_decode_bias() -> float:

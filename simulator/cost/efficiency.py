@@ -15,8 +15,17 @@ read at the size that is equivalent on the reference GPU (``CalibrationSpec.refe
   calibration without a GEMM table reads ``gemm_memory_efficiency`` over bytes, never the FLOPs curve (which gave
   a decode GEMM the efficiency of a tiny compute-bound GEMM: 25% of bandwidth at batch 1). A batched GEMM below
   the ridge point reads that curve with or without a table (``batched_gemm_memory_efficiency``).
+- a memory-bound entry of a GEMM table (a decode GEMM) keeps its measured time less the part that streams at
+  ``stream_bandwidth_fraction`` of the reference bandwidth as a duration (launch, ramp, the kernel's own limit on
+  loads in flight) and streams the bytes at the same fraction of the target's bandwidth
+  (``transferred_memory_efficiency``): a large copy or add reaches 0.89-0.92 of datasheet on H100 and H200
+  alike, while the same decode GEMM reaches 0.75 of H100's 3.35 TB/s and 0.69 of H200's 4.8 TB/s. On the
+  calibrations' raw GEMM records below the ridge point (bf16/fp16, 130 shapes), H100 -> H200 MAPE 28.8% -> 10.1%
+  (<= 64 MB) and 5.2% -> 3.1% (larger); H200 -> H100 42.3% -> 10.4% and 5.6% -> 2.3%
+  (``python -m aisim.validation.scripts.derive_stream_fraction``).
 Plateaus (the fraction of peak a large kernel reaches) are kept as fractions of the datasheet figure.
-Known inaccuracy: a GEMM table is read by shape, unscaled (exact between GPUs of one SM count, H100/H200).
+Known inaccuracy: a GEMM table is read by shape, unscaled (exact between GPUs of one SM count, H100/H200), and the
+duration part of a transferred memory-bound entry is not rescaled to another SM count.
 """
 from __future__ import annotations
 
@@ -78,13 +87,32 @@ def _log_x(x: float, scale: float) -> float:
     return math.log10(max(x * scale, 1.0))
 
 
+def transferred_memory_efficiency(cal: CalibrationSpec, efficiency: float, nbytes: float,
+                                  gpu: HardwareSpec | None) -> float:
+    """A memory-bound efficiency measured on the calibration's reference GPU, read on ``gpu``: the measured time
+    less its streaming part (bytes at ``stream_bandwidth_fraction`` of the reference's bandwidth) stays a duration,
+    the bytes stream at that fraction of this GPU's bandwidth. Unchanged on the reference GPU itself."""
+    ref = reference_gpu(cal) if gpu is not None else None
+    if ref is None or ref.name == gpu.name or nbytes <= 0:
+        return efficiency
+    fraction = cal.stream_bandwidth_fraction or default_calibration().stream_bandwidth_fraction
+    if not fraction:
+        return efficiency
+    measured_s = nbytes / ref.memory_bw_bytes_per_s / efficiency
+    seconds = (max(measured_s - nbytes / (fraction * ref.memory_bw_bytes_per_s), 0.0)
+               + nbytes / (fraction * gpu.memory_bw_bytes_per_s))
+    return max(nbytes / gpu.memory_bw_bytes_per_s / seconds, MIN_EFFICIENCY)
+
+
 def gemm_efficiency(cal: CalibrationSpec, dtype: str, m: int, n: int, k: int, flops: float, nbytes: float = 0.0,
                     memory_bound: bool = False, gpu: HardwareSpec | None = None) -> float:
-    """From the M x N x K table where the op has GEMM dimensions; else, below the ridge point, from the
-    memory-bound GEMM curve over bytes; else (and for convolutions) from the FLOPs curve."""
+    """From the M x N x K table where the op has GEMM dimensions (a memory-bound entry read on another GPU than the
+    table's: ``transferred_memory_efficiency``); else, below the ridge point, from the memory-bound GEMM curve over
+    bytes; else (and for convolutions) from the FLOPs curve."""
     table = cal.gemm_tables.get(dtype)
     if table is not None and min(m, n, k) > 0:
-        return gemm_table_value(table, m, n, k)
+        value = gemm_table_value(table, m, n, k)
+        return transferred_memory_efficiency(cal, value, nbytes, gpu) if memory_bound else value
     if memory_bound and cal.gemm_memory_efficiency is not None:
         return curve_value(cal.gemm_memory_efficiency, _log_x(nbytes, size_scale(cal, gpu, "bytes")))
     curve = cal.gemm_efficiency.get(dtype) or cal.gemm_efficiency.get("fp16")
@@ -126,14 +154,17 @@ def masked_attention_efficiency(cal: CalibrationSpec, gpu: HardwareSpec, q: int,
     return max(min(eff * occupancy, max(max(row), eff)), MIN_EFFICIENCY)
 
 
-def grouped_gemm_efficiency(cal: CalibrationSpec, dtype: str, m: int, n: int, k: int) -> float | None:
+def grouped_gemm_efficiency(cal: CalibrationSpec, dtype: str, m: int, n: int, k: int, nbytes: float = 0.0,
+                            memory_bound: bool = False, gpu: HardwareSpec | None = None) -> float | None:
     """A grouped expert GEMM (torch._grouped_mm) with m rows per touched expert: the calibration's measured grouped
     table for the dtype (trilinear in log2 m, n, k, clamped), None where it has none (the caller then reads the
-    dense table). Read by shape, unscaled, like the dense tables."""
+    dense table). Read by shape, unscaled, like the dense tables (a memory-bound entry on another GPU:
+    ``transferred_memory_efficiency``)."""
     table = cal.grouped_gemm_tables.get(dtype)
     if table is None or min(m, n, k) <= 0:
         return None
-    return gemm_table_value(table, m, n, k)
+    value = gemm_table_value(table, m, n, k)
+    return transferred_memory_efficiency(cal, value, nbytes, gpu) if memory_bound else value
 
 
 def memory_efficiency(cal: CalibrationSpec, nbytes: float, gpu: HardwareSpec | None = None,

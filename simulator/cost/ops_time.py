@@ -112,7 +112,7 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
             rows, touched = routed_rows(op)
             m = max(1, round(rows / max(touched, 1.0)))
             moe_streaming = memory_s > compute_s
-            grouped = efficiency.grouped_gemm_efficiency(cal, dtype, m, n, k)
+            grouped = efficiency.grouped_gemm_efficiency(cal, dtype, m, n, k, cost.bytes, moe_streaming, gpu)
         if grouped is not None:
             eff = min(grouped, efficiency.memory_efficiency(cal, cost.bytes, gpu)) if moe_streaming else grouped
             eff *= memory_scale if moe_streaming else compute_scale

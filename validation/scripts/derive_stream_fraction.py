@@ -1,0 +1,112 @@
+"""Each calibration's ``stream_bandwidth_fraction``, from its own raw microbenchmark records, and the check of the
+transfer rule that uses it on the other GPU's GEMM records.
+
+    python -m aisim.validation.scripts.derive_stream_fraction
+
+Data: hardware_specs/calibration/h100-sxm.raw.json and h200.raw.json (``aisim calibrate``'s raw records; nothing
+here is a judged row).
+
+- ``stream_bandwidth_fraction``: the fraction of datasheet bandwidth a plain streaming kernel reaches, the median
+  over the file's largest copy and add records (>= 1 GiB tensors, fp16 and fp32; bytes moved = read + written,
+  validation/calibrate_fit.MEMORY_OPS). H100 and H200 give nearly the same (printed), where their memory curves'
+  plateaus (medians over copy, add, activations, norms and softmax) differ: 0.89 and 0.80. The softmax and fp16
+  activations run at about the same absolute rate on both GPUs (same SMs and clock), not the same fraction.
+  default.yaml takes the median over both files.
+- The check: every bf16/fp16 GEMM record of one file below the ridge point (memory-bound on both GPUs), predicted
+  from the other file's record of the same shape (a) as aisim read tables before (the same fraction of datasheet
+  bandwidth) and (b) with efficiency.transferred_memory_efficiency (the time less its streaming part kept as a
+  duration, the bytes streamed at this fraction of the target's bandwidth). MAPE per direction, split at 64 MB.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from aisim.errors import AisimError
+
+ROOT = Path(__file__).resolve().parents[2]
+CAL_DIR = ROOT / "hardware_specs" / "calibration"
+DEVICES = ("h100-sxm", "h200")
+STREAM_OPS = ("copy", "add")
+MIN_STREAM_BYTES = 2 ** 30          # tensor size of the plateau records
+SMALL_BYTES = 64e6                  # the check's split
+
+
+def raw_records(device: str) -> list[dict]:
+    path = CAL_DIR / f"{device}.raw.json"
+    try:
+        records = json.loads(path.read_text())["records"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise AisimError(f"{path}: cannot read aisim calibrate's raw records ({type(exc).__name__}); rerun "
+                         "aisim calibrate for this GPU")
+    return [r for r in records if isinstance(r, dict) and r.get("time_s")]
+
+
+def _bandwidth(device: str) -> float:
+    from aisim.specs import all_hardware
+
+    return all_hardware()[device].memory_bw_bytes_per_s
+
+
+def stream_fraction(device: str) -> float:
+    from aisim.validation.calibrate_fit import MEMORY_OPS
+
+    bw = _bandwidth(device)
+    values = [r["size_bytes"] * MEMORY_OPS[r["op"]] / r["time_s"] / bw for r in raw_records(device)
+              if r.get("bench") == "memory" and r.get("op") in STREAM_OPS and r["size_bytes"] >= MIN_STREAM_BYTES]
+    if not values:
+        raise AisimError(f"{device}.raw.json: no copy/add records of >= 1 GiB; rerun aisim calibrate")
+    return round(statistics.median(values), 3)
+
+
+def gemm_records(device: str) -> dict[tuple, float]:
+    return {(r["dtype"], r["m"], r["n"], r["k"]): r["time_s"] for r in raw_records(device)
+            if r.get("bench") == "gemm" and r.get("dtype") in ("bf16", "fp16")}
+
+
+def check(source: str, target: str, fraction: float) -> dict[str, tuple[int, float, float]]:
+    """'small' / 'large' -> (n, MAPE % reading the same fraction, MAPE % with the transfer rule) for the target's
+    memory-bound GEMM records predicted from the source's."""
+    from aisim.cost.efficiency import transferred_memory_efficiency
+    from aisim.specs import all_hardware, load_calibration
+
+    src, dst = all_hardware()[source], all_hardware()[target]
+    cal = load_calibration(source).model_copy(update={"stream_bandwidth_fraction": fraction})
+    ridge = min(src.peak_for("bf16") / src.memory_bw_bytes_per_s, dst.peak_for("bf16") / dst.memory_bw_bytes_per_s)
+    measured_src = gemm_records(source)
+    errors: dict[str, tuple[list[float], list[float]]] = {"small": ([], []), "large": ([], [])}
+    for key, seconds in gemm_records(target).items():
+        _, m, n, k = key
+        nbytes = 2 * (m * k + k * n + m * n)
+        if key not in measured_src or 2 * m * n * k / nbytes >= ridge:
+            continue
+        eff_src = nbytes / src.memory_bw_bytes_per_s / measured_src[key]
+        same = nbytes / dst.memory_bw_bytes_per_s / eff_src
+        rule = nbytes / dst.memory_bw_bytes_per_s / transferred_memory_efficiency(cal, eff_src, nbytes, dst)
+        bucket = errors["small" if nbytes <= SMALL_BYTES else "large"]
+        bucket[0].append(abs(same / seconds - 1))
+        bucket[1].append(abs(rule / seconds - 1))
+    return {k: (len(a), 100 * statistics.fmean(a), 100 * statistics.fmean(b)) for k, (a, b) in errors.items() if a}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.parse_args(argv)
+    try:
+        own = {device: stream_fraction(device) for device in DEVICES}
+        print("stream_bandwidth_fraction:", own, "default.yaml (median):", round(statistics.median(own.values()), 3))
+        for source, target in (DEVICES, DEVICES[::-1]):
+            for size, (n, same, rule) in check(source, target, own[source]).items():
+                print(f"{source} -> {target}, memory-bound GEMMs, {size} (<= or > {SMALL_BYTES / 1e6:.0f} MB): n = "
+                      f"{n}, same fraction of bandwidth {same:.1f}%, transfer rule {rule:.1f}%")
+    except AisimError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
