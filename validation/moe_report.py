@@ -579,6 +579,14 @@ GRAPHS_CEILING = 7.4    # in-sample MAPE with the replay calibration and the per
 # timed forward (no rewind), context 1024, --runtime graphs, static_cache_len 4096, one H100 SXM.
 GRAPHS_PREDICTED_MS = {("qwen2.5-1.5b", 1, 4096): 3.146, ("qwen2.5-1.5b", 32, 4096): 18.359,
                        ("Meta-Llama-3-8B", 1, 4096): 8.358, ("Meta-Llama-3-8B", 32, 4096): 59.008}
+# Batch 8 (the first run's batch-8 cases were skipped by its time budget), predicted before the measurement
+# (2026-11-27 ~03:10 UTC, commit "graphs: batch-8 predictions"), ms per timed forward, context 1024, per GPU.
+GRAPHS_B8_DATA = GRAPHS_DIR / "graphs-decode-b8.jsonl"
+GRAPHS_B8_PREDICTED_MS = {
+    "h100": {("qwen2.5-1.5b", 8, 1039): 3.351, ("qwen2.5-1.5b", 8, 4096): 6.149,
+             ("Meta-Llama-3-8B", 8, 1039): 10.257, ("Meta-Llama-3-8B", 8, 4096): 19.739},
+    "h200": {("qwen2.5-1.5b", 8, 1039): 2.769, ("qwen2.5-1.5b", 8, 4096): 4.995,
+             ("Meta-Llama-3-8B", 8, 1039): 7.609, ("Meta-Llama-3-8B", 8, 4096): 14.721}}
 
 
 @dataclass(frozen=True)
