@@ -154,6 +154,10 @@ def test_graphs_decode_stays_under_its_ceiling():
     rows = moe_report.compare_graphs()
     assert len(rows) == 4
     assert moe_report.graphs_mape(rows) <= moe_report.GRAPHS_CEILING
+    every = rows + moe_report.compare_graphs(moe_report.GRAPHS_CACHELEN_DATA) \
+        + moe_report.compare_graphs(moe_report.GRAPHS_B8_DATA)
+    assert len(every) == 16 and {r.batch for r in every} == {1, 8, 32}     # the batches the engines issue names
+    assert moe_report.graphs_mape(every) <= moe_report.GRAPHS_ALL_CEILING
 
 
 def test_fp8_prefill_runs_at_the_fp8_rate_on_h100_and_falls_back_on_a100():

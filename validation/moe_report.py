@@ -575,6 +575,7 @@ GRAPHS_CACHELEN_DATA = GRAPHS_DIR / "graphs-decode-cachelen-h100.jsonl"  # out o
 GRAPHS_CONFIGS = {"qwen2.5-1.5b": str(CONFIGS / "qwen2.5-1.5b.json"), "Meta-Llama-3-8B": "Meta-Llama-3-8B"}
 GRAPHS_GOAL = 10.0
 GRAPHS_CEILING = 7.4    # in-sample MAPE with the replay calibration and the per-op host table (6.9%) plus half a point
+GRAPHS_ALL_CEILING = 12.3   # every measured row (16, the batch-8 run of 2026-11-27 included: 11.8%) plus half a point
 # Predicted before the measurement (2026-11-26 ~10:10 UTC, commit "graphs: HF StaticCache decode ..."): ms per
 # timed forward (no rewind), context 1024, --runtime graphs, static_cache_len 4096, one H100 SXM.
 GRAPHS_PREDICTED_MS = {("qwen2.5-1.5b", 1, 4096): 3.146, ("qwen2.5-1.5b", 32, 4096): 18.359,
@@ -667,8 +668,8 @@ def graphs_lines(path: Path = GRAPHS_DATA, cachelen_path: Path = GRAPHS_CACHELEN
     out = ["HF StaticCache + torch.compile(mode='reduce-overhead') decode on one H100 "
            "(validation/data/kernels/graphs-decode-h100.jsonl, context 1024, max_cache_len 1039) against "
            "`--runtime graphs --static-cache-len <max_cache_len>`:", "", *_graphs_table(rows), "",
-           f"MAPE {mape:.1f}% over {len(rows)} cases (goal {GRAPHS_GOAL:.0f}%: "
-           f"{'met' if mape <= GRAPHS_GOAL else 'not met'}; ceiling {GRAPHS_CEILING:.1f}%). "
+           f"MAPE {mape:.1f}% over these {len(rows)} cases (ceiling {GRAPHS_CEILING:.1f}%; the goal, "
+           f"{GRAPHS_GOAL:.0f}%, is judged over every measured row, below). "
            "What runs (transformers 5.17, graph.engine.static_cache_decode): "
            "each step attends over the whole max_cache_len with a (B, 1, 1, L) mask, so transformers' SDPA path "
            "repeats the KV heads (`repeat_kv.copy`: B x H x L x D written per K and V) and PyTorch runs its masked "
@@ -695,7 +696,45 @@ def graphs_lines(path: Path = GRAPHS_DATA, cachelen_path: Path = GRAPHS_CACHELEN
                        + (f", {graphs_mape(later):.1f}% over all {len(later)} rows." if len(later) > len(fresh)
                           else "."))
         out += ["", *_profile_lines(later)]
+    out += ["", *graphs_b8_lines(rows + later)]
     return out
+
+
+def graphs_b8_lines(earlier: list[GraphsRow], path: Path = GRAPHS_B8_DATA) -> list[str]:
+    """The batch-8 run (the batch the first run's time budget skipped) against the predictions committed before
+    it, and the goal over every measured graphs row."""
+    from aisim.catalog import resolve_device
+
+    rows = compare_graphs(path)
+    if not rows:
+        return []
+    header = next((r for r in map(json.loads, path.open()) if r.get("type") == "header"), {})
+    gpu = resolve_device(header.get("gpu_name", DEVICE)).gpu.name
+    predicted = {k[0:3]: v for k, v in GRAPHS_B8_PREDICTED_MS.get("h100" if gpu == "h100-sxm" else gpu, {}).items()}
+    before = [abs(predicted[(r.model, r.batch, r.cache_len)] - r.measured_ms) / r.measured_ms for r in rows
+              if (r.model, r.batch, r.cache_len) in predicted]
+    everything = earlier + rows
+    mape = graphs_mape(everything)
+    gaps = [(r.measured_ms - r.gpu_kernel_ms) for r in rows if r.gpu_kernel_ms]
+    kernels = {(c["model"], c["batch"], c["max_cache_len"]): (c.get("profile") or {}).get("kernels_per_step")
+               for c in _graphs_cases(path)}
+    per_kernel = [1e3 * (r.measured_ms - r.gpu_kernel_ms) / kernels[(r.model, r.batch, r.cache_len)] for r in rows
+                  if r.gpu_kernel_ms and kernels.get((r.model, r.batch, r.cache_len))]
+    return [f"Batch 8 (validation/data/kernels/graphs-decode-b8.jsonl: {header.get('gpu_name', '?')}, driver "
+            f"{header.get('driver', '?')}, torch {header.get('torch', '?')}, transformers "
+            f"{header.get('transformers', '?')}, {header.get('date', '?')[:16]}; the first run's batch-8 cases were "
+            "skipped by its time budget; predicted before the measurement, the model unchanged since):", "",
+            *_graphs_table(rows), "",
+            f"The predictions: MAPE {100 * sum(before) / max(len(before), 1):.1f}% over {len(before)} rows. "
+            "Profiled, the kernels sum to " + " / ".join(f"{r.gpu_kernel_ms:.2f}" for r in rows if r.gpu_kernel_ms)
+            + " ms; aisim's GPU time (its kernels plus the replay gap, 1.45 us each) " + " / ".join(
+                f"{r.estimated_gpu_ms:.2f}" for r in rows if r.gpu_kernel_ms) + f" ms; the measured steps are "
+            f"{min(gaps):.1f}-{max(gaps):.1f} ms longer than their kernels alone ("
+            f"{min(per_kernel):.1f}-{max(per_kernel):.1f} us per replayed kernel). The real models' replays leave "
+            "wider gaps than the tiny Llama the replay constants come from, and at 8 rows qwen2.5-1.5b's small GEMMs "
+            "take longer than the table less the replay credit; neither is fitted to these rows.",
+            "", f"All {len(everything)} measured graphs rows (in sample, the max_cache_len run, batch 8): MAPE "
+            f"{mape:.1f}% (goal {GRAPHS_GOAL:.0f}%: {'met' if mape <= GRAPHS_GOAL else 'not met'})."]
 
 
 def _profile_lines(rows: list[GraphsRow]) -> list[str]:
