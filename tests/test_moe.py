@@ -321,3 +321,17 @@ def test_vllm_runs_the_moe_block_as_its_fused_moe_kernels():
                      "aten._grouped_mm", "fused.moe_sum", "nccl.all_reduce"]
     hf_names, hf_bytes = layer_ops("graphs", tp=2)
     assert "aten.sort" in hf_names and "aten.histc" in hf_names and grouped_bytes == pytest.approx(hf_bytes)
+
+
+def test_graphs_replay_constants_are_derived_from_the_wide_models():
+    """graphs.yaml's replay gap and per-step overhead are the least-squares fit over the wide, non-judged models
+    (derive_graphs_replay's default file), and the tiny model's fit, kept for comparison, gives a shorter gap."""
+    from aisim.specs import all_runtimes
+    from aisim.validation.scripts import derive_graphs_replay as d
+
+    wide, tiny = d.derive(), d.derive(d.TINY)
+    graphs = all_runtimes()["graphs"]
+    assert graphs.replay_kernel_gap_s == pytest.approx(wide["replay_kernel_gap_s"], rel=1e-3)
+    assert graphs.per_step_overhead_s == pytest.approx(wide["per_step_overhead_s"], rel=1e-3)
+    assert not any(r["model"].startswith(d.JUDGED) for r in wide["rows"])
+    assert tiny["replay_kernel_gap_s"] < wide["replay_kernel_gap_s"]

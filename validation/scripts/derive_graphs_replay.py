@@ -1,8 +1,10 @@
 """Derive the compiled step's non-kernel time for ``--runtime graphs`` (hardware_specs/runtimes/graphs.yaml:
-replay_kernel_gap_s and per_step_overhead_s) from HF StaticCache + torch.compile(mode="reduce-overhead") decode of a
-tiny model at several depths (validation/data/kernels/graphs-replay-tiny-h100.jsonl, written by
-validation/harness/graphs_decode.py --models cbhost-llama --layers 2,8,32 --profile; 256 wide, so its kernels are
-short and the step is mostly the replay's gaps and the call's host work).
+replay_kernel_gap_s and per_step_overhead_s) from HF StaticCache + torch.compile(mode="reduce-overhead") decode of
+models that no table judges, at several depths: validation/data/kernels/graphs-replay-wide-h100.jsonl (the shipped
+constants; validation/harness/graphs_decode.py --models llama-1b,llama-3b --layers 2,8,16 --batches 8 --modes compile
+--profile: Llama-3.2-1B and 3B widths, whose kernels are as long as a real model's, 7-10 us) and, for comparison,
+validation/data/kernels/graphs-replay-tiny-h100.jsonl (--models cbhost-llama --layers 2,8,32: 256 wide, 2-4 us
+kernels, which leave shorter gaps: 1.45 us against 2.67).
 
 Per compiled row: non-kernel time = median step time (CUDA events around the compiled call) - the profiled GPU kernel
 time per forward; least squares over the rows: non-kernel = per_step_overhead + kernels x replay_kernel_gap (kernels:
@@ -18,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-DATA = Path(__file__).resolve().parent.parent / "data" / "kernels" / "graphs-replay-tiny-h100.jsonl"
+DATA = Path(__file__).resolve().parent.parent / "data" / "kernels" / "graphs-replay-wide-h100.jsonl"
+TINY = DATA.with_name("graphs-replay-tiny-h100.jsonl")
 JUDGED = ("qwen2.5-1.5b", "Meta-Llama-3-8B")
 
 
