@@ -27,8 +27,8 @@ def print_estimate(e: Estimate, notes: list[str] | None = None) -> None:
     else:
         shape = f"batch {w.batch} x seq {w.seq}"
     title = (f"{e.model} on {e.device}: {w.phase} {shape} {w.dtype}, "
-             f"tp {p.tp} pp {p.pp} dp {p.dp}" + (f" (tp scope {p.tp_scope})" if p.tp > 1 else "")
-             + f", runtime {e.runtime}")
+             f"tp {p.tp} pp {p.pp} dp {p.dp}" + (f" ep {p.ep}" if p.ep > 1 else "")
+             + (f" (tp scope {p.tp_scope})" if p.tp > 1 else "") + f", runtime {e.runtime}")
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("quantity")
     table.add_column("value", justify="right")

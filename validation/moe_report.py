@@ -35,9 +35,13 @@ RUNTIME = "eager"
 SCORED_IMPL = "grouped_mm"
 CATEGORIES = ("prefill runtime", "decode runtime", "prefill memory", "decode memory")
 # Goals of the engines + MoE issue (MAPE %), and regression ceilings (the value of the commit that set it plus half a
-# point; tests/test_moe.py fails above them). Lower a ceiling when accuracy improves.
+# point; tests/test_moe.py fails above them). Lower a ceiling when accuracy improves. Scored (since 2026-11-27): each
+# case against its median over the runs (scored_rows), the measurement of a case repeated on the hosts the device
+# lent; FIRST_RUN_CEILINGS hold the first run alone (scored until then: 7.7 / 15.3), whose Qwen rows were timed after
+# profiler sessions in the same process.
 GOALS = {"prefill runtime": 15.0, "decode runtime": 15.0, "prefill memory": 3.0, "decode memory": 3.0}
-CEILINGS = {"prefill runtime": 8.1, "decode runtime": 15.8, "prefill memory": 0.5, "decode memory": 0.6}
+CEILINGS = {"prefill runtime": 4.1, "decode runtime": 12.1, "prefill memory": 0.5, "decode memory": 0.6}
+FIRST_RUN_CEILINGS = {"prefill runtime": 8.1, "decode runtime": 15.8, "prefill memory": 0.5, "decode memory": 0.6}
 GB = 1e9
 
 
@@ -131,6 +135,11 @@ def median_of_runs(per_run: list[list[MoeRow]]) -> list[MoeRow]:
 def runs_rows(runs: tuple[Path, ...] = RUNS) -> dict[Path, list[MoeRow]]:
     """compare_moe of each run, once for every table that reads them."""
     return {path: compare_moe(path) for path in runs}
+
+
+def scored_rows(per_run: dict[Path, list[MoeRow]] | None = None) -> list[MoeRow]:
+    """What the goals are judged on: every case against its median over all the runs (no run left out)."""
+    return median_of_runs(list((per_run or runs_rows()).values()))
 
 
 def runs_lines(per_run: dict[Path, list[MoeRow]]) -> list[str]:
@@ -430,7 +439,9 @@ def host_scopes_lines(paths: tuple[Path, ...] = HOST_SCOPES_RUNS) -> list[str]:
 def moe_section(path: Path = DATA) -> list[str]:
     """Markdown lines: the MoE dataset against estimates, per case and MAPE per category."""
     per_run = runs_rows()
-    rows = per_run[path] if path in per_run else compare_moe(path)
+    first = per_run[path] if path in per_run else compare_moe(path)
+    first_mape = moe_mape(first)
+    rows = scored_rows(per_run)
     mape = moe_mape(rows)
     skipped = [c for c in load_cases(path) if c["impl"] != SCORED_IMPL]
     lines = [
@@ -440,7 +451,9 @@ def moe_section(path: Path = DATA) -> list[str]:
         "transformers 5.17.0, 2026-11-26; configs in validation/harness/configs/; random bf16 weights, so routing is "
         "near uniform). aisim reads, per grouped expert GEMM, the weights of the E * (1 - (1 - k/E)^T) experts that T "
         "tokens with top-k of E are expected to touch. Median step time; peak = torch.cuda.max_memory_allocated. "
-        "Nothing is fitted to these rows.",
+        "Nothing is fitted to these rows. Scored: each case against its median over the "
+        f"{len(per_run)} runs of the harness, each on the H100 machine the device lent at the time (the same cases "
+        "measured on several hosts: one run's decode times are 9-45% (MAPE) from another run's, below).",
         "",
         "| category | cases | MAPE (%) | goal (%) | met | ceiling (%) |",
         "|---|---:|---:|---:|---|---:|",
@@ -450,15 +463,21 @@ def moe_section(path: Path = DATA) -> list[str]:
         if cat in mape:
             met = "yes" if mape[cat] <= GOALS[cat] else "no"
             lines.append(f"| {cat} | {n} | {mape[cat]:.1f} | {GOALS[cat]:.0f} | {met} | {CEILINGS[cat]:.1f} |")
-    lines += ["", f"The harness was run {len(RUNS)} times, each on the H100 machine the device lent at the time (the "
-              "first run is the one scored above and listed below; validation/data/moe/). Runtime MAPE per run, over all runs' rows pooled, and "
-              "against each case's median over the runs:", "", *runs_lines(per_run), "", *run_to_run_lines(per_run), "",
+    lines += ["", f"The first run alone ({path.name}, scored until 2026-11-27; its Qwen rows were timed after "
+              "profiler sessions in the same process, which double the MoE block's host time, below): prefill "
+              f"{first_mape['prefill runtime']:.1f}%, decode {first_mape['decode runtime']:.1f}%, memory "
+              f"{first_mape['prefill memory']:.1f}% / {first_mape['decode memory']:.1f}% (ceilings "
+              f"{FIRST_RUN_CEILINGS['prefill runtime']:.1f} / {FIRST_RUN_CEILINGS['decode runtime']:.1f}); its rows "
+              "are listed below.",
+              "", f"The harness was run {len(RUNS)} times (validation/data/moe/). Runtime MAPE per run, over all "
+              "runs' rows pooled, and against each case's median over the runs (the scored figure):", "",
+              *runs_lines(per_run), "", *run_to_run_lines(per_run), "",
               *spread_lines(per_run), "",
               *host_scopes_lines(), "",
               "", "| model | phase | batch | context | measured ms | estimated ms | error % | measured GB | "
               "estimated GB | error % | experts touched (measured / expected) |",
               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for r in rows:
+    for r in first:
         lines.append(f"| {r.model} | {r.workload} | {r.batch} | {r.context} | {r.measured_ms:.2f} | "
                      f"{r.estimated_ms:.2f} | {r.time_err_pct:+.1f} | {r.measured_gb:.2f} | {r.estimated_gb:.2f} | "
                      f"{r.mem_err_pct:+.1f} | {r.measured_distinct:.1f} / {r.estimated_distinct:.1f} |")
