@@ -22,7 +22,9 @@ read at the size that is equivalent on the reference GPU (``CalibrationSpec.refe
   alike, while the same decode GEMM reaches 0.75 of H100's 3.35 TB/s and 0.69 of H200's 4.8 TB/s. On the
   calibrations' raw GEMM records below the ridge point (bf16/fp16, 130 shapes), H100 -> H200 MAPE 28.8% -> 10.1%
   (<= 64 MB) and 5.2% -> 3.1% (larger); H200 -> H100 42.3% -> 10.4% and 5.6% -> 2.3%
-  (``python -m aisim.validation.scripts.derive_stream_fraction``).
+  (``python -m aisim.validation.scripts.derive_transfer_rules``).
+- an op reading a transposed operand keeps its time at the same bytes, scaled by SMs x clock
+  (``transposed_efficiency``): uncoalesced reads run at the same rate on H100 and H200.
 Plateaus (the fraction of peak a large kernel reaches) are kept as fractions of the datasheet figure.
 Known inaccuracy: a GEMM table is read by shape, unscaled (exact between GPUs of one SM count, H100/H200), and the
 duration part of a transferred memory-bound entry is not rescaled to another SM count.
@@ -169,15 +171,30 @@ def grouped_gemm_efficiency(cal: CalibrationSpec, dtype: str, m: int, n: int, k:
 
 def memory_efficiency(cal: CalibrationSpec, nbytes: float, gpu: HardwareSpec | None = None,
                       transposed: bool = False, broadcast: bool = False) -> float:
-    """The memory-bound curve (``transposed``: the strided-operand one where the calibration has it; ``broadcast``:
-    the innermost-broadcast one where it has it, never above the contiguous curve, which holds the launch-bound
-    small sizes the broadcast curve was not measured at)."""
-    curve = cal.transposed_memory_efficiency if transposed and cal.transposed_memory_efficiency is not None \
-        else cal.memory_efficiency
+    """The memory-bound curve (``transposed``: the strided-operand one where the calibration has it,
+    ``transposed_efficiency``; ``broadcast``: the innermost-broadcast one where it has it, never above the contiguous
+    curve, which holds the launch-bound small sizes the broadcast curve was not measured at)."""
     x = _log_x(nbytes, size_scale(cal, gpu, "bytes"))
+    contiguous = curve_value(cal.memory_efficiency, x)
+    if transposed and cal.transposed_memory_efficiency is not None:
+        return min(transposed_efficiency(cal, nbytes, gpu), contiguous)
     if broadcast and not transposed and cal.broadcast_memory_efficiency is not None:
-        return min(curve_value(cal.broadcast_memory_efficiency, x), curve_value(curve, x))
-    return curve_value(curve, x)
+        return min(curve_value(cal.broadcast_memory_efficiency, x), contiguous)
+    return contiguous
+
+
+def transposed_efficiency(cal: CalibrationSpec, nbytes: float, gpu: HardwareSpec | None = None) -> float:
+    """An elementwise op reading an operand across its innermost dim (uncoalesced): a rate per SM-cycle, not a
+    fraction of bandwidth. The raw copy_t / add_t records take 1.0-1.36x as long on an H100 as on an H200, whose
+    bandwidth is 1.43x and whose SMs and clock are the H100's (python -m aisim.validation.scripts.
+    derive_transfer_rules); so on another GPU than the reference the curve's time at the same bytes is kept,
+    scaled by SMs x clock (an assumption beyond those two GPUs, as for strided_cat_elements_per_sm_cycle)."""
+    eff = curve_value(cal.transposed_memory_efficiency, _log_x(nbytes, 1.0))
+    ref = reference_gpu(cal) if gpu is not None else None
+    if ref is None or ref.name == gpu.name:
+        return eff
+    sm_cycles = (gpu.sm_count * gpu.boost_clock_mhz) / (ref.sm_count * ref.boost_clock_mhz)
+    return max(eff * ref.memory_bw_bytes_per_s / gpu.memory_bw_bytes_per_s * sm_cycles, MIN_EFFICIENCY)
 
 
 def batched_gemm_memory_efficiency(cal: CalibrationSpec, nbytes: float, gpu: HardwareSpec | None = None) -> float:

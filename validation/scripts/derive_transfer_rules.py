@@ -1,21 +1,23 @@
-"""Each calibration's ``stream_bandwidth_fraction``, from its own raw microbenchmark records, and the check of the
-transfer rule that uses it on the other GPU's GEMM records.
+"""The rules by which a calibration measured on one GPU is read on another, from the calibrations' own raw
+microbenchmark records (hardware_specs/calibration/h100-sxm.raw.json and h200.raw.json; nothing here is a judged row).
 
-    python -m aisim.validation.scripts.derive_stream_fraction
+    python -m aisim.validation.scripts.derive_transfer_rules
 
-Data: hardware_specs/calibration/h100-sxm.raw.json and h200.raw.json (``aisim calibrate``'s raw records; nothing
-here is a judged row).
-
-- ``stream_bandwidth_fraction``: the fraction of datasheet bandwidth a plain streaming kernel reaches, the median
-  over the file's largest copy and add records (>= 1 GiB tensors, fp16 and fp32; bytes moved = read + written,
-  validation/calibrate_fit.MEMORY_OPS). H100 and H200 give nearly the same (printed), where their memory curves'
-  plateaus (medians over copy, add, activations, norms and softmax) differ: 0.89 and 0.80. The softmax and fp16
-  activations run at about the same absolute rate on both GPUs (same SMs and clock), not the same fraction.
-  default.yaml takes the median over both files.
-- The check: every bf16/fp16 GEMM record of one file below the ridge point (memory-bound on both GPUs), predicted
+- ``stream_bandwidth_fraction`` (each file, and default.yaml the median of both): the fraction of datasheet bandwidth
+  a plain streaming kernel reaches, the median over the file's largest copy and add records (>= 1 GiB tensors, fp16
+  and fp32; bytes moved = read + written, validation/calibrate_fit.MEMORY_OPS). H100 and H200 give nearly the same
+  (printed), where their memory curves' plateaus (medians over copy, add, activations, norms and softmax) differ:
+  0.89 and 0.80. The softmax and fp16 activations run at about the same absolute rate on both GPUs (same SMs and
+  clock), not the same fraction.
+  The check: every bf16/fp16 GEMM record of one file below the ridge point (memory-bound on both GPUs), predicted
   from the other file's record of the same shape (a) as aisim read tables before (the same fraction of datasheet
   bandwidth) and (b) with efficiency.transferred_memory_efficiency (the time less its streaming part kept as a
   duration, the bytes streamed at this fraction of the target's bandwidth). MAPE per direction, split at 64 MB.
+- default.yaml ``transposed_memory_efficiency``: elementwise ops with a transposed operand (copy_t, add_t) take
+  1.0-1.36x as long on the H100 as on the H200 (printed), whose bandwidth is 1.43x and whose SMs and clock are the
+  same: a rate per SM-cycle. The default curve, at the reference GPU (h100-sxm), is at each point of the two files'
+  common grid the mean of the two files' times at the same bytes (the H200's scaled by SMs x clock, here 1), as an
+  efficiency; efficiency.transposed_efficiency reads it on any GPU by SMs x clock.
 """
 from __future__ import annotations
 
@@ -92,6 +94,39 @@ def check(source: str, target: str, fraction: float) -> dict[str, tuple[int, flo
     return {k: (len(a), 100 * statistics.fmean(a), 100 * statistics.fmean(b)) for k, (a, b) in errors.items() if a}
 
 
+def transposed_default() -> dict[str, list[float]]:
+    """default.yaml's transposed_memory_efficiency at the reference GPU (h100-sxm): the mean time of the two files'
+    curves at each common point, the other GPU's scaled to the reference by SMs x clock."""
+    from aisim.specs import all_hardware, load_calibration
+
+    ref_name = DEVICES[0]
+    ref = all_hardware()[ref_name]
+    curves = {d: load_calibration(d).transposed_memory_efficiency for d in DEVICES}
+    if any(c is None for c in curves.values()) or len({tuple(c.x) for c in curves.values()}) != 1:
+        raise AisimError("the calibrations' transposed curves are missing or on different grids; rerun aisim "
+                         "calibrate --add-transposed on both GPUs")
+    x = curves[ref_name].x
+    efficiency = []
+    for i in range(len(x)):
+        seconds = []
+        for device, curve in curves.items():
+            gpu = all_hardware()[device]
+            per_byte = 1.0 / (gpu.memory_bw_bytes_per_s * curve.efficiency[i])
+            seconds.append(per_byte * (gpu.sm_count * gpu.boost_clock_mhz) / (ref.sm_count * ref.boost_clock_mhz))
+        efficiency.append(round(1.0 / (ref.memory_bw_bytes_per_s * statistics.fmean(seconds)), 5))
+    return {"x": list(x), "efficiency": efficiency}
+
+
+def transposed_ratios() -> list[float]:
+    """H100 time / H200 time of every transposed (copy_t, add_t) record both files hold."""
+    def times(device: str) -> dict[tuple, float]:
+        return {(r["op"], r["dtype"], r["size_bytes"]): r["time_s"] for r in raw_records(device)
+                if r.get("bench") == "memory_t"}
+
+    a, b = times(DEVICES[0]), times(DEVICES[1])
+    return sorted(a[k] / b[k] for k in a if k in b)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.parse_args(argv)
@@ -102,6 +137,11 @@ def main(argv=None) -> int:
             for size, (n, same, rule) in check(source, target, own[source]).items():
                 print(f"{source} -> {target}, memory-bound GEMMs, {size} (<= or > {SMALL_BYTES / 1e6:.0f} MB): n = "
                       f"{n}, same fraction of bandwidth {same:.1f}%, transfer rule {rule:.1f}%")
+        ratios = transposed_ratios()
+        print(f"transposed records, {DEVICES[0]} time / {DEVICES[1]} time: {ratios[0]:.2f}-{ratios[-1]:.2f} "
+              f"(median {statistics.median(ratios):.2f}, n = {len(ratios)}); bandwidth ratio "
+              f"{_bandwidth(DEVICES[1]) / _bandwidth(DEVICES[0]):.2f}")
+        print("default.yaml transposed_memory_efficiency:", transposed_default())
     except AisimError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
