@@ -29,6 +29,9 @@ RUNS = (DATA, RERUN, *(Path(__file__).parent / "data" / "moe" / f"moe-h100-run{i
 HOST_SCOPES = Path(__file__).parent / "data" / "kernels" / "host-scopes-h100.jsonl"
 HOST_SCOPES_RUNS = (HOST_SCOPES, *(HOST_SCOPES.with_name(f"host-scopes-h100-run{i}.jsonl") for i in (2, 3)))
 GROUPED_GEMM = Path(__file__).parent / "data" / "kernels" / "grouped-gemm-h100.jsonl"
+# Mixtral-8x7B with 16 of its 32 layers (harness/configs/mixtral-8x7b-16l.json; the 32-layer model needs 93 GB, and no
+# H200 was lent on 2026-11-27), one run on an H100, predicted: the config was committed before it ran (9255cb3)
+MIXTRAL = Path(__file__).parent / "data" / "moe" / "moe-mixtral16l-h100.jsonl"
 CONFIGS = Path(__file__).parent / "harness" / "configs"
 DEVICE = "h100"
 RUNTIME = "eager"
@@ -135,6 +138,52 @@ def median_of_runs(per_run: list[list[MoeRow]]) -> list[MoeRow]:
 def runs_rows(runs: tuple[Path, ...] = RUNS) -> dict[Path, list[MoeRow]]:
     """compare_moe of each run, once for every table that reads them."""
     return {path: compare_moe(path) for path in runs}
+
+
+def mixtral_lines(path: Path = MIXTRAL) -> list[str]:
+    """The Mixtral-shaped run: per-case errors, MAPE, and the same estimated with the run's own host lines."""
+    from aisim.specs import load_calibration
+
+    from .host import host_spec
+
+    if not path.exists():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    header = records[0]
+    hosts = [r for r in records if r.get("type") == "host" and r.get("constants")]
+    rows = compare_moe(path)
+    mape = moe_mape(rows)
+    out = [f"Mixtral-8x7B with 16 of its 32 layers (validation/harness/configs/mixtral-8x7b-16l.json: 8 experts of "
+           "14336 wide, top-2; the whole model needs 93 GB of bf16 weights and no H200 was lent when asked on "
+           f"2026-11-27), one run ({path.relative_to(path.parents[3])}: {header.get('gpu_name')}, driver "
+           f"{header.get('driver')}, torch {header.get('torch')}, transformers {header.get('transformers')}, "
+           f"{header.get('date', '?')[:16]}), predicted: the config was committed before it ran and nothing changed "
+           "since. Not in the scored table (one run, another model):", "",
+           "| phase | batch | context | measured ms | estimated ms | error % | measured GB | estimated GB | "
+           "experts touched (measured / expected) |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    out += [f"| {r.workload} | {r.batch} | {r.context} | {r.measured_ms:.2f} | {r.estimated_ms:.2f} | "
+            f"{r.time_err_pct:+.1f} | {r.measured_gb:.2f} | {r.estimated_gb:.2f} | {r.measured_distinct:.1f} / "
+            f"{r.estimated_distinct:.1f} |" for r in rows]
+    line = (f"Runtime MAPE prefill {mape['prefill runtime']:.1f}%, decode {mape['decode runtime']:.1f}%; memory "
+            f"{mape['prefill memory']:.2f}% / {mape['decode memory']:.2f}%.")
+    if hosts:
+        spec = host_spec(hosts)
+        own = moe_mape(compare_moe(path, calibration=spec.apply(load_calibration("h100-sxm"))))
+        helped = []
+        for run in RUNS:
+            lines = [json.loads(x) for x in run.read_text().splitlines() if x.strip()]
+            run_hosts = [r for r in lines if r.get("type") == "host" and r.get("constants")]
+            if run_hosts:
+                cal = host_spec(run_hosts).apply(load_calibration("h100-sxm"))
+                helped.append(moe_mape(compare_moe(run, calibration=cal))["decode runtime"]
+                              < moe_mape(compare_moe(run))["decode runtime"])
+        line += (f" The run's host was among the slowest measured: its host lines (validation/host.py, start and "
+                 f"end) give a tiny-model framework scale of {spec.eager_framework_scale:.2f}, where the "
+                 f"calibration's host has {load_calibration('h100-sxm').eager_framework_scale:.2f}; estimated with "
+                 f"them (`--host`), decode {own['decode runtime']:.1f}%, prefill {own['prefill runtime']:.1f}% (not "
+                 f"the scored method: on the {len(helped)} scored runs with host lines they improved decode on "
+                 f"{sum(helped)}).")
+    return out + ["", line]
 
 
 def scored_rows(per_run: dict[Path, list[MoeRow]] | None = None) -> list[MoeRow]:
@@ -468,19 +517,24 @@ def moe_section(path: Path = DATA) -> list[str]:
               f"{first_mape['prefill runtime']:.1f}%, decode {first_mape['decode runtime']:.1f}%, memory "
               f"{first_mape['prefill memory']:.1f}% / {first_mape['decode memory']:.1f}% (ceilings "
               f"{FIRST_RUN_CEILINGS['prefill runtime']:.1f} / {FIRST_RUN_CEILINGS['decode runtime']:.1f}); its rows "
-              "are listed below.",
+              "are listed below, beside each case's median.",
               "", f"The harness was run {len(RUNS)} times (validation/data/moe/). Runtime MAPE per run, over all "
               "runs' rows pooled, and against each case's median over the runs (the scored figure):", "",
               *runs_lines(per_run), "", *run_to_run_lines(per_run), "",
-              *spread_lines(per_run), "",
+              *spread_lines(per_run), "", *mixtral_lines(), "",
               *host_scopes_lines(), "",
-              "", "| model | phase | batch | context | measured ms | estimated ms | error % | measured GB | "
-              "estimated GB | error % | experts touched (measured / expected) |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for r in first:
+              "", "Each case: its median over the runs (scored) and the first run, against the estimate:", "",
+              "| model | phase | batch | context | measured ms (median of runs) | estimated ms | error % | first run "
+              "ms | error % | measured GB | estimated GB | error % | experts touched (first run / expected) |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    first_by_case = {r.case: r for r in first}
+    for r in rows:
+        f = first_by_case.get(r.case)
+        run1 = f"{f.measured_ms:.2f} | {f.time_err_pct:+.1f}" if f else "- | -"
         lines.append(f"| {r.model} | {r.workload} | {r.batch} | {r.context} | {r.measured_ms:.2f} | "
-                     f"{r.estimated_ms:.2f} | {r.time_err_pct:+.1f} | {r.measured_gb:.2f} | {r.estimated_gb:.2f} | "
-                     f"{r.mem_err_pct:+.1f} | {r.measured_distinct:.1f} / {r.estimated_distinct:.1f} |")
+                     f"{r.estimated_ms:.2f} | {r.time_err_pct:+.1f} | {run1} | {r.measured_gb:.2f} | "
+                     f"{r.estimated_gb:.2f} | {r.mem_err_pct:+.1f} | {r.measured_distinct:.1f} / "
+                     f"{r.estimated_distinct:.1f} |")
     lines += ["", f"Not scored: {len(skipped)} rows of the per-expert Python loop (`experts_implementation="
               "\"eager\"`), whose loop over the hit experts is data-dependent and is not traced on the meta device. "
               "Prefill of one sequence with random weights touches fewer experts than uniform routing predicts "
