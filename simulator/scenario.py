@@ -101,8 +101,8 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     cal, host_note = _host(request.host, cal)
     if dev.interconnect.allreduce_cpu_s is not None:  # measured on this host's GPU count: it replaces the device's
         cal = cal.model_copy(update={"allreduce_cpu_s": dev.interconnect.allreduce_cpu_s})
-    plan, plan_note = choose_plan(config, dev.count, dev.name, batch, request.tp, request.pp, request.dp,
-                                  request.tp_scope)
+    tp_scope = "full" if rt.vocab_parallel_head and request.tp_scope == "all" else request.tp_scope
+    plan, plan_note = choose_plan(config, dev.count, dev.name, batch, request.tp, request.pp, request.dp, tp_scope)
     plan = plan.model_copy(update={"ep": check_ep(config, plan, request.ep)})
     if rt.vendors and dev.gpu.vendor not in rt.vendors:
         raise AisimError(f"runtime {rt.name} runs on {', '.join(rt.vendors)} GPUs; {dev.gpu.name} is "
@@ -335,6 +335,11 @@ def _runtime_notes(rt: RuntimeSpec, dev: Device, dtype: str) -> list[str]:
         out.append(f"runtime {rt.name} has no documented efficiency for {dev.gpu.name} ({dev.gpu.architecture}, "
                    f"tensor cores: {cores}): its kernels are costed at the device calibration's efficiencies "
                    "(PyTorch's kernels); only its dispatch, attention, KV cache and beam settings apply")
+    serving = rt.serving
+    if serving is not None and (serving.attention == "packed-mask" or serving.prepare_s or serving.scheduler_overhead_s):
+        out.append(f"runtime {rt.name}: this is one forward of the engine's kernels; its per-step work around it "
+                   f"(batch preparation, the scheduler, {serving.attention} attention over the packed batch) is "
+                   "priced by `aisim serve`, which runs the engine's scheduler")
     return out
 
 

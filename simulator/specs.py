@@ -471,6 +471,9 @@ class RuntimeSpec(Spec):
         "kernel, HF's explicit attention (bmm, softmax, bmm) as the engine's fused attention kernel, HF's MoE "
         "routing bookkeeping as the engine's fused MoE kernels")
     serving: ServingSpec | None = Field(None, description="continuous-batching engine defaults (aisim serve)")
+    vocab_parallel_head: bool = Field(False, description="under tensor parallelism the engine shards the LM head "
+                                      "over the vocabulary and gathers the logits (tp scope 'full' where 'all' "
+                                      "was asked)")
     source: str
 
     def backend_efficiency(self, gpu: "HardwareSpec", dtype: str | None = None) -> BackendEfficiency | None:

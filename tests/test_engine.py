@@ -180,3 +180,15 @@ def test_gpt_oss_rotary_is_one_kernel_under_engines():
         if op.scope.endswith("self_attn") and op.name not in ("module.call",) and not op.attrs.get("view"):
             attn[op.name] = attn.get(op.name, 0) + float(r)
     assert attn == {"fused.rotary_embedding": 24, "kv_cache.write": 24, "attention.flash": 24}
+
+
+def test_vllm_shards_the_lm_head_over_the_vocabulary():
+    """vLLM's ParallelLMHead: under TP the vllm runtime shards the head (tp scope full: a logits all-gather, half the
+    head's weights per GPU at TP 2) where eager HF keeps it whole."""
+    kw = {"model": "Meta-Llama-3-8B", "device": "h100x2", "tp": 2, "workload": "decode", "batch": 8, "seq": 1024,
+          "dtype": "bf16", "top_ops": None}
+    vllm, eager = aisim.estimate(runtime="vllm", **kw), aisim.estimate(runtime="eager", **kw)
+    assert vllm.plan.tp_scope == "full" and eager.plan.tp_scope == "all"
+    assert "nccl.all_gather" in {r.name for r in vllm.top_ops}
+    head_bytes = 128256 * 4096 * 2 / 2       # half of the bf16 head on each GPU
+    assert eager.memory.weights_gb - vllm.memory.weights_gb == pytest.approx(head_bytes / 1e9, rel=0.02)
