@@ -218,3 +218,15 @@ def test_fp8_note_names_the_chosen_runtime():
     assert cb.exit_code == 0 and "FineGrainedFP8" in cb.output and "with transformers-cb" in cb.output
     vllm = runner.invoke(app, SERVE_GPT2 + ["--quant", "fp8"])
     assert "Fp8LinearMethod" in vllm.output and "FineGrainedFP8" not in vllm.output
+
+
+def test_step_mix_rows_cover_both_models():
+    """The engine's isolated steps (serve_cb step_mix) of the 1.5B and 8B models are compared with the step timer:
+    15 mixes each, every estimate positive and finite."""
+    import math
+
+    from aisim.validation.serve_report import step_mix_rows
+
+    rows = step_mix_rows()
+    assert {r["model"] for r in rows} == {"qwen2.5-1.5b", "Meta-Llama-3-8B"} and len(rows) == 30
+    assert all(r["estimated_ms"] > 0 and math.isfinite(r["error"]) for r in rows)

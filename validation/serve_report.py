@@ -115,6 +115,63 @@ def serve_section(rows: list[dict] | None = None) -> list[str]:
     return out
 
 
+def step_mix_rows() -> list[dict]:
+    """The engine's isolated steps (serve_cb's step_mix records: decode rows x context, prompt chunks, their mixes)
+    against aisim serve's step timer for the same batch, less the timer's scheduler loop (which the isolated step
+    does not run): measured = preparation + forward (total_ms_median)."""
+    from aisim.scenario import scenario
+    from aisim.studies.serve.steptime import BatchShape
+    from aisim.studies.serve.timer import StepCostTimer
+
+    out = []
+    for path in sorted(DATA.glob("cb-*.jsonl")):
+        lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        header = lines[0]
+        model = next((r["model"] for r in lines if r.get("type") == "model"), None)
+        if model not in MODELS:
+            continue
+        sc = scenario(str(MODELS[model]), DEVICES.get(header.get("gpu_name"), "h100"), dtype="bf16",
+                      runtime="transformers-cb")
+        timer, serving = StepCostTimer(sc, 8192), sc.runtime.serving
+        for r in lines:
+            if r.get("type") != "step_mix" or r.get("status") != "ok":
+                continue
+            rows, chunks = r["decode_rows"], r["prefill_chunks"]
+            ctx = r["decode_ctx"][0] if r["decode_ctx"] else 0
+            shape = BatchShape(prefill_tokens=sum(chunks), prefill_attn_pairs=float(sum(c * c for c in chunks)),
+                               prefill_seqs=len(chunks), decode_seqs=rows, decode_ctx_tokens=float(rows * ctx),
+                               prefill_ctx_tokens=float(sum(chunks)))
+            loop_s = serving.scheduler_overhead_s + serving.scheduler_overhead_per_seq_s * shape.seqs
+            est_ms = (timer.step_time_s(shape) - loop_s) * 1e3
+            out.append({"model": model, "mix": r["mix"], "measured_ms": r["total_ms_median"], "estimated_ms": est_ms,
+                        "error": (est_ms - r["total_ms_median"]) / r["total_ms_median"]})
+    return out
+
+
+def step_mix_lines(rows: list[dict] | None = None) -> list[str]:
+    """Markdown: the isolated engine steps, measured vs aisim, and MAPE per model."""
+    rows = step_mix_rows() if rows is None else rows
+    if not rows:
+        return []
+    out = ["The engine's isolated steps at several batch mixes (serve_cb's step_mix records in the same files: dN x C "
+           "= N decoding requests at context C, pN = a prompt chunk of N tokens; measured = the step's batch "
+           "preparation + forward, median of 8), against aisim serve's step timer for the same batch less its "
+           "scheduler loop, which an isolated step does not run. Not a goal of the issue; it asked for the "
+           "measurement, which feeds the serving simulator:", "",
+           "| Model | Mix | measured ms | aisim ms | error |", "| :--- | :--- | ---: | ---: | ---: |"]
+    out += [f"| {r['model']} | {r['mix']} | {r['measured_ms']:.2f} | {r['estimated_ms']:.2f} | "
+            f"{100 * r['error']:+.1f}% |" for r in rows]
+    by_model: dict[str, list[float]] = {}
+    for r in rows:
+        by_model.setdefault(r["model"], []).append(abs(r["error"]))
+    out += ["", "MAPE " + ", ".join(f"{m} {100 * sum(v) / len(v):.1f}% ({len(v)} mixes)" for m, v in by_model.items())
+            + ". qwen2.5-1.5b's decode steps of 1-8 requests take 43-46 ms measured, longer than Llama-3-8B's "
+            "(29-39 ms), and aisim says 25-27 ms: a fixed per-step cost, larger for the model whose engine allocated "
+            "the larger KV cache and attention mask (qwen2.5-1.5b 1.49M tokens and 24.5 GB, Llama-3-8B 0.38M and "
+            "6.4 GB: the step_mix_engine records); its cause is not established and it is not modelled."]
+    return out
+
+
 def mape_pct(rows: list[dict]) -> dict[str, float]:
     """Mean absolute percentage error of each metric over the runs."""
     return {k: 100 * sum(abs(r["error"][k]) for r in rows) / len(rows) for k, _ in METRICS}
