@@ -335,6 +335,11 @@ def _runtime_notes(rt: RuntimeSpec, dev: Device, dtype: str) -> list[str]:
         out.append(f"runtime {rt.name} has no documented efficiency for {dev.gpu.name} ({dev.gpu.architecture}, "
                    f"tensor cores: {cores}): its kernels are costed at the device calibration's efficiencies "
                    "(PyTorch's kernels); only its dispatch, attention, KV cache and beam settings apply")
+    if rt.static_cache:
+        out.append(f"runtime {rt.name}: HF's StaticCache + torch.compile as transformers documents it: every decode "
+                   "step attends over the whole static cache with a mask, so HF's SDPA path copies K and V to every "
+                   "query head (repeat_kv.copy) and runs the masked kernel; --static-cache-len sets the cache "
+                   "(default: the context). An engine that reads GQA natively from a paged cache: --runtime vllm")
     serving = rt.serving
     if serving is not None and (serving.attention == "packed-mask" or serving.prepare_s or serving.scheduler_overhead_s):
         out.append(f"runtime {rt.name}: this is one forward of the engine's kernels; its per-step work around it "
