@@ -647,9 +647,9 @@ GRAPHS_DATA = GRAPHS_DIR / "graphs-decode-h100.jsonl"                    # in sa
 GRAPHS_CACHELEN_DATA = GRAPHS_DIR / "graphs-decode-cachelen-h100.jsonl"  # out of sample: max_cache_len 4096 (+ 1039)
 GRAPHS_CONFIGS = {"qwen2.5-1.5b": str(CONFIGS / "qwen2.5-1.5b.json"), "Meta-Llama-3-8B": "Meta-Llama-3-8B"}
 GRAPHS_GOAL = 10.0
-# in-sample MAPE plus half a point: 6.9% with the tiny-Llama replay constants, 7.2% with the wide models' (2026-11-27,
-# a stated regression of these 4 rows; every measured row 11.8% -> 7.6%)
-GRAPHS_CEILING = 7.7
+# in-sample MAPE plus half a point: 6.9% with the tiny-Llama replay constants, 7.2% with the wide models' of one host,
+# 8.1% with both hosts' (2026-11-27, stated regressions of these 4 rows; every measured row 11.8% -> 7.6%)
+GRAPHS_CEILING = 8.6
 GRAPHS_ALL_CEILING = 8.1    # every measured row (16, the batch-8 run of 2026-11-27 included: 7.6%) plus half a point
 # Predicted before the measurement (2026-11-26 ~10:10 UTC, commit "graphs: HF StaticCache decode ..."): ms per
 # timed forward (no rewind), context 1024, --runtime graphs, static_cache_len 4096, one H100 SXM.
@@ -763,8 +763,8 @@ def graphs_lines(path: Path = GRAPHS_DATA, cachelen_path: Path = GRAPHS_CACHELEN
            "kernel (the calibration's sdpa_mask table), the cache written in place (index_copy_, no whole-cache "
            f"copy). The replay's per-kernel gap ({gap_us:.2f} us) and the compiled call's host work per step "
            f"({step_ms:.2f} ms: dynamo guards, the cudagraph-tree replay's input checks) come from Llama-3.2-1B- and "
-           "3B-wide models, not judged ones, profiled at 2, 8 and 16 layers "
-           "(validation/data/kernels/graphs-replay-wide-h100.jsonl; a 256-wide tiny Llama, whose 2-4 us kernels "
+           "3B-wide models, not judged ones, profiled at 2, 8 and 16 layers on two H100 hosts "
+           "(validation/data/kernels/graphs-replay-wide-h100.jsonl, -run2; a 256-wide tiny Llama, whose 2-4 us kernels "
            "leave shorter gaps, gives 1.45 us and 0.17 ms: graphs-replay-tiny-h100.jsonl; "
            "`python -m aisim.validation.scripts.derive_graphs_replay`; graphs.yaml replay_kernel_gap_s and "
            "per_step_overhead_s). The old rows timed the harness's per-layer "

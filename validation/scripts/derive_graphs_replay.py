@@ -1,16 +1,16 @@
 """Derive the compiled step's non-kernel time for ``--runtime graphs`` (hardware_specs/runtimes/graphs.yaml:
 replay_kernel_gap_s and per_step_overhead_s) from HF StaticCache + torch.compile(mode="reduce-overhead") decode of
-models that no table judges, at several depths: validation/data/kernels/graphs-replay-wide-h100.jsonl (the shipped
-constants; validation/harness/graphs_decode.py --models llama-1b,llama-3b --layers 2,8,16 --batches 8 --modes compile
---profile: Llama-3.2-1B and 3B widths, whose kernels are as long as a real model's, 7-10 us) and, for comparison,
-validation/data/kernels/graphs-replay-tiny-h100.jsonl (--models cbhost-llama --layers 2,8,32: 256 wide, 2-4 us
-kernels, which leave shorter gaps: 1.45 us against 2.67).
+models that no table judges, at several depths: validation/data/kernels/graphs-replay-wide-h100.jsonl and -run2 (two
+H100 hosts, pooled: the shipped constants; validation/harness/graphs_decode.py --models llama-1b,llama-3b
+--layers 2,8,16 --batches 8 --modes compile --profile: Llama-3.2-1B and 3B widths, whose kernels are as long as a
+real model's, 7-10 us) and, for comparison, validation/data/kernels/graphs-replay-tiny-h100.jsonl (--models
+cbhost-llama --layers 2,8,32: 256 wide, 2-4 us kernels, which leave shorter gaps: 1.45 us against 2.82).
 
 Per compiled row: non-kernel time = median step time (CUDA events around the compiled call) - the profiled GPU kernel
 time per forward; least squares over the rows: non-kernel = per_step_overhead + kernels x replay_kernel_gap (kernels:
 the profiled launches per forward). None of the judged rows (qwen2.5-1.5b, Meta-Llama-3-8B) is read.
 
-    python -m aisim.validation.scripts.derive_graphs_replay [PATH]
+    python -m aisim.validation.scripts.derive_graphs_replay [PATH ...]
 """
 from __future__ import annotations
 
@@ -20,14 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
-DATA = Path(__file__).resolve().parent.parent / "data" / "kernels" / "graphs-replay-wide-h100.jsonl"
-TINY = DATA.with_name("graphs-replay-tiny-h100.jsonl")
+KERNELS = Path(__file__).resolve().parent.parent / "data" / "kernels"
+# two hosts: 2026-11-27 02:58 and 03:39 UTC (each fit alone: 2.67 us + 0.13 ms, 2.98 us + 0.19 ms)
+DATA = (KERNELS / "graphs-replay-wide-h100.jsonl", KERNELS / "graphs-replay-wide-h100-run2.jsonl")
+TINY = (KERNELS / "graphs-replay-tiny-h100.jsonl",)
 JUDGED = ("qwen2.5-1.5b", "Meta-Llama-3-8B")
 
 
-def rows(path: Path = DATA) -> list[dict]:
+def rows(paths: tuple[Path, ...] = DATA) -> list[dict]:
     out = []
-    for line in path.read_text().splitlines():
+    for line in (x for path in paths for x in path.read_text().splitlines()):
         r = json.loads(line)
         prof = r.get("profile") or {}
         if (r.get("type") == "case" and r.get("mode") == "compile" and r.get("status") == "ok"
@@ -38,11 +40,13 @@ def rows(path: Path = DATA) -> list[dict]:
     return out
 
 
-def derive(path: Path = DATA) -> dict:
-    """{'replay_kernel_gap_s', 'per_step_overhead_s', 'rows', 'residual_ms'} of the least-squares fit."""
-    data = rows(path)
+def derive(paths: tuple[Path, ...] = DATA) -> dict:
+    """{'replay_kernel_gap_s', 'per_step_overhead_s', 'rows', 'residual_ms'} of the least-squares fit over the
+    files' rows pooled."""
+    data = rows(paths)
     if len(data) < 2:
-        raise SystemExit(f"{path}: {len(data)} usable compiled rows with a profile; need at least 2 depths")
+        raise SystemExit(f"{', '.join(map(str, paths))}: {len(data)} usable compiled rows with a profile; need at "
+                         "least 2 depths")
     kernels = np.array([r["kernels"] for r in data])
     nonkernel_s = np.array([(r["step_ms"] - r["kernel_ms"]) / 1e3 for r in data])
     design = np.stack([np.ones_like(kernels), kernels], axis=1)
@@ -54,7 +58,7 @@ def derive(path: Path = DATA) -> dict:
 
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    result = derive(Path(args[0]) if args else DATA)
+    result = derive(tuple(Path(a) for a in args) if args else DATA)
     for r, res in zip(result["rows"], result["residual_ms"]):
         print(f"{r['model']:>20} b={r['batch']:<3} step {r['step_ms']:.4f} ms, kernels {r['kernel_ms']:.4f} ms "
               f"x {r['kernels']:.0f}, fit residual {res:+.4f} ms")
