@@ -646,7 +646,7 @@ GRAPHS_GOAL = 10.0
 # in-sample MAPE plus half a point: 6.9% with the tiny-Llama replay constants, 7.2% with the wide models' of one host,
 # 8.1% with both hosts' (2026-11-27, stated regressions of these 4 rows; every measured row 11.8% -> 7.6%)
 GRAPHS_CEILING = 8.6
-GRAPHS_ALL_CEILING = 8.1    # every measured row (16, the batch-8 run of 2026-11-27 included: 7.6%) plus half a point
+GRAPHS_ALL_CEILING = 9.2    # every measured row (20: the batch-8 and frozen-constant runs of 2026-11-27 included: 8.7%)
 # Predicted before the measurement (2026-11-26 ~10:10 UTC, commit "graphs: HF StaticCache decode ..."): ms per
 # timed forward (no rewind), context 1024, --runtime graphs, static_cache_len 4096, one H100 SXM.
 GRAPHS_PREDICTED_MS = {("qwen2.5-1.5b", 1, 4096): 3.146, ("qwen2.5-1.5b", 32, 4096): 18.359,
@@ -792,7 +792,6 @@ def graphs_b8_lines(earlier: list[GraphsRow], path: Path = GRAPHS_B8_DATA) -> li
     """The batch-8 run (the batch the first run's time budget skipped) against the predictions committed before
     it, and the goal over every measured graphs row."""
     from aisim.catalog import resolve_device
-
     from aisim.specs import all_runtimes
 
     rows = compare_graphs(path)
@@ -828,8 +827,31 @@ def graphs_b8_lines(earlier: list[GraphsRow], path: Path = GRAPHS_B8_DATA) -> li
             "small GEMMs take longer than the table less the replay credit. The predictions used the tiny Llama's "
             "replay constants (1.45 us per kernel, 0.17 ms per step), since replaced by the wide models' "
             f"({gap_us:.2f} us, {step_ms:.2f} ms; neither fitted to these rows).",
-            "", f"All {len(everything)} measured graphs rows (in sample, the max_cache_len run, batch 8): MAPE "
-            f"{mape:.1f}% (goal {GRAPHS_GOAL:.0f}%: {'met' if mape <= GRAPHS_GOAL else 'not met'})."]
+            "", *graphs_fresh_lines(everything)]
+
+
+def graphs_fresh_lines(earlier: list[GraphsRow], path: Path = GRAPHS_FRESH_DATA) -> list[str]:
+    """New cases measured with the replay constants frozen, against the predictions committed before them, and
+    every measured row."""
+    rows = compare_graphs(path)
+    everything = earlier + rows
+    lines = []
+    if rows:
+        header = next((r for r in map(json.loads, path.read_text().splitlines()) if r.get("type") == "header"), {})
+        lines += [f"Out of sample with the constants frozen (validation/data/kernels/graphs-decode-fresh.jsonl: "
+                  f"{header.get('gpu_name', '?')}, driver {header.get('driver', '?')}, torch {header.get('torch', '?')}, "
+                  f"{header.get('date', '?')[:16]}; batch 4 and 16 at max_cache_len 2048, predicted and committed "
+                  "before the run):", "", *_graphs_table(rows, predicted=GRAPHS_FRESH_PREDICTED_MS), "",
+                  f"MAPE {graphs_mape(rows):.1f}% over these {len(rows)} rows. aisim's kernels alone come out short on "
+                  "every row, most on qwen2.5-1.5b (the table's column: profiled / aisim with a zero replay gap); the "
+                  "replay credit, measured on eager tiny copies and taken off every kernel, is the first suspect "
+                  "(not corrected).", ""]
+    mape = graphs_mape(everything)
+    lines.append(f"All {len(everything)} measured graphs rows: MAPE {mape:.1f}% with the model as it stands (goal "
+                 f"{GRAPHS_GOAL:.0f}%: {'met' if mape <= GRAPHS_GOAL else 'not met'} on them); the predictions made "
+                 "before each out-of-sample run: 13.3% (max_cache_len 4096), 19.3% (batch 8), "
+                 f"{graphs_mape(rows) if rows else float('nan'):.1f}% (frozen constants, batch 4 and 16).")
+    return lines
 
 
 def _profile_lines(rows: list[GraphsRow]) -> list[str]:
