@@ -805,7 +805,6 @@ def graphs_b8_lines(earlier: list[GraphsRow], path: Path = GRAPHS_B8_DATA) -> li
     before = [abs(predicted[(r.model, r.batch, r.cache_len)] - r.measured_ms) / r.measured_ms for r in rows
               if (r.model, r.batch, r.cache_len) in predicted]
     everything = earlier + rows
-    mape = graphs_mape(everything)
     gaps = [(r.measured_ms - r.gpu_kernel_ms) for r in rows if r.gpu_kernel_ms]
     kernels = {(c["model"], c["batch"], c["max_cache_len"]): (c.get("profile") or {}).get("kernels_per_step")
                for c in _graphs_cases(path)}
