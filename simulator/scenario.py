@@ -341,7 +341,8 @@ def _runtime_notes(rt: RuntimeSpec, dev: Device, dtype: str) -> list[str]:
                    "query head (repeat_kv.copy) and runs the masked kernel; --static-cache-len sets the cache "
                    "(default: the context). An engine that reads GQA natively from a paged cache: --runtime vllm")
     serving = rt.serving
-    if serving is not None and (serving.attention == "packed-mask" or serving.prepare_s or serving.scheduler_overhead_s):
+    if serving is not None and (serving.attention == "packed-mask" or serving.prepare_s
+                                or serving.scheduler_overhead_s):
         out.append(f"runtime {rt.name}: this is one forward of the engine's kernels; its per-step work around it "
                    f"(batch preparation, the scheduler, {serving.attention} attention over the packed batch) is "
                    "priced by `aisim serve`, which runs the engine's scheduler")

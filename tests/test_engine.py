@@ -183,12 +183,15 @@ def test_gpt_oss_rotary_is_one_kernel_under_engines():
 
 
 def test_vllm_shards_the_lm_head_over_the_vocabulary():
-    """vLLM's ParallelLMHead: under TP the vllm runtime shards the head (tp scope full: a logits all-gather, half the
-    head's weights per GPU at TP 2) where eager HF keeps it whole."""
+    """vLLM's ParallelLMHead and VocabParallelEmbedding: under TP the vllm runtime shards the head and the input
+    embedding over the vocabulary (tp scope full: a logits all-gather, an embedding all-reduce, half of each per
+    GPU at TP 2) where eager HF keeps both whole."""
     kw = {"model": "Meta-Llama-3-8B", "device": "h100x2", "tp": 2, "workload": "decode", "batch": 8, "seq": 1024,
           "dtype": "bf16", "top_ops": None}
     vllm, eager = aisim.estimate(runtime="vllm", **kw), aisim.estimate(runtime="eager", **kw)
     assert vllm.plan.tp_scope == "full" and eager.plan.tp_scope == "all"
     assert "nccl.all_gather" in {r.name for r in vllm.top_ops}
-    head_bytes = 128256 * 4096 * 2 / 2       # half of the bf16 head on each GPU
-    assert eager.memory.weights_gb - vllm.memory.weights_gb == pytest.approx(head_bytes / 1e9, rel=0.02)
+    reduces = {r.name: r.count for r in vllm.top_ops}["nccl.all_reduce"]
+    assert reduces == {r.name: r.count for r in eager.top_ops}["nccl.all_reduce"] + 1      # the embedding's
+    head_bytes = 128256 * 4096 * 2 / 2       # half of the bf16 head, and half of the untied embedding, on each GPU
+    assert eager.memory.weights_gb - vllm.memory.weights_gb == pytest.approx(2 * head_bytes / 1e9, rel=0.02)

@@ -100,9 +100,12 @@ def test_tensor_parallel_two_halves_the_matmul_flops_per_gpu(tiny_llama):
     # (scope 'full': the LM head is vocab-parallel too)
     assert flops_by_kind(two, ("gemm", "attention")) == pytest.approx(
         flops_by_kind(one, ("gemm", "attention")) / 2, rel=1e-4)
-    # two all-reduces per layer (after o_proj and down_proj) and one all-gather of the vocab-parallel logits
-    names = [o.name for o, r in zip(two.ops, two.repeats) for _ in range(round(r))]
-    assert names.count("nccl.all_reduce") == 2 * 4 and names.count("nccl.all_gather") == 1
+    # two all-reduces per layer (after o_proj and down_proj), one of the vocab-parallel embedding's lookups and one
+    # all-gather of the vocab-parallel logits
+    count = {k: sum(r for o, r in zip(two.ops, two.repeats) if o.name == k) for k in ("nccl.all_reduce",
+                                                                                     "nccl.all_gather")}
+    assert count == pytest.approx({"nccl.all_reduce": 2 * 4 + 1, "nccl.all_gather": 1})
+    assert one.param_count - two.param_count == 256 * 64 // 2 * 2 + 4 * (64 * (64 + 32 + 32 + 64) + 3 * 64 * 128) // 2
 
 
 def test_tp_scope_mlp_shards_only_the_mlp(tiny_llama):

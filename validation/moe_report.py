@@ -838,7 +838,8 @@ def graphs_fresh_lines(earlier: list[GraphsRow], path: Path = GRAPHS_FRESH_DATA)
     if rows:
         header = next((r for r in map(json.loads, path.read_text().splitlines()) if r.get("type") == "header"), {})
         lines += [f"Out of sample with the constants frozen (validation/data/kernels/graphs-decode-fresh.jsonl: "
-                  f"{header.get('gpu_name', '?')}, driver {header.get('driver', '?')}, torch {header.get('torch', '?')}, "
+                  f"{header.get('gpu_name', '?')}, driver {header.get('driver', '?')}, torch "
+                  f"{header.get('torch', '?')}, "
                   f"{header.get('date', '?')[:16]}; batch 4 and 16 at max_cache_len 2048, predicted and committed "
                   "before the run):", "", *_graphs_table(rows, predicted=GRAPHS_FRESH_PREDICTED_MS), "",
                   f"MAPE {graphs_mape(rows):.1f}% over these {len(rows)} rows. aisim's kernels alone come out short on "
@@ -863,11 +864,13 @@ def _profile_lines(rows: list[GraphsRow]) -> list[str]:
     short = sorted(r.gpu_kernel_ms - r.estimated_kernel_ms for r in prof)
     return [f"Profiled (torch.profiler, 3 forwards per row): aisim's kernel time (its GPU time with a zero replay "
             f"gap) is {gpu_mape:.1f}% (MAPE) from the summed kernel time on {len(prof)} rows, "
-            f"from {max(-short[0], 0):.1f} ms over to {short[-1]:.1f} ms short: under a replay aisim takes each kernel's eager "
+            f"from {max(-short[0], 0):.1f} ms over to {short[-1]:.1f} ms short: under a replay aisim takes each "
+            "kernel's eager "
             "back-to-back time less a credit measured on tiny eager copies (efficiency.graph_replay_credit_s) and "
             "adds the gap measured on the wide models' replays, so its split between kernel and gap is not the "
             "profiler's (a GEMM-only replay, graph_gemv below, is priced within 1% with the 1.0 us gap of a "
-            f"1000-kernel replay); the step's total is what the table compares. The measured step is {gaps[0]:.1f}-{gaps[-1]:.1f} ms longer than its kernels: the gaps "
+            f"1000-kernel replay); the step's total is what the table compares. The measured step is "
+            f"{gaps[0]:.1f}-{gaps[-1]:.1f} ms longer than its kernels: the gaps "
             "between the replayed kernels and the compiled call's host work before the replay (the wide-model "
             "replay constants above). The kernels confirm the structure: PyTorch picks cuDNN "
             "attention (cudnn_generated_fort_native_sdpa_sm80_flash_fprop + cudnn::fusion::lean_reduction_kernel "

@@ -20,8 +20,8 @@ read at the size that is equivalent on the reference GPU (``CalibrationSpec.refe
   loads in flight) and streams the bytes at the same fraction of the target's bandwidth
   (``transferred_memory_efficiency``): a large copy or add reaches 0.89-0.92 of datasheet on H100 and H200
   alike, while the same decode GEMM reaches 0.75 of H100's 3.35 TB/s and 0.69 of H200's 4.8 TB/s. On the
-  calibrations' raw GEMM records below the ridge point (bf16/fp16, 130 shapes), H100 -> H200 MAPE 28.8% -> 10.1%
-  (<= 64 MB) and 5.2% -> 3.1% (larger); H200 -> H100 42.3% -> 10.4% and 5.6% -> 2.3%
+  calibrations' raw GEMM records below the target's ridge point (bf16/fp16, 130-148 shapes), H100 -> H200 MAPE
+  28.8% -> 10.0% (<= 64 MB) and 5.2% -> 3.2% (larger); H200 -> H100 41.3% -> 11.3% and 6.4% -> 3.9%
   (``python -m aisim.validation.scripts.derive_transfer_rules``).
 - an op reading a transposed operand keeps its time at the same bytes, scaled by SMs x clock
   (``transposed_efficiency``): uncoalesced reads run at the same rate on H100 and H200.
@@ -90,20 +90,22 @@ def _log_x(x: float, scale: float) -> float:
 
 
 def transferred_memory_efficiency(cal: CalibrationSpec, efficiency: float, nbytes: float,
-                                  gpu: HardwareSpec | None) -> float:
+                                  gpu: HardwareSpec | None, flops: float = 0.0, dtype: str = "bf16") -> float:
     """A memory-bound efficiency measured on the calibration's reference GPU, read on ``gpu``: the measured time
-    less its streaming part (bytes at ``stream_bandwidth_fraction`` of the reference's bandwidth) stays a duration,
-    the bytes stream at that fraction of this GPU's bandwidth. Unchanged on the reference GPU itself."""
+    (the entry's roofline on the reference, FLOPs or bytes, over the efficiency) less its streaming part (bytes at
+    ``stream_bandwidth_fraction`` of the reference's bandwidth) stays a duration, the bytes stream at that fraction
+    of this GPU's bandwidth. Unchanged on the reference GPU itself."""
     ref = reference_gpu(cal) if gpu is not None else None
     if ref is None or ref.name == gpu.name or nbytes <= 0:
         return efficiency
     fraction = cal.stream_bandwidth_fraction or default_calibration().stream_bandwidth_fraction
     if not fraction:
         return efficiency
-    measured_s = nbytes / ref.memory_bw_bytes_per_s / efficiency
+    measured_s = max(flops / ref.peak_for(dtype), nbytes / ref.memory_bw_bytes_per_s) / efficiency
     seconds = (max(measured_s - nbytes / (fraction * ref.memory_bw_bytes_per_s), 0.0)
                + nbytes / (fraction * gpu.memory_bw_bytes_per_s))
-    return max(nbytes / gpu.memory_bw_bytes_per_s / seconds, MIN_EFFICIENCY)
+    roofline_s = max(flops / gpu.peak_for(dtype), nbytes / gpu.memory_bw_bytes_per_s)
+    return max(roofline_s / seconds, MIN_EFFICIENCY)
 
 
 def gemm_efficiency(cal: CalibrationSpec, dtype: str, m: int, n: int, k: int, flops: float, nbytes: float = 0.0,
@@ -114,7 +116,7 @@ def gemm_efficiency(cal: CalibrationSpec, dtype: str, m: int, n: int, k: int, fl
     table = cal.gemm_tables.get(dtype)
     if table is not None and min(m, n, k) > 0:
         value = gemm_table_value(table, m, n, k)
-        return transferred_memory_efficiency(cal, value, nbytes, gpu) if memory_bound else value
+        return transferred_memory_efficiency(cal, value, nbytes, gpu, flops, dtype) if memory_bound else value
     if memory_bound and cal.gemm_memory_efficiency is not None:
         return curve_value(cal.gemm_memory_efficiency, _log_x(nbytes, size_scale(cal, gpu, "bytes")))
     curve = cal.gemm_efficiency.get(dtype) or cal.gemm_efficiency.get("fp16")
@@ -166,7 +168,7 @@ def grouped_gemm_efficiency(cal: CalibrationSpec, dtype: str, m: int, n: int, k:
     if table is None or min(m, n, k) <= 0:
         return None
     value = gemm_table_value(table, m, n, k)
-    return transferred_memory_efficiency(cal, value, nbytes, gpu) if memory_bound else value
+    return transferred_memory_efficiency(cal, value, nbytes, gpu, 2.0 * m * n * k, dtype) if memory_bound else value
 
 
 def memory_efficiency(cal: CalibrationSpec, nbytes: float, gpu: HardwareSpec | None = None,

@@ -160,14 +160,20 @@ def _resize(linear, out_features: int | None = None, in_features: int | None = N
 
 
 def _tie_vocab_parallel(model, head, tp: int, tracer) -> None:
-    """A vocab-parallel LM head tied to the input embedding keeps the tie, as Megatron's VocabParallelEmbedding
-    does: the embedding holds the same vocab / tp rows, and its output is all-reduced (each rank looks up only the
-    ids in its slice)."""
+    """With a vocab-parallel LM head the input embedding is vocab-parallel too, as Megatron's and vLLM's
+    VocabParallelEmbedding (vllm/model_executor/layers/vocab_parallel_embedding.py): it holds vocab / tp rows (the
+    head's own, where the two are tied) and its output is all-reduced (each rank looks up only the ids in its
+    slice)."""
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if embed is None or not getattr(model.config, "tie_word_embeddings", False):
+    if embed is None or not isinstance(getattr(embed, "weight", None), torch.nn.Parameter):
         return
-    embed.weight = head.weight
-    embed.num_embeddings = head.weight.shape[0]
+    if getattr(model.config, "tie_word_embeddings", False):
+        embed.weight = head.weight
+    else:
+        old = embed.weight
+        embed.weight = torch.nn.Parameter(torch.empty(old.shape[0] // tp, *old.shape[1:], device="meta",
+                                                      dtype=old.dtype), requires_grad=old.requires_grad)
+    embed.num_embeddings = embed.weight.shape[0]
     embed.register_forward_hook(_collective_hook(tracer, "all_reduce", tp))
 
 

@@ -77,17 +77,19 @@ def check(source: str, target: str, fraction: float) -> dict[str, tuple[int, flo
 
     src, dst = all_hardware()[source], all_hardware()[target]
     cal = load_calibration(source).model_copy(update={"stream_bandwidth_fraction": fraction})
-    ridge = min(src.peak_for("bf16") / src.memory_bw_bytes_per_s, dst.peak_for("bf16") / dst.memory_bw_bytes_per_s)
+    ridge = dst.peak_for("bf16") / dst.memory_bw_bytes_per_s     # memory-bound on the target, as ops_time decides
     measured_src = gemm_records(source)
     errors: dict[str, tuple[list[float], list[float]]] = {"small": ([], []), "large": ([], [])}
     for key, seconds in gemm_records(target).items():
-        _, m, n, k = key
-        nbytes = 2 * (m * k + k * n + m * n)
-        if key not in measured_src or 2 * m * n * k / nbytes >= ridge:
+        dtype, m, n, k = key
+        nbytes, flops = 2 * (m * k + k * n + m * n), 2.0 * m * n * k
+        if key not in measured_src or flops / nbytes >= ridge:
             continue
-        eff_src = nbytes / src.memory_bw_bytes_per_s / measured_src[key]
-        same = nbytes / dst.memory_bw_bytes_per_s / eff_src
-        rule = nbytes / dst.memory_bw_bytes_per_s / transferred_memory_efficiency(cal, eff_src, nbytes, dst)
+        roof_src = max(flops / src.peak_for(dtype), nbytes / src.memory_bw_bytes_per_s)
+        roof_dst = max(flops / dst.peak_for(dtype), nbytes / dst.memory_bw_bytes_per_s)
+        eff_src = roof_src / measured_src[key]              # the table entry: relative to the source's roofline
+        same = roof_dst / eff_src
+        rule = roof_dst / transferred_memory_efficiency(cal, eff_src, nbytes, dst, flops, dtype)
         bucket = errors["small" if nbytes <= SMALL_BYTES else "large"]
         bucket[0].append(abs(same / seconds - 1))
         bucket[1].append(abs(rule / seconds - 1))
