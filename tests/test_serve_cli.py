@@ -230,3 +230,7 @@ def test_step_mix_rows_cover_both_models():
     rows = step_mix_rows()
     assert {r["model"] for r in rows} == {"qwen2.5-1.5b", "Meta-Llama-3-8B"} and len(rows) == 30
     assert all(r["estimated_ms"] > 0 and math.isfinite(r["error"]) for r in rows)
+    mape = {m: 100 * sum(abs(r["error"]) for r in rows if r["model"] == m) / 15 for m in ("qwen2.5-1.5b",
+                                                                                         "Meta-Llama-3-8B")}
+    # regression ceilings: the figures of 2026-11-27 (21.5%, 9.8%) plus half a point
+    assert mape["qwen2.5-1.5b"] <= 22.0 and mape["Meta-Llama-3-8B"] <= 10.3, mape

@@ -224,5 +224,8 @@ def test_transposed_ops_keep_their_time_on_another_gpu():
     assert transposed_efficiency(cal, 1e8, h100) == pytest.approx(own)
     assert transposed_efficiency(cal, 1e8, h200) == pytest.approx(own * 3.35 / 4.8)
     assert load_calibration("none").transposed_memory_efficiency.model_dump() == d.transposed_default()
+    # half the SMs at the same clock and bandwidth: twice the time, half the efficiency
+    half = h200.model_copy(update={"name": "half-h200", "sm_count": 66})
+    assert transposed_efficiency(cal, 1e8, half) == pytest.approx(own * 3.35 / 4.8 / 2)
     ratios = d.transposed_ratios()
     assert len(ratios) == 36 and 0.9 < ratios[len(ratios) // 2] < 1.2     # about the same time, not 1.43x

@@ -14,6 +14,7 @@ the profiled launches per forward). None of the judged rows (qwen2.5-1.5b, Meta-
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -27,10 +28,21 @@ TINY = (KERNELS / "graphs-replay-tiny-h100.jsonl",)
 JUDGED = ("qwen2.5-1.5b", "Meta-Llama-3-8B")
 
 
+def _lines(paths: tuple[Path, ...]) -> list[dict]:
+    from aisim.errors import AisimError
+
+    try:
+        return [json.loads(x) for path in paths for x in path.read_text().splitlines() if x.strip()]
+    except (OSError, ValueError, RecursionError) as exc:
+        raise AisimError(f"{', '.join(map(str, paths))}: cannot read graphs_decode JSONL ({type(exc).__name__}); "
+                         "pass files written by validation/harness/graphs_decode.py --profile")
+
+
 def rows(paths: tuple[Path, ...] = DATA) -> list[dict]:
     out = []
-    for line in (x for path in paths for x in path.read_text().splitlines()):
-        r = json.loads(line)
+    for r in _lines(paths):
+        if not isinstance(r, dict):
+            continue
         prof = r.get("profile") or {}
         if (r.get("type") == "case" and r.get("mode") == "compile" and r.get("status") == "ok"
                 and prof.get("status") == "ok" and prof.get("kernels_per_step")
@@ -43,9 +55,11 @@ def rows(paths: tuple[Path, ...] = DATA) -> list[dict]:
 def derive(paths: tuple[Path, ...] = DATA) -> dict:
     """{'replay_kernel_gap_s', 'per_step_overhead_s', 'rows', 'residual_ms'} of the least-squares fit over the
     files' rows pooled."""
+    from aisim.errors import AisimError
+
     data = rows(paths)
     if len(data) < 2:
-        raise SystemExit(f"{', '.join(map(str, paths))}: {len(data)} usable compiled rows with a profile; need at "
+        raise AisimError(f"{', '.join(map(str, paths))}: {len(data)} usable compiled rows with a profile; need at "
                          "least 2 depths")
     kernels = np.array([r["kernels"] for r in data])
     nonkernel_s = np.array([(r["step_ms"] - r["kernel_ms"]) / 1e3 for r in data])
@@ -57,8 +71,16 @@ def derive(paths: tuple[Path, ...] = DATA) -> dict:
 
 
 def main(argv=None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    result = derive(tuple(Path(a) for a in args) if args else DATA)
+    from aisim.errors import AisimError
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="*", type=Path, help="graphs_decode JSONL files (default: the wide runs)")
+    args = parser.parse_args(argv)
+    try:
+        result = derive(tuple(args.paths) or DATA)
+    except (AisimError, KeyError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     for r, res in zip(result["rows"], result["residual_ms"]):
         print(f"{r['model']:>20} b={r['batch']:<3} step {r['step_ms']:.4f} ms, kernels {r['kernel_ms']:.4f} ms "
               f"x {r['kernels']:.0f}, fit residual {res:+.4f} ms")

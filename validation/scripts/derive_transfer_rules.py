@@ -126,7 +126,11 @@ def transposed_ratios() -> list[float]:
                 if r.get("bench") == "memory_t"}
 
     a, b = times(DEVICES[0]), times(DEVICES[1])
-    return sorted(a[k] / b[k] for k in a if k in b)
+    ratios = sorted(a[k] / b[k] for k in a if k in b)
+    if not ratios:
+        raise AisimError("no transposed (memory_t) records in both raw files; rerun aisim calibrate "
+                         "--add-transposed on both GPUs")
+    return ratios
 
 
 def main(argv=None) -> int:
@@ -144,7 +148,7 @@ def main(argv=None) -> int:
               f"(median {statistics.median(ratios):.2f}, n = {len(ratios)}); bandwidth ratio "
               f"{_bandwidth(DEVICES[1]) / _bandwidth(DEVICES[0]):.2f}")
         print("default.yaml transposed_memory_efficiency:", transposed_default())
-    except AisimError as exc:
+    except (AisimError, KeyError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
