@@ -293,6 +293,19 @@ def fit_power(records: list[dict], power_limit_w: float) -> dict[str, float]:
     return fitted
 
 
+STREAM_OPS = ("copy", "add")
+STREAM_MIN_BYTES = 2 ** 30   # tensor size of the plateau records
+
+
+def fit_stream_fraction(records: list[dict], memory_bw_bytes_per_s: float) -> float | None:
+    """``stream_bandwidth_fraction``: the median fraction of datasheet bandwidth of the largest copy and add records
+    (>= 1 GiB tensors; bytes moved = read + written, MEMORY_OPS); None without such records."""
+    values = [r["size_bytes"] * MEMORY_OPS[r["op"]] / r["time_s"] / memory_bw_bytes_per_s for r in records
+              if r.get("bench") == "memory" and r.get("op") in STREAM_OPS and r.get("time_s")
+              and r.get("size_bytes", 0) >= STREAM_MIN_BYTES]
+    return round(statistics.median(values), 3) if values else None
+
+
 def fit_calibration(raw: dict, defaults: CalibrationSpec | None = None) -> CalibrationSpec:
     """Raw measurements (the ``.raw.json`` content) -> CalibrationSpec. Pure: no GPU, no files.
 
@@ -307,6 +320,9 @@ def fit_calibration(raw: dict, defaults: CalibrationSpec | None = None) -> Calib
     transposed, n5 = fit_transposed(recs, peaks["memory_bw_bytes_per_s"])
     notes += n + n2 + n3 + n5
     fields = {}
+    stream = fit_stream_fraction(recs, peaks["memory_bw_bytes_per_s"])
+    if stream is not None:
+        fields["stream_bandwidth_fraction"] = stream
     for name, fit, args in (("overheads", fit_overheads, (recs, defaults or default_calibration())),
                             ("power", fit_power, (recs, float(raw["provenance"].get("power_limit_w", "nan"))))):
         try:

@@ -32,8 +32,6 @@ from aisim.errors import AisimError
 ROOT = Path(__file__).resolve().parents[2]
 CAL_DIR = ROOT / "hardware_specs" / "calibration"
 DEVICES = ("h100-sxm", "h200")
-STREAM_OPS = ("copy", "add")
-MIN_STREAM_BYTES = 2 ** 30          # tensor size of the plateau records
 SMALL_BYTES = 64e6                  # the check's split
 
 
@@ -54,14 +52,13 @@ def _bandwidth(device: str) -> float:
 
 
 def stream_fraction(device: str) -> float:
-    from aisim.validation.calibrate_fit import MEMORY_OPS
+    """The file's own value, as aisim calibrate fits it (calibrate_fit.fit_stream_fraction)."""
+    from aisim.validation.calibrate_fit import fit_stream_fraction
 
-    bw = _bandwidth(device)
-    values = [r["size_bytes"] * MEMORY_OPS[r["op"]] / r["time_s"] / bw for r in raw_records(device)
-              if r.get("bench") == "memory" and r.get("op") in STREAM_OPS and r["size_bytes"] >= MIN_STREAM_BYTES]
-    if not values:
+    value = fit_stream_fraction(raw_records(device), _bandwidth(device))
+    if value is None:
         raise AisimError(f"{device}.raw.json: no copy/add records of >= 1 GiB; rerun aisim calibrate")
-    return round(statistics.median(values), 3)
+    return value
 
 
 def gemm_records(device: str) -> dict[tuple, float]:
