@@ -174,6 +174,8 @@ def _tie_vocab_parallel(model, head, tp: int, tracer) -> None:
         embed.weight = torch.nn.Parameter(torch.empty(old.shape[0] // tp, *old.shape[1:], device="meta",
                                                       dtype=old.dtype), requires_grad=old.requires_grad)
     embed.num_embeddings = embed.weight.shape[0]
+    if getattr(embed, "padding_idx", None) is not None and embed.padding_idx >= embed.num_embeddings:
+        embed.padding_idx = None     # the padding row is in another rank's slice; the lookup costs the same
     embed.register_forward_hook(_collective_hook(tracer, "all_reduce", tp))
 
 
