@@ -36,7 +36,7 @@ def shard_model(model, tp: int, scope: str, tracer) -> int:
             _resize(module, out_features=_features(module, "out") // tp)
             if leaf == "lm_head":
                 module.register_forward_hook(_collective_hook(tracer, "all_gather", tp))
-                _tie_vocab_parallel(model, module, tp, tracer)
+                _vocab_parallel_embedding(model, module, tp, tracer)
             else:
                 blocks.add(parent)
             sharded += 1
@@ -159,7 +159,7 @@ def _resize(linear, out_features: int | None = None, in_features: int | None = N
         linear.nf, linear.nx = out_f, in_f
 
 
-def _tie_vocab_parallel(model, head, tp: int, tracer) -> None:
+def _vocab_parallel_embedding(model, head, tp: int, tracer) -> None:
     """With a vocab-parallel LM head the input embedding is vocab-parallel too, as Megatron's and vLLM's
     VocabParallelEmbedding (vllm/model_executor/layers/vocab_parallel_embedding.py): it holds vocab / tp rows (the
     head's own, where the two are tied) and its output is all-reduced (each rank looks up only the ids in its
