@@ -138,8 +138,9 @@ def runs_rows(runs: tuple[Path, ...] = RUNS) -> dict[Path, list[MoeRow]]:
     return {path: compare_moe(path) for path in runs}
 
 
-def mixtral_lines(path: Path = MIXTRAL) -> list[str]:
-    """The Mixtral-shaped run: per-case errors, MAPE, and the same estimated with the run's own host lines."""
+def mixtral_lines(path: Path = MIXTRAL, per_run: dict[Path, list[MoeRow]] | None = None) -> list[str]:
+    """The Mixtral-shaped run: per-case errors, MAPE, and the same estimated with the run's own host lines
+    (``per_run``: compare_moe of the scored runs, as moe_section has them)."""
     from aisim.specs import load_calibration
 
     from .host import host_spec
@@ -165,19 +166,21 @@ def mixtral_lines(path: Path = MIXTRAL) -> list[str]:
     line = (f"Runtime MAPE prefill {mape['prefill runtime']:.1f}%, decode {mape['decode runtime']:.1f}%; memory "
             f"{mape['prefill memory']:.2f}% / {mape['decode memory']:.2f}%.")
     if hosts:
+        per_run = per_run or runs_rows()
+        calibration = load_calibration("h100-sxm")
         spec = host_spec(hosts)
-        own = moe_mape(compare_moe(path, calibration=spec.apply(load_calibration("h100-sxm"))))
+        own = moe_mape(compare_moe(path, calibration=spec.apply(calibration)))
         helped = []
-        for run in RUNS:
+        for run, run_rows in per_run.items():
             lines = [json.loads(x) for x in run.read_text().splitlines() if x.strip()]
             run_hosts = [r for r in lines if r.get("type") == "host" and r.get("constants")]
             if run_hosts:
-                cal = host_spec(run_hosts).apply(load_calibration("h100-sxm"))
+                cal = host_spec(run_hosts).apply(calibration)
                 helped.append(moe_mape(compare_moe(run, calibration=cal))["decode runtime"]
-                              < moe_mape(compare_moe(run))["decode runtime"])
+                              < moe_mape(run_rows)["decode runtime"])
         line += (f" The run's host was among the slowest measured: its host lines (validation/host.py, start and "
                  f"end) give a tiny-model framework scale of {spec.eager_framework_scale:.2f}, where the "
-                 f"calibration's host has {load_calibration('h100-sxm').eager_framework_scale:.2f}; estimated with "
+                 f"calibration's host has {calibration.eager_framework_scale:.2f}; estimated with "
                  f"them (`--host`), decode {own['decode runtime']:.1f}%, prefill {own['prefill runtime']:.1f}% (not "
                  f"the scored method: on the {len(helped)} scored runs with host lines they improved decode on "
                  f"{sum(helped)}).")
@@ -517,7 +520,7 @@ def moe_section(path: Path = DATA) -> list[str]:
               "", f"The harness was run {len(RUNS)} times (validation/data/moe/). Runtime MAPE per run, over all "
               "runs' rows pooled, and against each case's median over the runs:", "",
               *runs_lines(per_run), "", *run_to_run_lines(per_run), "",
-              *spread_lines(per_run), "", *mixtral_lines(), "",
+              *spread_lines(per_run), "", *mixtral_lines(per_run=per_run), "",
               *host_scopes_lines(), "",
               "", "Each case of the first run (scored), with its median over the runs beside it:", "",
               "| model | phase | batch | context | measured ms | estimated ms | error % | median of runs ms | "
@@ -684,6 +687,11 @@ class GraphsRow:
         return 100.0 * (self.estimated_ms - self.measured_ms) / self.measured_ms
 
 
+def _header(path: Path) -> dict:
+    """The header line of a harness JSONL file ({} if it has none)."""
+    return next((r for r in map(json.loads, path.read_text().splitlines()) if r.get("type") == "header"), {})
+
+
 def _graphs_cases(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -799,7 +807,7 @@ def graphs_b8_lines(earlier: list[GraphsRow], path: Path = GRAPHS_B8_DATA) -> li
         return []
     graphs = all_runtimes()["graphs"]
     gap_us, step_ms = graphs.replay_kernel_gap_s * 1e6, graphs.per_step_overhead_s * 1e3
-    header = next((r for r in map(json.loads, path.read_text().splitlines()) if r.get("type") == "header"), {})
+    header = _header(path)
     gpu = resolve_device(header.get("gpu_name", DEVICE)).gpu.name
     predicted = GRAPHS_B8_PREDICTED_MS.get("h100" if gpu == "h100-sxm" else gpu, {})
     before = [abs(predicted[(r.model, r.batch, r.cache_len)] - r.measured_ms) / r.measured_ms for r in rows
@@ -836,7 +844,7 @@ def graphs_fresh_lines(earlier: list[GraphsRow], path: Path = GRAPHS_FRESH_DATA)
     everything = earlier + rows
     lines = []
     if rows:
-        header = next((r for r in map(json.loads, path.read_text().splitlines()) if r.get("type") == "header"), {})
+        header = _header(path)
         lines += [f"Out of sample with the constants frozen (validation/data/kernels/graphs-decode-fresh.jsonl: "
                   f"{header.get('gpu_name', '?')}, driver {header.get('driver', '?')}, torch "
                   f"{header.get('torch', '?')}, "

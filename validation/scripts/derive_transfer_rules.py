@@ -22,6 +22,7 @@ microbenchmark records (hardware_specs/calibration/h100-sxm.raw.json and h200.ra
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -35,7 +36,9 @@ DEVICES = ("h100-sxm", "h200")
 SMALL_BYTES = 64e6                  # the check's split
 
 
+@functools.cache
 def raw_records(device: str) -> list[dict]:
+    """The calibration's raw records with a time (read once per device; callers only filter them)."""
     path = CAL_DIR / f"{device}.raw.json"
     try:
         records = json.loads(path.read_text())["records"]
