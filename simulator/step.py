@@ -133,13 +133,11 @@ def workload_cost(sc: Scenario, w: Workload) -> StepCost:
     return _remember(_STEPS, key, _device_half(sc, w, op_arrays(sc, w)), STEP_CACHE_SIZE)
 
 
-def runtime_calibration(sc: Scenario):
-    """The device calibration as the runtime runs it: a CUDA-graph engine's measured replay gap, where its profile
-    has one, replaces the calibration's per-kernel launch cost."""
-    rt, cal = sc.runtime, sc.calibration
-    if rt.dispatch == "graphs" and rt.replay_kernel_gap_s is not None:
-        return cal.model_copy(update={"launch_overhead_s": rt.replay_kernel_gap_s})
-    return cal
+def replay_kernel_gap_s(sc: Scenario) -> float:
+    """GPU time a CUDA-graph engine's replay adds to each kernel beyond the calibration's tiny-kernel replay
+    (RuntimeSpec.replay_kernel_gap_s, measured on compiled models; 0 where the profile has none)."""
+    rt = sc.runtime
+    return rt.replay_kernel_gap_s or 0.0 if rt.dispatch == "graphs" else 0.0
 
 
 def graph_credit_s(sc: Scenario, cal) -> float:
@@ -160,12 +158,12 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     from .cost.timeline import cpu_costs, simulate, step_host_s
 
     dev, rt, plan = sc.device, sc.runtime, sc.plan
-    cal = runtime_calibration(sc)
+    cal = sc.calibration
     compute_scale, memory_scale = runtime_scales(rt, dev.gpu, cal, w.dtype)
-    credit_s = graph_credit_s(sc, cal)
+    credit_s, gap_s = graph_credit_s(sc, cal), replay_kernel_gap_s(sc)
     aten = rt.dispatch != "graphs"     # PyTorch's own kernels run the unfused ops (ops_time.op_time)
-    times = [op_time(op, c, dev, cal, w.dtype, compute_scale, memory_scale, rt.matvec_max_tokens, credit_s, aten)
-             for op, c in zip(a.ops, a.costs)]
+    times = [op_time(op, c, dev, cal, w.dtype, compute_scale, memory_scale, rt.matvec_max_tokens, credit_s, aten,
+                     gap_s) for op, c in zip(a.ops, a.costs)]
     gpu_s = np.array([t.gpu_s for t in times])
     # an engine's slower kernels keep the SMs as busy as the calibrated ones they replace (emulated tensor ops,
     # less tuned shaders): power follows the activity before the engine's scale

@@ -324,16 +324,18 @@ def test_vllm_runs_the_moe_block_as_its_fused_moe_kernels():
     assert "aten.sort" in hf_names and "aten.histc" in hf_names and grouped_bytes == pytest.approx(hf_bytes)
 
 
-def test_graphs_replay_constants_are_derived_from_the_wide_models():
-    """graphs.yaml's replay gap and per-step overhead are the least-squares fit over the wide, non-judged models
-    (derive_graphs_replay's default file), and the tiny model's fit, kept for comparison, gives a shorter gap."""
+def test_graphs_replay_constants_are_derived_from_the_non_judged_models():
+    """graphs.yaml's replay gap and per-step overhead are the least-squares fit, in aisim's own accounting, over every
+    replay run of models no table judges (derive_graphs_replay's default files); with the gap so derived, aisim's
+    step of those rows is within the fit's residual, and with no gap it is short of every row."""
     from aisim.specs import all_runtimes
     from aisim.validation.scripts import derive_graphs_replay as d
 
-    wide, tiny = d.derive(), d.derive(d.TINY)
+    fit = d.derive()
     graphs = all_runtimes()["graphs"]
-    assert graphs.replay_kernel_gap_s == pytest.approx(wide["replay_kernel_gap_s"], rel=1e-3)
-    assert graphs.per_step_overhead_s == pytest.approx(wide["per_step_overhead_s"], rel=1e-3)
+    assert graphs.replay_kernel_gap_s == pytest.approx(fit["replay_kernel_gap_s"], rel=1e-3)
+    assert graphs.per_step_overhead_s == pytest.approx(fit["per_step_overhead_s"], rel=1e-3)
     raw = "".join(path.read_text() for path in d.DATA)
     assert not any(f'"model":"{name}' in raw or f'"model": "{name}' in raw for name in d.JUDGED)   # not in the files
-    assert tiny["replay_kernel_gap_s"] < wide["replay_kernel_gap_s"]
+    assert len(fit["rows"]) >= 30 and {r["batch"] for r in fit["rows"]} >= {1, 8, 32}
+    assert all(r["aisim_kernel_ms"] < r["step_ms"] for r in fit["rows"])

@@ -81,11 +81,12 @@ def baddbmm_copy_s(op: Op, cal: CalibrationSpec, gpu) -> float:
 
 def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_dtype: str,
             compute_scale: float = 1.0, memory_scale: float = 1.0, matvec_max_m: int = 0,
-            graph_credit_s: float = 0.0, aten_kernels: bool = True) -> OpTime:
+            graph_credit_s: float = 0.0, aten_kernels: bool = True, replay_gap_s: float = 0.0) -> OpTime:
     """``matvec_max_m``: the engine runs matmuls of at most this many rows as mat-vec kernels (memory curve).
     ``graph_credit_s``: replayed from a CUDA graph, a kernel takes this much less than the back-to-back eager
     stream the efficiencies were measured on (efficiency.graph_replay_credit_s), never less than its roofline or
-    a graph replay's per-kernel time. ``aten_kernels``: the runtime runs PyTorch's own kernels for the ops it does
+    a graph replay's per-kernel time. ``replay_gap_s``: a replayed kernel's gap beyond the tiny-kernel replay that
+    ``launch_overhead_s`` measures, added to each kernel (step.replay_kernel_gap_s). ``aten_kernels``: the runtime runs PyTorch's own kernels for the ops it does
     not fuse (eager, kernel-sum), so a cat with a strided input takes ATen's strided cat kernel and a GEMM off
     16-byte alignment cuBLAS's slower kernels; engines with their own kernels or padded shapes (vLLM pads the
     vocabulary to a multiple of 64, vllm/model_executor/layers/vocab_parallel_embedding.py; Inductor pads mm shapes,
@@ -157,7 +158,8 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
         kernel_s = max(kernel_s, efficiency.strided_cat_s(cal, gpu, op.outputs[0].numel))
     if graph_credit_s:
         kernel_s = max(kernel_s - graph_credit_s, roofline_s, cal.launch_overhead_s)
-    launch_s = max(cost.launches - 1, 0) * cal.launch_overhead_s
+    kernel_s += replay_gap_s
+    launch_s = max(cost.launches - 1, 0) * (cal.launch_overhead_s + replay_gap_s)
     bound = "compute" if compute_s >= memory_s else "memory"
     if kernel_s > LAUNCH_BOUND_FACTOR * roofline_s:
         bound = "overhead"

@@ -103,17 +103,18 @@ class StepCostTimer:
         self.grid = np.array(grid, dtype=float)
         self.dense_gpu_s, self.dense_cpu_s, self.power_w = (np.array(col) for col in zip(*rows))
         self._memo: dict = {}
-        self._decode_scale, self._graph_credit_s, self._replay_s = self._kernel_adjustments()
+        self._decode_scale, self._graph_credit_s, self._replay_s, self._replay_gap_s = self._kernel_adjustments()
 
-    def _kernel_adjustments(self) -> tuple[float, float, float]:
+    def _kernel_adjustments(self) -> tuple[float, float, float, float]:
         """What aisim.step's device half applies to every kernel of this runtime (step._device_half): the
-        engine's compute-efficiency scale, the CUDA-graph replay credit and the replayed kernel's floor."""
+        engine's compute-efficiency scale, the CUDA-graph replay credit, the replayed kernel's floor and its
+        replay gap."""
         from ...cost.efficiency import runtime_scales
-        from ...step import graph_credit_s, runtime_calibration
+        from ...step import graph_credit_s, replay_kernel_gap_s
 
-        cal = runtime_calibration(self.sc)
+        cal = self.sc.calibration
         compute_scale, _ = runtime_scales(self.sc.runtime, self.sc.device.gpu, cal, self.sc.dtype)
-        return compute_scale, graph_credit_s(self.sc, cal), cal.launch_overhead_s
+        return compute_scale, graph_credit_s(self.sc, cal), cal.launch_overhead_s, replay_kernel_gap_s(self.sc)
 
     def _dense(self, n: int) -> tuple[float, float, float]:
         cost = step_cost(self.sc, StepShape(phase="prefill", batch=1, seq=n))
@@ -218,8 +219,8 @@ class StepCostTimer:
         nbytes = 2 * d.kv_heads * d.head_dim * d.element_bytes * shape.decode_ctx_tokens
         roofline = max(flops / gpu.peak_for(self.sc.dtype), nbytes / gpu.memory_bw_bytes_per_s)
         eff = attention_efficiency(cal, self.sc.dtype, "decode", flops, nbytes, gpu) * self._decode_scale
-        full_gpu_s = max(roofline / eff - self._graph_credit_s, roofline, self._replay_s) if self._graph_credit_s \
-            else roofline / eff
+        full_gpu_s = (max(roofline / eff - self._graph_credit_s, roofline, self._replay_s) + self._replay_gap_s
+                      if self._graph_credit_s else roofline / eff)
         tiles = decode_work_tiles(shape.decode_seqs, shape.decode_ctx_tokens / shape.decode_seqs, d.kv_heads,
                                   d.head_dim, gpu.sm_count)
         active = min(tiles, gpu.sm_count) / gpu.sm_count
