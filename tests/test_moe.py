@@ -156,8 +156,16 @@ def test_graphs_decode_stays_under_its_ceiling():
     assert moe_report.graphs_mape(rows) <= moe_report.GRAPHS_CEILING
     every = rows + moe_report.compare_graphs(moe_report.GRAPHS_CACHELEN_DATA) \
         + moe_report.compare_graphs(moe_report.GRAPHS_B8_DATA) + moe_report.compare_graphs(moe_report.GRAPHS_FRESH_DATA)
-    assert len(every) == 20 and {1, 8, 32} <= {r.batch for r in every}      # the batches the engines issue names
+    oos = {gpu: [r for path in files for r in moe_report.compare_graphs(path)]
+           for gpu, files in moe_report.GRAPHS_OOS_DATA.items()}
+    every += oos["h100"] + oos["h200"]
+    assert len(every) == 32 and {1, 8, 32} <= {r.batch for r in every}      # the batches the engines issue names
     assert moe_report.graphs_mape(every) <= moe_report.GRAPHS_ALL_CEILING
+    # the H200 rows are priced on the H200 (the file's GPU), and every out-of-sample row had a prediction
+    llama = {gpu: next(r for r in rows if r.model == "Meta-Llama-3-8B" and r.batch == 24) for gpu, rows in oos.items()}
+    assert llama["h200"].estimated_ms < 0.85 * llama["h100"].estimated_ms     # 4.8 against 3.35 TB/s
+    for gpu, rows in oos.items():
+        assert {(r.model, r.batch, r.cache_len) for r in rows} == set(moe_report.GRAPHS_OOS_PREDICTED_MS[gpu])
 
 
 def test_fp8_prefill_runs_at_the_fp8_rate_on_h100_and_falls_back_on_a100():
