@@ -347,3 +347,18 @@ def test_graphs_replay_constants_are_derived_from_the_non_judged_models():
     assert not any(f'"model":"{name}' in raw or f'"model": "{name}' in raw for name in d.JUDGED)   # not in the files
     assert len(fit["rows"]) >= 30 and {r["batch"] for r in fit["rows"]} >= {1, 8, 32}
     assert all(r["aisim_kernel_ms"] < r["step_ms"] for r in fit["rows"])
+
+
+def test_whole_mixtral_on_h200_was_predicted_for_every_measured_case():
+    """The whole Mixtral-8x7B run on an H200 (moe-mixtral-h200.jsonl) is priced on the H200 (its header), every case
+    has the prediction committed before the run, and memory, which no later change touched, stays within 0.2%."""
+    from aisim.validation import moe_report
+
+    rows = moe_report.compare_moe(moe_report.MIXTRAL_H200)
+    assert len(rows) == 12
+    assert {(r.workload, r.batch, r.context) for r in rows} == set(moe_report.MIXTRAL_H200_PREDICTED)
+    for r in rows:
+        assert abs(r.mem_err_pct) < 0.2
+        assert r.estimated_gb == pytest.approx(moe_report.MIXTRAL_H200_PREDICTED[r.workload, r.batch, r.context][1],
+                                               abs=0.01)
+    assert "predictions" in " ".join(moe_report.mixtral_h200_lines())

@@ -229,3 +229,26 @@ def test_transposed_ops_keep_their_time_on_another_gpu():
     assert transposed_efficiency(cal, 1e8, half) == pytest.approx(own * 3.35 / 4.8 / 2)
     ratios = d.transposed_ratios()
     assert len(ratios) == 36 and 0.9 < ratios[len(ratios) // 2] < 1.2     # about the same time, not 1.43x
+
+
+def test_innermost_broadcast_ops_keep_their_time_on_another_gpu():
+    """PyTorch's non-vectorized broadcast kernel (masked fills with an (S, 1) mask, RMSNorm's and the routing weights'
+    (S, 1) multiplies) is SM-bound like the transposed ops: read from one GPU's file on another it keeps its time by
+    SMs x clock; each calibrated GPU reads its own curve; the default rules carry the two GPUs' mean, and the records
+    behind it take about the same time on H100 and H200 (1.43x apart in bandwidth)."""
+    from aisim.cost.efficiency import curve_value, memory_efficiency
+    from aisim.specs import all_hardware, load_calibration
+    from aisim.validation.scripts import derive_transfer_rules as d
+
+    h100, h200 = all_hardware()["h100-sxm"], all_hardware()["h200"]
+    nbytes = 1e9       # a point where the broadcast curve is below the contiguous one on both GPUs
+    for cal, gpu in ((load_calibration("h100-sxm"), h100), (load_calibration("h200"), h200)):
+        assert memory_efficiency(cal, nbytes, gpu, broadcast=True) == pytest.approx(
+            curve_value(cal.broadcast_memory_efficiency, 9.0))
+    cal = load_calibration("h100-sxm")
+    assert memory_efficiency(cal, nbytes, h200, broadcast=True) == pytest.approx(
+        curve_value(cal.broadcast_memory_efficiency, 9.0) * 3.35 / 4.8)
+    assert load_calibration("none").broadcast_memory_efficiency.model_dump() == \
+        d.transposed_default("broadcast_memory_efficiency")
+    ratios = d.broadcast_ratios()
+    assert len(ratios) >= 30 and 0.95 < ratios[len(ratios) // 2] < 1.25

@@ -79,15 +79,15 @@ def load_cases(path: Path = DATA) -> list[dict]:
         return [r for r in map(json.loads, f) if r.get("type") == "case" and r.get("status") == "ok"]
 
 
-def estimate_case(case: dict, calibration="auto") -> tuple[float, float, float]:
-    """(runtime ms, peak memory GB, expected distinct experts per layer) of one measured case."""
+def estimate_case(case: dict, calibration="auto", device: str = DEVICE) -> tuple[float, float, float]:
+    """(runtime ms, peak memory GB, expected distinct experts per layer) of one measured case on ``device``."""
     from aisim.formulas import expected_distinct_experts
     from aisim.graph.engine import moe_routing
     from aisim.scenario import scenario
     from aisim.step import step_cost
     from aisim.workload import StepShape
 
-    sc = scenario(str(CONFIGS / f"{case['model']}.json"), DEVICE, dtype="bf16", runtime=RUNTIME,
+    sc = scenario(str(CONFIGS / f"{case['model']}.json"), device, dtype="bf16", runtime=RUNTIME,
                   calibration=calibration)
     cost = step_cost(sc, StepShape(phase=case["workload"], batch=case["batch"], seq=case["context"]))
     moe = moe_routing(sc.config)
@@ -101,11 +101,13 @@ def estimate_case(case: dict, calibration="auto") -> tuple[float, float, float]:
 
 
 def compare_moe(path: Path = DATA, calibration="auto") -> list[MoeRow]:
+    """The file's cases against aisim on the GPU its header names."""
     rows = []
+    device = _header(path).get("gpu_name") or DEVICE
     for case in load_cases(path):
         if case["impl"] != SCORED_IMPL:
             continue
-        ms, gb, distinct = estimate_case(case, calibration)
+        ms, gb, distinct = estimate_case(case, calibration, device)
         rows.append(MoeRow(case["model"], case["impl"], case["workload"], case["batch"], case["context"],
                            case["median_ms"], ms, case["peak_allocated_gb"], gb,
                            case["routing"]["mean_distinct"], distinct))
@@ -158,11 +160,7 @@ def mixtral_lines(path: Path = MIXTRAL, per_run: dict[Path, list[MoeRow]] | None
            f"{header.get('driver')}, torch {header.get('torch')}, transformers {header.get('transformers')}, "
            f"{header.get('date', '?')[:16]}), predicted: the config was committed before it ran and nothing changed "
            "since. Not in the scored table (one run, another model):", "",
-           "| phase | batch | context | measured ms | estimated ms | error % | measured GB | estimated GB | "
-           "experts touched (measured / expected) |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    out += [f"| {r.workload} | {r.batch} | {r.context} | {r.measured_ms:.2f} | {r.estimated_ms:.2f} | "
-            f"{r.time_err_pct:+.1f} | {r.measured_gb:.2f} | {r.estimated_gb:.2f} | {r.measured_distinct:.1f} / "
-            f"{r.estimated_distinct:.1f} |" for r in rows]
+           *_mixtral_table(rows)]
     line = (f"Runtime MAPE prefill {mape['prefill runtime']:.1f}%, decode {mape['decode runtime']:.1f}%; memory "
             f"{mape['prefill memory']:.2f}% / {mape['decode memory']:.2f}%.")
     if hosts:
@@ -185,6 +183,81 @@ def mixtral_lines(path: Path = MIXTRAL, per_run: dict[Path, list[MoeRow]] | None
                  f"the scored method: on the {len(helped)} scored runs with host lines they improved decode on "
                  f"{sum(helped)}).")
     return out + ["", line]
+
+
+def _mixtral_table(rows: list[MoeRow], predicted: dict | None = None) -> list[str]:
+    head = ("| phase | batch | context | measured ms | estimated ms | error % | measured GB | estimated GB | "
+            "experts touched (measured / expected) |")
+    out = [head + (" predicted ms | predicted GB |" if predicted else ""),
+           "|---|---:|---:|---:|---:|---:|---:|---:|---|" + ("---:|---:|" if predicted else "")]
+    for r in rows:
+        line = (f"| {r.workload} | {r.batch} | {r.context} | {r.measured_ms:.2f} | {r.estimated_ms:.2f} | "
+                f"{r.time_err_pct:+.1f} | {r.measured_gb:.2f} | {r.estimated_gb:.2f} | {r.measured_distinct:.1f} / "
+                f"{r.estimated_distinct:.1f} |")
+        if predicted:
+            ms, gb = predicted[(r.workload, r.batch, r.context)]
+            line += f" {ms:.2f} | {gb:.2f} |"
+        out.append(line)
+    return out
+
+
+# The whole Mixtral-8x7B (harness/configs/mixtral-8x7b.json, 32 layers) on an H200, HF eager, predicted before the run
+# (commit 1c67111, 2026-11-27 ~05:35 UTC: h200.yaml then had no grouped-GEMM table and no broadcast curve, so the
+# experts ran at the dense table's efficiency and the masked fills at the contiguous copy rate):
+# (phase, batch, context) -> (ms, peak GB)
+MIXTRAL_H200 = Path(__file__).parent / "data" / "moe" / "moe-mixtral-h200.jsonl"
+MIXTRAL_H200_PREDICTED = {
+    ("decode", 1, 128): (33.44, 93.46), ("decode", 1, 1024): (33.44, 93.58), ("decode", 8, 128): (40.49, 93.58),
+    ("decode", 8, 1024): (39.93, 94.53), ("decode", 32, 128): (42.09, 93.99), ("decode", 32, 1024): (39.08, 97.81),
+    ("prefill", 1, 128): (44.06, 93.49), ("prefill", 1, 1024): (65.02, 93.86), ("prefill", 8, 128): (65.01, 93.86),
+    ("prefill", 8, 1024): (421.26, 96.80), ("prefill", 32, 128): (213.55, 95.12),
+    ("prefill", 32, 1024): (1652.02, 106.86)}
+
+
+def mixtral_h200_lines(path: Path = MIXTRAL_H200) -> list[str]:
+    """The whole Mixtral-8x7B on an H200: the predictions made before the run, the model as it stands (with the
+    H200's own grouped-GEMM table and broadcast curve, microbenchmarked after the run), and with the run's host
+    lines."""
+    from aisim.specs import load_calibration
+
+    from .host import host_spec
+
+    if not path.exists():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    header, hosts = records[0], [r for r in records if r.get("type") == "host" and r.get("constants")]
+    rows = compare_moe(path)
+    mape = moe_mape(rows)
+
+    def predicted_mape(workload: str, column: int) -> float:
+        errors = [abs(MIXTRAL_H200_PREDICTED[r.workload, r.batch, r.context][column]
+                      - (r.measured_ms, r.measured_gb)[column]) / (r.measured_ms, r.measured_gb)[column]
+                  for r in rows if r.workload == workload]
+        return 100 * sum(errors) / len(errors)
+
+    out = [f"The whole Mixtral-8x7B (validation/harness/configs/mixtral-8x7b.json, 32 layers, 93 GB of bf16 weights) "
+           f"on an H200, HF eager, one run ({path.relative_to(path.parents[3])}: {header.get('gpu_name')}, driver "
+           f"{header.get('driver')}, torch {header.get('torch')}, transformers {header.get('transformers')}, "
+           f"{header.get('date', '?')[:16]}), with the predictions committed before it (the last two columns):", "",
+           *_mixtral_table(rows, MIXTRAL_H200_PREDICTED), "",
+           f"The predictions: runtime MAPE prefill {predicted_mape('prefill', 0):.1f}%, decode "
+           f"{predicted_mape('decode', 0):.1f}%; memory {predicted_mape('prefill', 1):.2f}% / "
+           f"{predicted_mape('decode', 1):.2f}%. They were made when h200.yaml had no grouped-GEMM table and no "
+           "broadcast curve: the experts' GEMMs ran at the dense table's efficiency and the router's masked fills at "
+           "the contiguous copy rate, three to four times the H100's measured broadcast rate. Right after the run the "
+           "grouped_gemm harness ran on the H200 (validation/data/kernels/grouped-gemm-h200.jsonl, model and grid "
+           "sections, no Mixtral shape; `python -m aisim.validation.scripts.derive_grouped_gemm "
+           "validation/data/kernels/grouped-gemm-h200.jsonl --gpu h200 --write hardware_specs/calibration/h200.yaml`) "
+           f"and the model as it stands, with those blocks, gives prefill {mape['prefill runtime']:.1f}%, decode "
+           f"{mape['decode runtime']:.1f}%, memory {mape['prefill memory']:.2f}% / {mape['decode memory']:.2f}%."]
+    if hosts:
+        spec = host_spec(hosts)
+        own = moe_mape(compare_moe(path, calibration=spec.apply(load_calibration("h200"))))
+        out[-1] += (f" The run's host was a slow one: its host lines (validation/host.py) give a tiny-model framework "
+                    f"scale of {spec.eager_framework_scale:.2f}, where h200.yaml's host has "
+                    f"{load_calibration('h200').eager_framework_scale:.2f}; with them (`--host`), decode "
+                    f"{own['decode runtime']:.1f}%, prefill {own['prefill runtime']:.1f}% (not the scored method).")
+    return out
 
 
 def median_rows(per_run: dict[Path, list[MoeRow]] | None = None) -> list[MoeRow]:
@@ -520,7 +593,7 @@ def moe_section(path: Path = DATA) -> list[str]:
               "", f"The harness was run {len(RUNS)} times (validation/data/moe/). Runtime MAPE per run, over all "
               "runs' rows pooled, and against each case's median over the runs:", "",
               *runs_lines(per_run), "", *run_to_run_lines(per_run), "",
-              *spread_lines(per_run), "", *mixtral_lines(per_run=per_run), "",
+              *spread_lines(per_run), "", *mixtral_lines(per_run=per_run), "", *mixtral_h200_lines(), "",
               *host_scopes_lines(), "",
               "", "Each case of the first run (scored), with its median over the runs beside it:", "",
               "| model | phase | batch | context | measured ms | estimated ms | error % | median of runs ms | "

@@ -40,11 +40,16 @@ TRANSFERS = {"h100.jsonl": ("h100-sxm", "h200"), "h200.jsonl": ("h200", "h100-sx
 # per-case median of the H100 runs.
 H100_RUNS = ("h100.jsonl", "h100-rerun.jsonl", "h100-rerun2.jsonl", "h100-rerun3.jsonl", "h100-rerun4.jsonl")
 MEDIAN_RUNS = f"median of the {len(H100_RUNS)} H100 runs"
+# The same suite on an H200 again, 2026-11-27 05:54 UTC (needs_h200 granted; the graphs consistent-accounting commit
+# before it changes no eager row, and the h200.yaml grouped-GEMM / broadcast blocks added after it move its rows by
+# less than 0.1%)
+H200_RUNS = ("h200.jsonl", "h200-rerun.jsonl")
 # The other H200 datasets (each a run of its own suite; TP=1 twins beside the tensor-parallel rows, Whisper's encode
 # and decoder steps): the same leave-one-GPU-out, with h100-sxm.yaml
 H200_OTHER = ("tp2-h200.jsonl", "tp4-h200.jsonl", "whisper-h200.jsonl")
 RUN_TRANSFERS = {**TRANSFERS, **{run: TRANSFERS["h100.jsonl"] for run in H100_RUNS[1:]},
-                 MEDIAN_RUNS: TRANSFERS["h100.jsonl"], **{d: TRANSFERS["h200.jsonl"] for d in H200_OTHER}}
+                 MEDIAN_RUNS: TRANSFERS["h100.jsonl"], **{run: TRANSFERS["h200.jsonl"] for run in H200_RUNS[1:]},
+                 **{d: TRANSFERS["h200.jsonl"] for d in H200_OTHER}}
 RUNTIME_CATEGORIES = ("forward/prefill runtime", "decode runtime", "forward-backward/train runtime")
 # the table's columns: every runtime category a dataset has
 TABLE_CATEGORIES = (*RUNTIME_CATEGORIES, "encode runtime", "tp runtime")
@@ -93,9 +98,9 @@ def runtime_mape(dataset: str, calibration, categories: tuple[str, ...] | None =
 
 
 @functools.cache
-def h100_runs() -> tuple[dict[str, dict], ...]:
-    """Each H100 run's case records by key (read once; callers do not change them)."""
-    return tuple({r["key"]: r for r in load_measurements([DATA_DIR / f])} for f in H100_RUNS)
+def h100_runs(files: tuple[str, ...] = H100_RUNS) -> tuple[dict[str, dict], ...]:
+    """Each run's case records by key (the H100 runs by default; read once; callers do not change them)."""
+    return tuple({r["key"]: r for r in load_measurements([DATA_DIR / f])} for f in files)
 
 
 def measured_cases(dataset: str) -> list[dict]:
@@ -113,10 +118,11 @@ def measured_cases(dataset: str) -> list[dict]:
     return out
 
 
-def run_to_run_mape() -> dict[str, float]:
-    """Per category, the MAPE of one H100 run's runtimes 'predicting' another's, over every ordered pair of the
-    H100 runs: the error a model that knew one host's times exactly would make on another host of the same kind."""
-    runs = h100_runs()
+def run_to_run_mape(files: tuple[str, ...] = H100_RUNS) -> dict[str, float]:
+    """Per category, the MAPE of one run's runtimes 'predicting' another's, over every ordered pair of the runs
+    (the H100 runs by default): the error a model that knew one host's times exactly would make on another host of
+    the same kind."""
+    runs = h100_runs(files)
     selected = {"forward/prefill runtime": ("forward", "prefill"), "decode runtime": ("decode",),
                 "forward-backward/train runtime": ("forward-backward", "train")}
     out = {}
@@ -300,11 +306,11 @@ def transfer_table() -> tuple[list[Column], list[list[str]]]:
             mape = runtime_mape(dataset, choice, TABLE_CATEGORIES)
             name = dataset if dataset == MEDIAN_RUNS else f"`{dataset}`"
             cells.append([name, label, *[_pct(mape.get(c)) for c in TABLE_CATEGORIES]])
-    noise = run_to_run_mape()
-    pairs = len(H100_RUNS) * (len(H100_RUNS) - 1)
-    cells.append(["H100 run vs H100 run", f"no model: one run's measured times as the estimate of another's ({pairs} "
-                  "pairs)",
-                  *[_pct(noise.get(c)) for c in TABLE_CATEGORIES]])
+    for gpu, files in (("H100", H100_RUNS), ("H200", H200_RUNS)):
+        noise = run_to_run_mape(files)
+        pairs = len(files) * (len(files) - 1)
+        cells.append([f"{gpu} run vs {gpu} run", f"no model: one run's measured times as the estimate of another's "
+                      f"({pairs} pairs)", *[_pct(noise.get(c)) for c in TABLE_CATEGORIES]])
     return columns, cells
 
 
@@ -346,7 +352,10 @@ def transfer_section() -> list[str]:
         "GPUs' mean (python -m aisim.validation.scripts.derive_transfer_rules). The fifth run's host was "
         "the slowest yet (Llama-3-8B forward 1 x 128: 53.5 ms, against "
         "18-38 ms on the other four), while its forward and prefill rows of >= 2048 tokens are within 3% of the other "
-        "runs' median, but for opt-1.3b forward 4 x 512, host-bound on that host (+69%).", "",
+        "runs' median, but for opt-1.3b forward 4 x 512, host-bound on that host (+69%). The same suite ran a second "
+        "time on an H200 on 2026-11-27 (`h200-rerun.jsonl`; its estimates are predictions: nothing that prices a "
+        "row of it changed after it ran, but for h200.yaml's grouped-GEMM and broadcast blocks, which move its rows "
+        "by less than 0.1%).", "",
         render_markdown(*transfer_table()), "",
         f"Decode, {DECODE_MODEL}, `--runtime {DECODE_RUNTIME}`, context {DECODE_CONTEXT}: step time per batch and "
         "the effective bandwidth of the batch-1 step (bytes moved / step time / datasheet bandwidth) on every "

@@ -181,7 +181,7 @@ def memory_efficiency(cal: CalibrationSpec, nbytes: float, gpu: HardwareSpec | N
     if transposed and cal.transposed_memory_efficiency is not None:
         return min(transposed_efficiency(cal, nbytes, gpu), contiguous)
     if broadcast and not transposed and cal.broadcast_memory_efficiency is not None:
-        return min(curve_value(cal.broadcast_memory_efficiency, x), contiguous)
+        return min(per_sm_cycle_efficiency(cal, cal.broadcast_memory_efficiency, nbytes, gpu), contiguous)
     return contiguous
 
 
@@ -191,7 +191,15 @@ def transposed_efficiency(cal: CalibrationSpec, nbytes: float, gpu: HardwareSpec
     bandwidth is 1.43x and whose SMs and clock are the H100's (python -m aisim.validation.scripts.
     derive_transfer_rules); so on another GPU than the reference the curve's time at the same bytes is kept,
     scaled by SMs x clock (an assumption beyond those two GPUs, as for strided_cat_elements_per_sm_cycle)."""
-    eff = curve_value(cal.transposed_memory_efficiency, _log_x(nbytes, 1.0))
+    return per_sm_cycle_efficiency(cal, cal.transposed_memory_efficiency, nbytes, gpu)
+
+
+def per_sm_cycle_efficiency(cal: CalibrationSpec, curve, nbytes: float, gpu: HardwareSpec | None = None) -> float:
+    """A curve of an SM-bound elementwise kernel (the transposed-operand curve; the innermost-broadcast curve of
+    PyTorch's non-vectorized kernel, whose H100 records take 1.1x an H200's time at 1.43x less bandwidth:
+    derive_transfer_rules): on the reference GPU its value at the bytes; on another GPU the reference's time at the
+    same bytes, scaled by SMs x clock, as a fraction of this GPU's bandwidth."""
+    eff = curve_value(curve, _log_x(nbytes, 1.0))
     ref = reference_gpu(cal) if gpu is not None else None
     if ref is None or ref.name == gpu.name:
         return eff

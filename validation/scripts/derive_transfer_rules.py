@@ -18,6 +18,11 @@ microbenchmark records (hardware_specs/calibration/h100-sxm.raw.json and h200.ra
   same: a rate per SM-cycle. The default curve, at the reference GPU (h100-sxm), is at each point of the two files'
   common grid the mean of the two files' times at the same bytes (the H200's scaled by SMs x clock, here 1), as an
   efficiency; efficiency.transposed_efficiency reads it on any GPU by SMs x clock.
+- default.yaml ``broadcast_memory_efficiency``: PyTorch's non-vectorized elementwise kernel on an innermost (S, 1)
+  broadcast (the MoE path's masked fills and routing-weight multiply, measured by validation/harness/grouped_gemm.py
+  on both GPUs: validation/data/kernels/grouped-gemm-h100.jsonl, grouped-gemm-h200.jsonl) takes about 1.1x as long on
+  the H100 as on the H200 (printed): nearer a rate per SM-cycle than a fraction of bandwidth. Built as the transposed
+  curve is, from the two calibrations' broadcast curves (derive_grouped_gemm); efficiency.per_sm_cycle_efficiency.
 """
 from __future__ import annotations
 
@@ -96,17 +101,19 @@ def check(source: str, target: str, fraction: float) -> dict[str, tuple[int, flo
     return {k: (len(a), 100 * statistics.fmean(a), 100 * statistics.fmean(b)) for k, (a, b) in errors.items() if a}
 
 
-def transposed_default() -> dict[str, list[float]]:
-    """default.yaml's transposed_memory_efficiency at the reference GPU (h100-sxm): the mean time of the two files'
-    curves at each common point, the other GPU's scaled to the reference by SMs x clock."""
+def transposed_default(field: str = "transposed_memory_efficiency") -> dict[str, list[float]]:
+    """default.yaml's ``field`` (an SM-bound elementwise curve: transposed_memory_efficiency or
+    broadcast_memory_efficiency) at the reference GPU (h100-sxm): the mean time of the two files' curves at each
+    common point, the other GPU's scaled to the reference by SMs x clock."""
     from aisim.specs import all_hardware, load_calibration
 
     ref_name = DEVICES[0]
     ref = all_hardware()[ref_name]
-    curves = {d: load_calibration(d).transposed_memory_efficiency for d in DEVICES}
+    curves = {d: getattr(load_calibration(d), field) for d in DEVICES}
     if any(c is None for c in curves.values()) or len({tuple(c.x) for c in curves.values()}) != 1:
-        raise AisimError("the calibrations' transposed curves are missing or on different grids; rerun aisim "
-                         "calibrate --add-transposed on both GPUs")
+        raise AisimError(f"the calibrations' {field} curves are missing or on different grids; rerun aisim "
+                         "calibrate --add-transposed (transposed) or derive_grouped_gemm --write (broadcast) on both "
+                         "GPUs")
     x = curves[ref_name].x
     efficiency = []
     for i in range(len(x)):
@@ -133,6 +140,33 @@ def transposed_ratios() -> list[float]:
     return ratios
 
 
+KERNELS = ROOT / "validation" / "data" / "kernels"
+BROADCAST_FILES = {"h100-sxm": KERNELS / "grouped-gemm-h100.jsonl", "h200": KERNELS / "grouped-gemm-h200.jsonl"}
+
+
+def broadcast_ratios() -> list[float]:
+    """H100 time / H200 time of every device-bound innermost-broadcast record (the grouped_gemm harness's model
+    section: the MoE path's masked fills and routing-weight multiply, derive_grouped_gemm.BROADCAST_OPS) both GPUs
+    measured at the same model, op and tokens."""
+    from aisim.validation.scripts.derive_grouped_gemm import BROADCAST_OPS
+
+    def times(path: Path) -> dict[tuple, float]:
+        try:
+            lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        except (OSError, ValueError) as exc:
+            raise AisimError(f"{path}: cannot read the grouped_gemm harness's records ({type(exc).__name__})")
+        return {(r["model"], r["op"], r["tokens"]): r["median_ms"] for r in lines
+                if isinstance(r, dict) and r.get("section") == "model" and r.get("status") == "ok"
+                and str(r.get("op", "")).startswith(BROADCAST_OPS) and not r.get("host_bound")
+                and r.get("median_ms")}
+
+    a, b = (times(BROADCAST_FILES[d]) for d in DEVICES)
+    ratios = sorted(a[k] / b[k] for k in a if k in b)
+    if not ratios:
+        raise AisimError("no device-bound broadcast records in both grouped_gemm files")
+    return ratios
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.parse_args(argv)
@@ -148,6 +182,10 @@ def main(argv=None) -> int:
               f"(median {statistics.median(ratios):.2f}, n = {len(ratios)}); bandwidth ratio "
               f"{_bandwidth(DEVICES[1]) / _bandwidth(DEVICES[0]):.2f}")
         print("default.yaml transposed_memory_efficiency:", transposed_default())
+        ratios = broadcast_ratios()
+        print(f"innermost-broadcast records, {DEVICES[0]} time / {DEVICES[1]} time: {ratios[0]:.2f}-{ratios[-1]:.2f} "
+              f"(median {statistics.median(ratios):.2f}, n = {len(ratios)})")
+        print("default.yaml broadcast_memory_efficiency:", transposed_default("broadcast_memory_efficiency"))
     except (AisimError, KeyError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
