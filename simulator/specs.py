@@ -445,9 +445,9 @@ class RuntimeSpec(Spec):
         "concat", description="concat: HF's DynamicCache re-copies the cache each step (torch.cat); preallocated: "
                               "the engine writes only the new tokens' K/V into a fixed buffer (ggml, vLLM)")
     replay_kernel_gap_s: NonNegative | None = Field(
-        None, description="graphs dispatch: GPU time per kernel of a replayed CUDA graph beyond its execution, "
-        "measured on a compiled model (validation/scripts/derive_graphs_replay.py); None: the calibration's "
-        "tiny-kernel replay (launch_overhead_s)")
+        None, description="graphs dispatch: GPU time added after each kernel of a replayed CUDA graph beyond the "
+        "calibration's tiny-kernel replay (launch_overhead_s), fitted on compiled models "
+        "(validation/scripts/derive_graphs_replay.py); None: no such gap")
     static_cache: bool = Field(False, description="decode with HF's StaticCache (kv_cache preallocated): every step "
                                "attends over the whole max_cache_len buffer with an explicit mask, so SDPA repeats "
                                "the KV heads (repeat_kv copies) and runs its masked kernel "

@@ -137,7 +137,7 @@ def replay_kernel_gap_s(sc: Scenario) -> float:
     """GPU time a CUDA-graph engine's replay adds to each kernel beyond the calibration's tiny-kernel replay
     (RuntimeSpec.replay_kernel_gap_s, measured on compiled models; 0 where the profile has none)."""
     rt = sc.runtime
-    return rt.replay_kernel_gap_s or 0.0 if rt.dispatch == "graphs" else 0.0
+    return (rt.replay_kernel_gap_s or 0.0) if rt.dispatch == "graphs" and rt.kernel_overhead_s is None else 0.0
 
 
 def graph_credit_s(sc: Scenario, cal) -> float:

@@ -137,14 +137,19 @@ def test_transfer_mape_ceilings(dataset, calibration):
     assert not over, f"{dataset} with {calibration}: {over}"
 
 
-def test_run_to_run_spread_is_measured_from_all_h100_runs():
-    """The noise floor row: every ordered pair of the H100 runs, and a spread that is neither zero (the same file
-    twice) nor absurd."""
-    from aisim.validation.transfer import DATA_DIR, H100_RUNS, run_to_run_mape
+def test_run_to_run_spread_is_measured_from_all_runs_of_each_gpu():
+    """The noise floor rows: every ordered pair of the H100 runs and of the H200 runs, spreads that are neither zero
+    (the same file twice) nor absurd, and both rows in the table."""
+    from aisim.validation.transfer import DATA_DIR, H100_RUNS, H200_RUNS, run_to_run_mape, transfer_table
 
-    assert len(H100_RUNS) == 5 and all((DATA_DIR / r).exists() for r in H100_RUNS)
-    spread = run_to_run_mape()
-    assert all(v is not None and 2.0 < v < 40.0 for v in spread.values()), spread
+    assert len(H100_RUNS) == 5 and len(H200_RUNS) == 2
+    assert all((DATA_DIR / r).exists() for r in H100_RUNS + H200_RUNS)
+    for files in (H100_RUNS, H200_RUNS):
+        spread = run_to_run_mape(files)
+        assert all(v is not None and 2.0 < v < 40.0 for v in spread.values()), spread
+    assert run_to_run_mape(H200_RUNS) != run_to_run_mape()
+    labels = [row[0] for row in transfer_table()[1]]
+    assert labels[-2:] == ["H100 run vs H100 run", "H200 run vs H200 run"] and "`h200-rerun.jsonl`" in labels
 
 
 def test_torchcap_loss_tail_hand_worked():

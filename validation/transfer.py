@@ -98,7 +98,7 @@ def runtime_mape(dataset: str, calibration, categories: tuple[str, ...] | None =
 
 
 @functools.cache
-def h100_runs(files: tuple[str, ...] = H100_RUNS) -> tuple[dict[str, dict], ...]:
+def suite_runs(files: tuple[str, ...] = H100_RUNS) -> tuple[dict[str, dict], ...]:
     """Each run's case records by key (the H100 runs by default; read once; callers do not change them)."""
     return tuple({r["key"]: r for r in load_measurements([DATA_DIR / f])} for f in files)
 
@@ -110,7 +110,7 @@ def measured_cases(dataset: str) -> list[dict]:
 
     if dataset != MEDIAN_RUNS:
         return load_measurements([DATA_DIR / dataset])
-    runs = h100_runs()
+    runs = suite_runs()
     out = []
     for key, record in runs[0].items():
         times = [run[key]["runtime_ms_median"] for run in runs if run.get(key, {}).get("runtime_ms_median")]
@@ -122,7 +122,7 @@ def run_to_run_mape(files: tuple[str, ...] = H100_RUNS) -> dict[str, float]:
     """Per category, the MAPE of one run's runtimes 'predicting' another's, over every ordered pair of the runs
     (the H100 runs by default): the error a model that knew one host's times exactly would make on another host of
     the same kind."""
-    runs = h100_runs(files)
+    runs = suite_runs(files)
     selected = {"forward/prefill runtime": ("forward", "prefill"), "decode runtime": ("decode",),
                 "forward-backward/train runtime": ("forward-backward", "train")}
     out = {}
@@ -340,8 +340,8 @@ def transfer_section() -> list[str]:
         "device lent at the time (" + ", ".join(f"`{r}`" for r in H100_RUNS) + "; 2026-11-26 and, the fifth, "
         "2026-11-27, same driver, torch and transformers; the fourth after the per-op host table was committed, the "
         "fifth before any change of the session that added it, so the estimates of both are predictions); the "
-        "last row is how far those runs are from each other, the floor that host variance puts under any estimate "
-        "of one run. The goals are judged per run; the per-case median of the H100 runs is shown as information "
+        "last two rows are how far the runs on one GPU kind are from each other, the floor that host variance puts "
+        "under any estimate of one run. The goals are judged per run; the per-case median of the H100 runs is shown as information "
         "(a median over hosts averages their noise out). The other H200 datasets (tp2, tp4 and Whisper: suites of "
         "their own, one run each, TP=1 twins "
         "beside the tensor-parallel rows) are in the table too: with H100's file, tp4's tensor-parallel rows (host-"
@@ -355,7 +355,9 @@ def transfer_section() -> list[str]:
         "runs' median, but for opt-1.3b forward 4 x 512, host-bound on that host (+69%). The same suite ran a second "
         "time on an H200 on 2026-11-27 (`h200-rerun.jsonl`; its estimates are predictions: nothing that prices a "
         "row of it changed after it ran, but for h200.yaml's grouped-GEMM and broadcast blocks, which move its rows "
-        "by less than 0.1%).", "",
+        "by less than 0.1%). Its host was slower than the first H200 run's (decode steps 21% (MAPE) from the first "
+        "run's): its decode rows miss 10% with every calibration, own file included, its training rows miss 10% "
+        "with H100's file, and under `--calibration none` its decode rows miss 15%.", "",
         render_markdown(*transfer_table()), "",
         f"Decode, {DECODE_MODEL}, `--runtime {DECODE_RUNTIME}`, context {DECODE_CONTEXT}: step time per batch and "
         "the effective bandwidth of the batch-1 step (bytes moved / step time / datasheet bandwidth) on every "

@@ -2,7 +2,9 @@
 
 t_op = max(FLOPs / peak[dtype], bytes / bandwidth) / efficiency(op) + (launches - 1) * launch_overhead_s.
 The efficiencies were measured on kernels run back to back, so they include one kernel's launch gap; an op
-of several kernels (the foreach optimizer step) pays the gap for each further one.
+of several kernels (the foreach optimizer step) pays the gap for each further one. Replayed from a CUDA graph a
+kernel sheds the eager gap (the graph credit) and, under an engine with a measured replay gap, pays that gap after
+each of its kernels.
 Collectives are costed in ``comm``; syncs and metadata ops take no GPU time.
 """
 from __future__ import annotations
@@ -85,8 +87,8 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
     """``matvec_max_m``: the engine runs matmuls of at most this many rows as mat-vec kernels (memory curve).
     ``graph_credit_s``: replayed from a CUDA graph, a kernel takes this much less than the back-to-back eager
     stream the efficiencies were measured on (efficiency.graph_replay_credit_s), never less than its roofline or
-    a graph replay's per-kernel time. ``replay_gap_s``: a replayed kernel's gap beyond the tiny-kernel replay that
-    ``launch_overhead_s`` measures, added to each kernel (step.replay_kernel_gap_s). ``aten_kernels``: the runtime runs PyTorch's own kernels for the ops it does
+    a graph replay's per-kernel time. ``replay_gap_s``: a replayed kernel's gap beyond the tiny-kernel replay
+    that ``launch_overhead_s`` measures, added after each kernel (step.replay_kernel_gap_s). ``aten_kernels``: the runtime runs PyTorch's own kernels for the ops it does
     not fuse (eager, kernel-sum), so a cat with a strided input takes ATen's strided cat kernel and a GEMM off
     16-byte alignment cuBLAS's slower kernels; engines with their own kernels or padded shapes (vLLM pads the
     vocabulary to a multiple of 64, vllm/model_executor/layers/vocab_parallel_embedding.py; Inductor pads mm shapes,

@@ -44,17 +44,19 @@ def _lines(paths: tuple[Path, ...]) -> list[dict]:
 
 
 def rows(paths: tuple[Path, ...] = DATA) -> list[dict]:
+    """The compiled, profiled rows of non-judged models, each with the GPU its file's header names."""
     out = []
-    for r in _lines(paths):
-        if not isinstance(r, dict):
-            continue
-        prof = r.get("profile") or {}
-        if (r.get("type") == "case" and r.get("mode") == "compile" and r.get("status") == "ok"
-                and prof.get("status") == "ok" and prof.get("kernels_per_step")
-                and not r["model"].startswith(JUDGED)):
-            out.append({"model": r["model"], "batch": r["batch"], "context": r["context"],
-                        "max_cache_len": r["max_cache_len"], "step_ms": r["median_ms"],
-                        "kernel_ms": prof["gpu_kernel_ms"], "kernels": prof["kernels_per_step"]})
+    for path in paths:
+        records = [r for r in _lines((path,)) if isinstance(r, dict)]
+        device = next((r.get("gpu_name") for r in records if r.get("type") == "header"), None) or "h100"
+        for r in records:
+            prof = r.get("profile") or {}
+            if (r.get("type") == "case" and r.get("mode") == "compile" and r.get("status") == "ok"
+                    and prof.get("status") == "ok" and prof.get("kernels_per_step")
+                    and not r["model"].startswith(JUDGED)):
+                out.append({"model": r["model"], "device": device, "batch": r["batch"], "context": r["context"],
+                            "max_cache_len": r["max_cache_len"], "step_ms": r["median_ms"],
+                            "kernel_ms": prof["gpu_kernel_ms"], "kernels": prof["kernels_per_step"]})
     return out
 
 
@@ -84,7 +86,7 @@ def aisim_kernels(data: list[dict]) -> list[tuple[float, float]]:
     out = []
     with tempfile.TemporaryDirectory() as folder:
         for r in data:
-            sc = scenario(_config(r["model"], Path(folder)), "h100", dtype="bf16", runtime=bare)
+            sc = scenario(_config(r["model"], Path(folder)), r["device"], dtype="bf16", runtime=bare)
             shape = StepShape(phase="decode", batch=r["batch"], seq=r["context"], static_cache_len=r["max_cache_len"])
             a = op_arrays(sc, sc.workload(shape))
             kernels = float((a.launches * a.repeats)[[k not in ("comm", "none", "sync", "module")
@@ -134,9 +136,9 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for r, res in zip(result["rows"], result["residual_ms"]):
-        print(f"{r['model']:>20} b={r['batch']:<3} step {r['step_ms']:.4f} ms; profiled kernels {r['kernel_ms']:.4f} ms "
-              f"x {r['kernels']:.0f}; aisim's {r['aisim_kernel_ms']:.4f} ms x {r['aisim_kernels']:.0f}; "
-              f"fit residual {res:+.4f} ms")
+        print(f"{r['model']:>20} b={r['batch']:<3} step {r['step_ms']:.4f} ms; profiled kernels "
+              f"{r['kernel_ms']:.4f} ms x {r['kernels']:.0f}; aisim's {r['aisim_kernel_ms']:.4f} ms x "
+              f"{r['aisim_kernels']:.0f}; fit residual {res:+.4f} ms")
     print(f"in the profiler's accounting: {result['profile_gap_s'] * 1e6:.3f} us per profiled kernel + "
           f"{result['profile_overhead_s'] * 1e3:.4f} ms per step")
     print(f"replay_kernel_gap_s: {result['replay_kernel_gap_s']:.4g}")

@@ -219,8 +219,8 @@ class StepCostTimer:
         nbytes = 2 * d.kv_heads * d.head_dim * d.element_bytes * shape.decode_ctx_tokens
         roofline = max(flops / gpu.peak_for(self.sc.dtype), nbytes / gpu.memory_bw_bytes_per_s)
         eff = attention_efficiency(cal, self.sc.dtype, "decode", flops, nbytes, gpu) * self._decode_scale
-        full_gpu_s = (max(roofline / eff - self._graph_credit_s, roofline, self._replay_s) + self._replay_gap_s
-                      if self._graph_credit_s else roofline / eff)
+        full_gpu_s = (max(roofline / eff - self._graph_credit_s, roofline, self._replay_s) if self._graph_credit_s
+                      else roofline / eff) + self._replay_gap_s
         tiles = decode_work_tiles(shape.decode_seqs, shape.decode_ctx_tokens / shape.decode_seqs, d.kv_heads,
                                   d.head_dim, gpu.sm_count)
         active = min(tiles, gpu.sm_count) / gpu.sm_count
