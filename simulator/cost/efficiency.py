@@ -203,8 +203,7 @@ def per_sm_cycle_efficiency(cal: CalibrationSpec, curve, nbytes: float, gpu: Har
     ref = reference_gpu(cal) if gpu is not None else None
     if ref is None or ref.name == gpu.name:
         return eff
-    sm_cycles = (gpu.sm_count * gpu.boost_clock_mhz) / (ref.sm_count * ref.boost_clock_mhz)
-    return max(eff * ref.memory_bw_bytes_per_s / gpu.memory_bw_bytes_per_s * sm_cycles, MIN_EFFICIENCY)
+    return max(eff * _sm_cycle_scale(ref, gpu), MIN_EFFICIENCY)
 
 
 def batched_gemm_memory_efficiency(cal: CalibrationSpec, nbytes: float, gpu: HardwareSpec | None = None) -> float:
@@ -242,10 +241,25 @@ def _rule(cal: CalibrationSpec, field: str) -> dict:
     return getattr(cal, field) or getattr(default_calibration(), field)
 
 
-def broadcast_fraction(cal: CalibrationSpec, field: str, element_bytes: int) -> float | None:
+def broadcast_fraction(cal: CalibrationSpec, field: str, element_bytes: int,
+                       gpu: HardwareSpec | None = None) -> float | None:
     """``broadcast_copy_bandwidth_fraction`` or ``outer_broadcast_bandwidth_fraction`` for this element size
-    (validation/harness/broadcast_ops.py); None: not modelled."""
-    return _rule(cal, field).get(element_bytes)
+    (validation/harness/broadcast_ops.py); None: not modelled. PyTorch's non-vectorized kernel is SM-bound: the H200
+    copies from an expanded operand and adds an outer broadcast at the H100's absolute rate (0.21 against 0.30 and
+    0.32 against 0.45 of their datasheet bandwidths, 16-bit; derive_broadcast_ops), so on ``gpu``, other than the
+    GPU the fraction was measured on, the rate is kept, scaled by SMs x clock."""
+    own = getattr(cal, field)
+    value = (own or getattr(default_calibration(), field)).get(element_bytes)
+    ref = reference_gpu(cal if own else default_calibration()) if gpu is not None else None
+    if value is None or ref is None or ref.name == gpu.name:
+        return value
+    return value * _sm_cycle_scale(ref, gpu)
+
+
+def _sm_cycle_scale(ref: HardwareSpec, gpu: HardwareSpec) -> float:
+    """Factor on a fraction of ``ref``'s bandwidth that keeps its absolute rate per SM-cycle on ``gpu``."""
+    return (ref.memory_bw_bytes_per_s / gpu.memory_bw_bytes_per_s
+            * (gpu.sm_count * gpu.boost_clock_mhz) / (ref.sm_count * ref.boost_clock_mhz))
 
 
 def multi_tensor_efficiency(cal: CalibrationSpec, element_bytes: int) -> float | None:

@@ -74,7 +74,8 @@ def baddbmm_copy_s(op: Op, cal: CalibrationSpec, gpu) -> float:
     out, src = op.outputs[0], op.inputs[0]
     nbytes = out.nbytes + src.nbytes
     eff = efficiency.memory_efficiency(cal, nbytes, gpu)
-    fraction = (efficiency.broadcast_fraction(cal, "broadcast_copy_bandwidth_fraction", ELEMENT_BYTES.get(out.dtype, 4))
+    size = ELEMENT_BYTES.get(out.dtype, 4)
+    fraction = (efficiency.broadcast_fraction(cal, "broadcast_copy_bandwidth_fraction", size, gpu)
                 if op.attrs.get("broadcast_input") else None)
     if fraction is not None:     # the fraction is of the bytes written, as measured
         return max(out.nbytes / gpu.memory_bw_bytes_per_s / fraction, nbytes / gpu.memory_bw_bytes_per_s / eff)
@@ -150,7 +151,7 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
             cal, cost.bytes, gpu, bool(op.attrs.get("transposed")), inner)
         if multi is None and aten_kernels and not inner and outer_broadcast(op):
             fraction = efficiency.broadcast_fraction(cal, "outer_broadcast_bandwidth_fraction",
-                                                     ELEMENT_BYTES.get(op.outputs[0].dtype, 4))
+                                                     ELEMENT_BYTES.get(op.outputs[0].dtype, 4), gpu)
             eff = min(eff, fraction) if fraction is not None else eff
         eff *= memory_scale
     kernel_s = roofline_s / eff

@@ -1,4 +1,7 @@
-"""The default rules' broadcast-copy and outer-broadcast bandwidth fractions, from one H100 microbenchmark.
+"""The default rules' broadcast-copy and outer-broadcast bandwidth fractions, from one H100 microbenchmark, and
+their reading on another GPU checked on an H200 run of the same harness (validation/data/kernels/
+broadcast-ops-h200.jsonl: the H200 reaches the H100's absolute rate, so efficiency.broadcast_fraction keeps the rate
+by SMs x clock).
 
     python -m aisim.validation.scripts.derive_broadcast_ops [--data FILE]
 
@@ -55,6 +58,22 @@ def fractions(path: Path = DATA) -> tuple[dict, dict[str, dict[int, float]], dic
     return header, out, every
 
 
+H200_DATA = ROOT / "validation" / "data" / "kernels" / "broadcast-ops-h200.jsonl"
+
+
+def transfer_check(source: Path = DATA, target: Path = H200_DATA) -> dict[str, dict[int, tuple[float, float, float]]]:
+    """{field: {element bytes: (target measured, source's fraction as a fraction (the old reading), source's rate
+    kept by SMs x clock (efficiency.broadcast_fraction))}}: the rule that reads the default fractions on another GPU,
+    checked on a GPU the fractions were not taken from."""
+    from aisim.cost.efficiency import _sm_cycle_scale
+
+    src_header, src, _ = fractions(source)
+    dst_header, dst, _ = fractions(target)
+    scale = _sm_cycle_scale(_gpu(src_header), _gpu(dst_header))
+    return {field: {size: (dst[field][size], value, round(value * scale, 3)) for size, value in table.items()
+                    if size in dst[field]} for field, table in src.items()}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DATA)
@@ -70,6 +89,11 @@ def main(argv=None) -> int:
         print(f"{field}: {table}")
     for op, table in every.items():
         print(f"  {op}: {table}")
+    if args.data == DATA and H200_DATA.exists():
+        for field, table in transfer_check().items():
+            for size, (measured, same, kept) in table.items():
+                print(f"{field} {size}-byte on the H200: measured {measured:.2f}; the H100 value read as a fraction "
+                      f"{same:.2f}, its rate kept by SMs x clock {kept:.2f}")
     return 0
 
 
