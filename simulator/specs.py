@@ -232,12 +232,14 @@ class CalibrationSpec(Spec):
         "the default rules'; an architecture in neither: not modelled")
     broadcast_copy_bandwidth_fraction: dict[int, Fraction] = Field(
         default_factory=dict, description="a copy from an expanded operand (baddbmm's input, BLOOM's ALiBi bias), "
-        "PyTorch's non-vectorized kernel: fraction of datasheet bandwidth of the bytes written, per element size; "
+        "PyTorch's non-vectorized kernel: fraction of the reference GPU's datasheet bandwidth of the bytes written, "
+        "per element size, read on another GPU at the same rate by SMs x clock (efficiency.broadcast_fraction); "
         "absent: the default rules', else the memory curve")
     outer_broadcast_bandwidth_fraction: dict[int, Fraction] = Field(
         default_factory=dict, description="an elementwise op with an operand of its own rank broadcast along an "
-        "outer dim ((B, 1, S, S) mask over (B, H, S, S)), PyTorch's non-vectorized kernel: fraction of datasheet "
-        "bandwidth per output element size, a ceiling on the memory curve; absent: the default rules'")
+        "outer dim ((B, 1, S, S) mask over (B, H, S, S)), PyTorch's non-vectorized kernel: fraction of the reference "
+        "GPU's datasheet bandwidth per output element size, read elsewhere by SMs x clock, a ceiling on the memory "
+        "curve; absent: the default rules'")
     multi_tensor_bandwidth_fraction: dict[int, Fraction] = Field(
         default_factory=dict, description="multi_tensor_apply kernels (the foreach and fused optimizers): fraction "
         "of datasheet bandwidth per element size in bytes; absent: the default rules', else the memory curve")

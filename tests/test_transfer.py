@@ -261,16 +261,37 @@ def test_innermost_broadcast_ops_keep_their_time_on_another_gpu():
 
 def test_broadcast_fractions_keep_their_rate_on_another_gpu():
     """default.yaml's broadcast-copy and outer-broadcast fractions (H100 microbenchmark) read on the H200 keep the
-    H100's absolute rate: the H200 run of the same harness measured that, within 10%, where reading them as fractions
-    would be 30-45% fast; on the H100 itself they are read as they are."""
-    from aisim.cost.efficiency import broadcast_fraction
+    H100's absolute rate: the H200 run of the same harness measured that, within 12% (fp32 outer broadcast: 10.3%
+    slow), where reading them as fractions would be 29-43% fast; on the H100 itself they are read as they are, a
+    file's own value on its own GPU unscaled, and on a GPU with many SM-cycles per byte (RTX A5000) the op still
+    takes no less than the contiguous curve gives."""
+    from aisim.catalog import resolve_device
+    from aisim.cost.efficiency import broadcast_fraction, memory_efficiency
+    from aisim.cost.ops_time import op_time
+    from aisim.formulas import op_cost
+    from aisim.graph.ops import Op, TensorMeta
     from aisim.specs import all_hardware, load_calibration
-    from aisim.validation.scripts.derive_broadcast_ops import transfer_check
+    from aisim.validation.scripts.derive_broadcast_ops import DATA, H200_DATA, fractions, transfer_check
 
     h100, h200 = all_hardware()["h100-sxm"], all_hardware()["h200"]
     for cal in (load_calibration("h100-sxm"), load_calibration("h200"), load_calibration("none")):
         assert broadcast_fraction(cal, "broadcast_copy_bandwidth_fraction", 2, h100) == 0.3
         assert broadcast_fraction(cal, "broadcast_copy_bandwidth_fraction", 2, h200) == pytest.approx(0.3 * 3.35 / 4.8)
+    own = load_calibration("h200").model_copy(update={"broadcast_copy_bandwidth_fraction": {2: 0.21}})
+    assert broadcast_fraction(own, "broadcast_copy_bandwidth_fraction", 2, h200) == 0.21
+    _, _, h100_ops = fractions(DATA)
+    _, _, h200_ops = fractions(H200_DATA)
     for field, table in transfer_check().items():
-        for size, (measured, same, kept) in table.items():
-            assert abs(kept / measured - 1) < 0.1 < same / measured - 1, (field, size)
+        for size, (_, same, kept) in table.items():
+            op = "broadcast_copy" if field.startswith("broadcast_copy") else "add_outer_broadcast"
+            measured = h200_ops[op]["float32" if size == 4 else "float16"]
+            assert abs(kept / measured - 1) < 0.12 < 0.25 < same / measured - 1, (field, size, measured)
+    # the op-level cap: a (16, 12, 1024, 1024) fp16 add of a (16, 1, 1024, 1024) mask on an RTX A5000
+    big, mask = TensorMeta((16, 12, 1024, 1024), "fp16"), TensorMeta((16, 1, 1024, 1024), "fp16")
+    add = Op("aten.add.Tensor", (big, mask), {}, (big,), False, attrs={"pointwise": True})
+    cal = load_calibration("none")
+    for name, capped in (("rtx-a5000", True), ("h200", False)):
+        device = resolve_device(name)
+        t, nbytes = op_time(add, op_cost(add), device, cal, "fp16"), op_cost(add).bytes
+        contiguous_s = nbytes / device.gpu.memory_bw_bytes_per_s / memory_efficiency(cal, nbytes, device.gpu)
+        assert t.gpu_s == pytest.approx(contiguous_s) if capped else t.gpu_s > 1.5 * contiguous_s, name

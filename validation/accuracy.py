@@ -121,7 +121,9 @@ WHY = """\
   bias into the output (a broadcast copy at 0.30 of bandwidth) and its GEMM reads it back; the (B, 1, S, S) mask
   added over the heads leaves the vectorized kernel (0.45 of bandwidth); and ``softmax(fp16, dtype=float32)`` is
   one kernel on CUDA (ATen SoftMax.cpp ``half_to_float``), where the trace had a cast plus a float softmax. With
-  all three, bloom-560m forward 16 x 1024 goes from -9.9% to -3.7% (H100) and -13.3% to -10.2% (H200); the
+  all three, bloom-560m forward 16 x 1024 goes from -9.9% to -3.7% (H100) and -13.3% to -10.2% (H200), and to
+  -2.5% (H200) once the two fractions keep their absolute rate on another GPU (an H200 run of the same
+  microbenchmark reaches the H100's rate, 0.21 and 0.32 of its bandwidth: efficiency.broadcast_fraction); the
   outer-broadcast rule also takes the rotary tables' (B, 1, S, D) multiplies over the heads, which adds 1-2% to
   Llama prefills (unmeasured at those shapes).
 - **GPT-2's LM head is off cuBLAS's alignment**: its 50257-wide output (and, in backward, operand) has a leading

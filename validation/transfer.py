@@ -353,9 +353,11 @@ def transfer_section() -> list[str]:
         "the slowest yet (Llama-3-8B forward 1 x 128: 53.5 ms, against "
         "18-38 ms on the other four), while its forward and prefill rows of >= 2048 tokens are within 3% of the other "
         "runs' median, but for opt-1.3b forward 4 x 512, host-bound on that host (+69%). The same suite ran a second "
-        "time on an H200 on 2026-11-27 (`h200-rerun.jsonl`; its estimates are predictions: nothing that prices a "
-        "row of it changed after it ran, but for h200.yaml's grouped-GEMM and broadcast blocks, which move its rows "
-        "by less than 0.1%). Its host was slower than the first H200 run's (decode steps 21% (MAPE) from the first "
+        "time on an H200 on 2026-11-27 (`h200-rerun.jsonl`; its estimates were predictions until two changes made "
+        "after it ran from microbenchmarks run on the same H200 just before it: h200.yaml's grouped-GEMM and "
+        "broadcast blocks, which moved its rows by less than 0.1%, and the broadcast-copy and outer-broadcast "
+        "fractions read by SMs x clock (commit 70a0bc9), which moved its forward rows from 9.35 / 8.76 / 10.09% to "
+        "the table's figures, own / transferred / none). Its host was slower than the first H200 run's (decode steps 21% (MAPE) from the first "
         "run's): its decode rows miss 10% with every calibration, own file included, its training rows miss 10% "
         "with H100's file, and under `--calibration none` its decode rows miss 15%.", "",
         render_markdown(*transfer_table()), "",

@@ -247,7 +247,8 @@ def broadcast_fraction(cal: CalibrationSpec, field: str, element_bytes: int,
     (validation/harness/broadcast_ops.py); None: not modelled. PyTorch's non-vectorized kernel is SM-bound: the H200
     copies from an expanded operand and adds an outer broadcast at the H100's absolute rate (0.21 against 0.30 and
     0.32 against 0.45 of their datasheet bandwidths, 16-bit; derive_broadcast_ops), so on ``gpu``, other than the
-    GPU the fraction was measured on, the rate is kept, scaled by SMs x clock."""
+    GPU the fraction refers to (a file's own value: its reference GPU, as for its curves; else default.yaml's), the
+    rate is kept, scaled by SMs x clock."""
     own = getattr(cal, field)
     value = (own or getattr(default_calibration(), field)).get(element_bytes)
     ref = reference_gpu(cal if own else default_calibration()) if gpu is not None else None
