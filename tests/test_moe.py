@@ -379,3 +379,16 @@ def test_whole_mixtral_on_h200_was_predicted_for_every_measured_case():
                  if r.workload == "decode"]
     decode = moe_report._mape(predicted, [r.measured_ms for r in rows if r.workload == "decode"])
     assert f"decode {decode:.1f}%" in " ".join(moe_report.mixtral_h200_lines()) and decode > 20   # as it missed
+
+
+def test_moe_models_on_h200_are_priced_on_the_h200():
+    """The OLMoE / Qwen-MoE run on an H200 is estimated with h200.yaml (its header's GPU): memory within 1% on every
+    case, and the large prefills, GPU-bound, within 10%, where the H100's calibration would price them differently."""
+    from aisim.validation import moe_report
+
+    rows = moe_report.compare_moe(moe_report.MOE_H200)
+    assert len(rows) == 36 and all(abs(r.mem_err_pct) < 1.0 for r in rows)
+    large = [r for r in rows if r.workload == "prefill" and r.batch * r.context >= 8192]
+    assert len(large) == 6 and all(abs(r.time_err_pct) < 10.0 for r in large)
+    text = " ".join(moe_report.moe_h200_lines())
+    assert f"prefill {moe_report.moe_mape(rows)['prefill runtime']:.1f}%" in text

@@ -288,6 +288,48 @@ def mixtral_h200_lines(path: Path = MIXTRAL_H200) -> list[str]:
     return out
 
 
+# The three MoE models on an H200 (the first run's harness, default experts path), one run, 2026-11-27 06:40 UTC:
+# predicted by the model as committed in 3fdba2d (06:39 UTC), nothing that prices these rows changed since
+MOE_H200 = Path(__file__).parent / "data" / "moe" / "moe-h200.jsonl"
+
+
+def moe_h200_lines(path: Path = MOE_H200) -> list[str]:
+    """The OLMoE / Qwen-MoE run on an H200: per-category MAPE (predicted), per-model decode bias, and the same with
+    the run's host lines."""
+    from aisim.specs import load_calibration
+
+    from .host import host_spec
+
+    if not path.exists():
+        return []
+    header, hosts = _header(path), _host_records(_records(path))
+    rows = compare_moe(path)
+    mape = moe_mape(rows)
+    bias = {model: _mean_signed([r for r in rows if r.workload == "decode"], model)
+            for model in dict.fromkeys(r.model for r in rows)}
+    line = (f"The same harness on an H200 ({path.relative_to(path.parents[3])}: {header.get('gpu_name')}, driver "
+            f"{header.get('driver')}, torch {header.get('torch')}, transformers {header.get('transformers')}, "
+            f"{header.get('date', '?')[:16]}; {len(rows)} cases), predicted (aisim as committed in 3fdba2d, a minute "
+            f"before the run; h200.yaml's grouped-GEMM table and broadcast curve come from the grouped_gemm harness "
+            f"on another H200 machine, at these models' shapes): runtime MAPE prefill {mape['prefill runtime']:.1f}%, "
+            f"decode {mape['decode runtime']:.1f}%; memory {mape['prefill memory']:.2f}% / "
+            f"{mape['decode memory']:.2f}%. Decode mean signed error: "
+            + ", ".join(f"{m} {v:+.1f}%" for m, v in bias.items()) + ".")
+    if hosts:
+        spec = host_spec(hosts)
+        own = moe_mape(compare_moe(path, calibration=spec.apply(load_calibration("h200"))))
+        case = ("olmoe-1b-7b", "decode", 1, 128)
+        here = next(r.measured_ms for r in rows if r.case == case)
+        h100 = [c["median_ms"] for run in RUNS for c in load_cases(run)
+                if (c["model"], c["workload"], c["batch"], c["context"]) == case and c["impl"] == SCORED_IMPL]
+        line += (f" Its host was slow (framework scale {spec.eager_framework_scale:.2f} from its host lines, "
+                 f"h200.yaml's host {load_calibration('h200').eager_framework_scale:.2f}): OLMoE's decode step at "
+                 f"batch 1, context 128 took {here:.1f} ms where the {len(h100)} H100 runs' took "
+                 f"{min(h100):.1f}-{max(h100):.1f}; with the host lines (`--host`) decode "
+                 f"{own['decode runtime']:.1f}%, prefill {own['prefill runtime']:.1f}% (not the scored method).")
+    return [line]
+
+
 def median_rows(per_run: dict[Path, list[MoeRow]] | None = None) -> list[MoeRow]:
     """Every case against its median over the runs that measured it (not scored; shown beside the first run)."""
     return median_of_runs(list((per_run or runs_rows()).values()))
@@ -622,6 +664,7 @@ def moe_section(path: Path = DATA) -> list[str]:
               "runs' rows pooled, and against each case's median over the runs:", "",
               *runs_lines(per_run), "", *run_to_run_lines(per_run), "",
               *spread_lines(per_run), "", *mixtral_lines(per_run=per_run), "", *mixtral_h200_lines(), "",
+              *moe_h200_lines(), "",
               *host_scopes_lines(), "",
               "", "Each case of the first run (scored), with its median over the runs beside it:", "",
               "| model | phase | batch | context | measured ms | estimated ms | error % | median of runs ms | "
