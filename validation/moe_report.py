@@ -180,7 +180,8 @@ def mixtral_lines(path: Path = MIXTRAL, per_run: dict[Path, list[MoeRow]] | None
     mape = moe_mape(rows)
     out = [f"Mixtral-8x7B with 16 of its 32 layers (validation/harness/configs/mixtral-8x7b-16l.json: 8 experts of "
            "14336 wide, top-2; the whole model needs 93 GB of bf16 weights, and no H200 was lent when asked earlier "
-           f"on 2026-11-27: one was later, below), one run ({path.relative_to(path.parents[3])}: {header.get('gpu_name')}, driver "
+           f"on 2026-11-27: one was later, below), one run ({path.relative_to(path.parents[3])}: "
+           f"{header.get('gpu_name')}, driver "
            f"{header.get('driver')}, torch {header.get('torch')}, transformers {header.get('transformers')}, "
            f"{header.get('date', '?')[:16]}), predicted: the config was committed before it ran and nothing changed "
            "since. Not in the scored table (one run, another model):", "",
@@ -857,9 +858,9 @@ def _graphs_cases(path: Path) -> list[dict]:
 
 def compare_graphs(path: Path = GRAPHS_DATA) -> list[GraphsRow]:
     """The measured static-cache + torch.compile decode steps (harness graphs_decode, on the GPU its header names)
-    against ``--runtime graphs`` at the row's max_cache_len. Rows that timed the harness's per-layer rewind with the step
-    (before it ran untimed) get its host time added: one eager fill_ launch per layer at the calibration's eager
-    kernel dispatch cost (eager_kernel_dispatch_s x eager_framework_scale)."""
+    against ``--runtime graphs`` at the row's max_cache_len. Rows that timed the harness's per-layer rewind with the
+    step (before it ran untimed) get its host time added: one eager fill_ launch per layer at the calibration's
+    eager kernel dispatch cost (eager_kernel_dispatch_s x eager_framework_scale)."""
     from aisim.scenario import scenario
     from aisim.step import step_cost
     from aisim.workload import StepShape

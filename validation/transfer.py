@@ -341,7 +341,8 @@ def transfer_section() -> list[str]:
         "2026-11-27, same driver, torch and transformers; the fourth after the per-op host table was committed, the "
         "fifth before any change of the session that added it, so the estimates of both are predictions); the "
         "last two rows are how far the runs on one GPU kind are from each other, the floor that host variance puts "
-        "under any estimate of one run. The goals are judged per run; the per-case median of the H100 runs is shown as information "
+        "under any estimate of one run. The goals are judged per run; the per-case median of the H100 runs is shown "
+        "as information "
         "(a median over hosts averages their noise out). The other H200 datasets (tp2, tp4 and Whisper: suites of "
         "their own, one run each, TP=1 twins "
         "beside the tensor-parallel rows) are in the table too: with H100's file, tp4's tensor-parallel rows (host-"
@@ -357,8 +358,8 @@ def transfer_section() -> list[str]:
         "after it ran from microbenchmarks run on the same H200 just before it: h200.yaml's grouped-GEMM and "
         "broadcast blocks, which moved its rows by less than 0.1%, and the broadcast-copy and outer-broadcast "
         "fractions read by SMs x clock (commit 70a0bc9), which moved its forward rows from 9.35 / 8.76 / 10.09% to "
-        "the table's figures, own / transferred / none). Its host was slower than the first H200 run's (decode steps 21% (MAPE) from the first "
-        "run's): its decode rows miss 10% with every calibration, own file included, its training rows miss 10% "
+        "the table's figures, own / transferred / none). Its host was slower than the first H200 run's (decode "
+        f"steps {run_to_run_mape(H200_RUNS)['decode runtime']:.0f}% (MAPE) from the first run's): its decode rows miss 10% with every calibration, own file included, its training rows miss 10% "
         "with H100's file, and under `--calibration none` its decode rows miss 15%.", "",
         render_markdown(*transfer_table()), "",
         f"Decode, {DECODE_MODEL}, `--runtime {DECODE_RUNTIME}`, context {DECODE_CONTEXT}: step time per batch and "

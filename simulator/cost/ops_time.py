@@ -89,9 +89,9 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
     ``graph_credit_s``: replayed from a CUDA graph, a kernel takes this much less than the back-to-back eager
     stream the efficiencies were measured on (efficiency.graph_replay_credit_s), never less than its roofline or
     a graph replay's per-kernel time. ``replay_gap_s``: a replayed kernel's gap beyond the tiny-kernel replay
-    that ``launch_overhead_s`` measures, added after each kernel (step.replay_kernel_gap_s). ``aten_kernels``: the runtime runs PyTorch's own kernels for the ops it does
-    not fuse (eager, kernel-sum), so a cat with a strided input takes ATen's strided cat kernel and a GEMM off
-    16-byte alignment cuBLAS's slower kernels; engines with their own kernels or padded shapes (vLLM pads the
+    that ``launch_overhead_s`` measures, added after each kernel (step.replay_kernel_gap_s). ``aten_kernels``: the
+    runtime runs PyTorch's own kernels for the ops it does not fuse (eager, kernel-sum), so a cat with a strided
+    input takes ATen's strided cat kernel and a GEMM off 16-byte alignment cuBLAS's slower kernels; engines with their own kernels or padded shapes (vLLM pads the
     vocabulary to a multiple of 64, vllm/model_executor/layers/vocab_parallel_embedding.py; Inductor pads mm shapes,
     torch/_inductor/config.py shape_padding; ggml) do not."""
     gpu = device.gpu
