@@ -154,7 +154,10 @@ def run(req: EstimateRequest) -> Estimate:
                          f"--seq (the context after the step, {req.seq})")
     if req.static_cache_len is not None:
         need = req.seq + (req.gen if req.workload == "generate" else 0)
-        if req.workload not in ("decode", "generate") or req.static_cache_len < need:
+        if req.workload not in ("decode", "generate"):
+            raise AisimError(f"--static-cache-len applies to --workload decode or generate only (got --workload "
+                             f"{req.workload}); drop it, or estimate the decode step")
+        if req.static_cache_len < need:
             raise AisimError(f"--static-cache-len {req.static_cache_len}: the static KV cache of a --workload decode "
                              f"or generate, at least the longest context ({need})")
     _check_workload_options(req)

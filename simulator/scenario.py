@@ -186,7 +186,8 @@ def _calibration(choice, dev: Device) -> tuple[CalibrationSpec, str | None]:
     else:
         path = Path(choice).expanduser()
         if not catalog.path_exists(path, "calibration", Path.is_file):
-            raise AisimError(f"--calibration {str(choice)!r}: give auto, none, or the path of a calibration YAML")
+            raise AisimError(f"--calibration {str(choice)!r}: no such file (from {Path.cwd()}); give auto, none, or "
+                             "the path of a calibration YAML")
         data = load_yaml(path)
         if data and "device" not in data and set(data) <= set(HostSpec.model_fields):
             raise AisimError(f"--calibration {str(choice)!r} is a host file (aisim calibrate --host-only): pass it "

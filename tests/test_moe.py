@@ -135,6 +135,12 @@ def test_graphs_generate_sizes_the_static_cache_as_hf_generate():
           "runtime": "graphs"}
     assert _estimate(**kw).runtime_ms == pytest.approx(_estimate(static_cache_len=1088, **kw).runtime_ms)
     assert _estimate(static_cache_len=8192, **kw).runtime_ms > _estimate(**kw).runtime_ms
+    # the static cache exists from the prefill on: the peak is the prefill's activations beside the whole cache
+    big = _estimate(static_cache_len=8192, **{**kw, "batch": 8})
+    prefill = _estimate(**{**{k: v for k, v in kw.items() if k != "gen"}, "workload": "prefill", "batch": 8})
+    assert big.memory.kv_cache_gb == pytest.approx(8 * 8192 * 32 * 2 * 8 * 128 * 2 / 1e9, rel=0.01)
+    assert big.memory.total_gb == pytest.approx(
+        prefill.memory.total_gb - prefill.memory.kv_cache_gb + big.memory.kv_cache_gb, rel=1e-6)
 
 
 def test_static_cache_len_is_refused_where_it_means_nothing():
@@ -146,6 +152,9 @@ def test_static_cache_len_is_refused_where_it_means_nothing():
     with pytest.raises(AisimError, match="at least the longest context"):
         _estimate(model="Meta-Llama-3-8B", device="h100", workload="decode", seq=1024, runtime="graphs",
                   static_cache_len=512)
+    with pytest.raises(AisimError, match="applies to --workload decode or generate only"):
+        _estimate(model="Meta-Llama-3-8B", device="h100", workload="prefill", seq=1024, runtime="graphs",
+                  static_cache_len=4096)
 
 
 def test_graphs_decode_stays_under_its_ceiling():

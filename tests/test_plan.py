@@ -170,3 +170,18 @@ def test_plan_serve_says_when_no_request_fits_the_model():
     assert not result.ranked
     (reason,) = result.not_feasible.values()
     assert "max_model_len 2048" in reason and "0.00 req/s" not in reason
+
+
+def test_slo_text_takes_both_spellings_and_the_printed_form():
+    """--slo accepts aisim's ttft_p90_ms=..., vLLM's p90_ttft_ms=... and the 'p90_ttft_ms<=...' form the plan prints;
+    a name that is no latency metric or a non-positive limit is one clear error."""
+    from aisim.errors import AisimError
+    from aisim.studies.plan_serve import parse_slo
+
+    want = {"p90_ttft_ms": 1000.0, "median_tpot_ms": 50.0}
+    assert parse_slo("ttft_p90_ms=1000,tpot_p50_ms=50") == want
+    assert parse_slo("p90_ttft_ms=1000, median_tpot_ms=50") == want
+    assert parse_slo("p90_ttft_ms<=1000,median_tpot_ms <= 50") == want
+    for bad in ("ttft=1000", "p90_ttft_ms<=0", "p90_ttft_ms=fast"):
+        with pytest.raises(AisimError, match="--slo"):
+            parse_slo(bad)

@@ -40,7 +40,12 @@ def generate(sc: Scenario, batch: int, seq: int, gen_tokens: int, static_cache_l
                      prefill.bytes + decode.bytes, (), tuple(sorted(set(prefill.unknown) | set(decode.unknown))))
     last = step_cost(sc, StepShape(phase="decode", batch=batch, seq=seq + max(steps, 1), logits_all=False,
                                    static_cache_len=cache_len))
-    memory = max(last.memory, prefill.memory, key=lambda m: m.total_gb)
+    prefill_memory = prefill.memory
+    if cache_len:   # HF generate allocates the static cache (max_cache_len slots) before the prefill runs
+        kv = last.memory.kv_cache_gb
+        prefill_memory = prefill_memory.model_copy(update={
+            "kv_cache_gb": kv, "total_gb": prefill_memory.total_gb - prefill_memory.kv_cache_gb + kv})
+    memory = max(last.memory, prefill_memory, key=lambda m: m.total_gb)
     table = sorted(phase_rows("prefill", prefill.table, runtime_s) + phase_rows("decode", decode.table, runtime_s),
                    key=lambda r: -r.time_ms)
     tpot_s = decode.runtime_s / steps if steps else last.runtime_s

@@ -88,10 +88,11 @@ class PlanServeResult(BaseModel):
 
 
 def parse_slo(text: str) -> dict[str, float]:
-    """'ttft_p90_ms=2000,tpot_p50_ms=50' or vLLM-style 'p90_ttft_ms=2000' -> {'p90_ttft_ms': 2000, ...}."""
+    """'ttft_p90_ms=2000,tpot_p50_ms=50' or vLLM-style 'p90_ttft_ms=2000' (or '<=', as the plan prints it) ->
+    {'p90_ttft_ms': 2000, ...}."""
     out = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
-        key, _, value = part.partition("=")
+        key, _, value = part.partition("<=") if "<=" in part else part.partition("=")
         key = key.strip()
         m = re.match(r"^(ttft|tpot|itl|e2el)_(mean|median|p\d+(\.\d+)?)_ms$", key)
         if m:
