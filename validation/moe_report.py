@@ -1043,7 +1043,7 @@ def graphs_oos_lines(earlier: list[GraphsRow], paths: dict[str, tuple[Path, ...]
         predicted = GRAPHS_OOS_PREDICTED_MS[gpu]
         before[gpu] = _predicted_mape(rows, predicted)
         oos += rows
-        lines += [f"Out of sample on {'an' if gpu[0] == 'h' else 'a'} {gpu.upper()} ("
+        lines += [f"Out of sample on an {gpu.upper()} ("
                   + ", ".join(f"validation/data/kernels/{p.name}" for p in files)
                   + f": {header.get('gpu_name', '?')}, driver {header.get('driver', '?')}, torch "
                   f"{header.get('torch', '?')}, transformers {header.get('transformers', '?')}, "

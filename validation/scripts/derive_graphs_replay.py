@@ -33,22 +33,14 @@ JUDGED = ("qwen2.5-1.5b", "Meta-Llama-3-8B")
 CONFIGS = Path(__file__).resolve().parent.parent / "harness" / "configs"
 
 
-def _lines(paths: tuple[Path, ...]) -> list[dict]:
-    from aisim.errors import AisimError
-
-    try:
-        return [json.loads(x) for path in paths for x in path.read_text().splitlines() if x.strip()]
-    except (OSError, ValueError, RecursionError) as exc:
-        raise AisimError(f"{', '.join(map(str, paths))}: cannot read graphs_decode JSONL ({type(exc).__name__}); "
-                         "pass files written by validation/harness/graphs_decode.py --profile")
-
-
 def rows(paths: tuple[Path, ...] = DATA) -> list[dict]:
     """The compiled, profiled rows of non-judged models, each with the GPU its file's header names."""
+    from .derive_gemm_align import load_jsonl
+
     out = []
     for path in paths:
-        records = [r for r in _lines((path,)) if isinstance(r, dict)]
-        device = next((r.get("gpu_name") for r in records if r.get("type") == "header"), None) or "h100"
+        header, records = load_jsonl(path, "graphs_decode")
+        device = header["gpu_name"]
         for r in records:
             prof = r.get("profile") or {}
             if (r.get("type") == "case" and r.get("mode") == "compile" and r.get("status") == "ok"

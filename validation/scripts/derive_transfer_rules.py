@@ -148,15 +148,13 @@ def broadcast_ratios() -> list[float]:
     """H100 time / H200 time of every device-bound innermost-broadcast record (the grouped_gemm harness's model
     section: the MoE path's masked fills and routing-weight multiply, derive_grouped_gemm.BROADCAST_OPS) both GPUs
     measured at the same model, op and tokens."""
+    from aisim.validation.scripts.derive_gemm_align import load_jsonl
     from aisim.validation.scripts.derive_grouped_gemm import BROADCAST_OPS
 
     def times(path: Path) -> dict[tuple, float]:
-        try:
-            lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-        except (OSError, ValueError) as exc:
-            raise AisimError(f"{path}: cannot read the grouped_gemm harness's records ({type(exc).__name__})")
-        return {(r["model"], r["op"], r["tokens"]): r["median_ms"] for r in lines
-                if isinstance(r, dict) and r.get("section") == "model" and r.get("status") == "ok"
+        _, records = load_jsonl(path, "grouped_gemm")
+        return {(r["model"], r["op"], r["tokens"]): r["median_ms"] for r in records
+                if r.get("section") == "model" and r.get("status") == "ok"
                 and str(r.get("op", "")).startswith(BROADCAST_OPS) and not r.get("host_bound")
                 and r.get("median_ms")}
 
