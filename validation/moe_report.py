@@ -331,6 +331,26 @@ def moe_h200_lines(path: Path = MOE_H200) -> list[str]:
     return [line]
 
 
+# DeepSeek-V2-Lite (MLA attention, 64 routed experts top-6 + 2 shared, first layer dense) and gpt-oss-20b (sliding-window
+# and full attention layers with sinks, eager attention, 32 experts top-4 with biases, bf16 experts) in HF eager on one
+# H100 (harness/configs/deepseek-v2-lite.json, gpt-oss-20b.json): aisim as it stood before the run, recorded here and
+# committed before it ran (estimate_case, h100-sxm.yaml): (model, phase, batch, context) -> (ms, peak GB)
+NEW_ARCH_PREDICTED = {
+    ("deepseek-v2-lite", "decode", 1, 128): (37.33, 31.45), ("deepseek-v2-lite", "decode", 1, 1024): (37.33, 31.49),
+    ("deepseek-v2-lite", "decode", 8, 128): (37.33, 31.49), ("deepseek-v2-lite", "decode", 8, 1024): (37.33, 31.82),
+    ("deepseek-v2-lite", "decode", 32, 128): (38.28, 31.63), ("deepseek-v2-lite", "decode", 32, 1024): (37.84, 32.94),
+    ("deepseek-v2-lite", "prefill", 1, 128): (39.29, 31.47), ("deepseek-v2-lite", "prefill", 1, 1024): (44.35, 31.65),
+    ("deepseek-v2-lite", "prefill", 8, 128): (44.49, 31.65), ("deepseek-v2-lite", "prefill", 8, 1024): (160.13, 33.05),
+    ("deepseek-v2-lite", "prefill", 32, 128): (85.20, 32.25),
+    ("deepseek-v2-lite", "prefill", 32, 1024): (620.65, 37.85),
+    ("gpt-oss-20b", "decode", 1, 128): (34.50, 41.87), ("gpt-oss-20b", "decode", 1, 1024): (34.50, 41.91),
+    ("gpt-oss-20b", "decode", 8, 128): (35.00, 41.93), ("gpt-oss-20b", "decode", 8, 1024): (35.00, 42.23),
+    ("gpt-oss-20b", "decode", 32, 128): (37.57, 42.13), ("gpt-oss-20b", "decode", 32, 1024): (39.11, 43.32),
+    ("gpt-oss-20b", "prefill", 1, 128): (38.82, 41.90), ("gpt-oss-20b", "prefill", 1, 1024): (76.32, 42.36),
+    ("gpt-oss-20b", "prefill", 8, 128): (53.24, 42.19), ("gpt-oss-20b", "prefill", 8, 1024): (467.65, 45.87),
+    ("gpt-oss-20b", "prefill", 32, 128): (138.05, 43.17), ("gpt-oss-20b", "prefill", 32, 1024): (1627.91, 57.88)}
+
+
 def median_rows(per_run: dict[Path, list[MoeRow]] | None = None) -> list[MoeRow]:
     """Every case against its median over the runs that measured it (not scored; shown beside the first run)."""
     return median_of_runs(list((per_run or runs_rows()).values()))

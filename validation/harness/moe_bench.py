@@ -50,7 +50,7 @@ def _routers(model):
     """(layer index, router module) for every MoE router (the ``gate`` of a sparse MLP block)."""
     found = []
     for name, module in model.named_modules():
-        if name.endswith("mlp.gate") and type(module).__name__.endswith("Router"):
+        if name.endswith(("mlp.gate", "mlp.router")) and type(module).__name__.endswith("Router"):
             parts = name.split(".")
             layer = next((int(p) for p in parts if p.isdigit()), len(found))
             found.append((layer, module))
@@ -145,6 +145,13 @@ def prepare(model, workload: str, batch: int, context: int, device, seed: int):
     if workload != "decode":
         raise ValueError(f"unknown workload {workload!r}")
     cache = _fill_cache(model, batch, context, g, device)
+    # sliding-window layers (gpt-oss) keep the last window - 1 tokens as a view of the prefill's whole K/V: record the
+    # step's past so that crop(-1) can roll it back (transformers 5.17 cache_utils.DynamicSlidingWindowLayer.crop),
+    # and hold the window contiguous, as after a real generation step
+    for layer in cache.layers:
+        if getattr(layer, "is_sliding", False):
+            layer.activate_past_recording()
+            layer.keys, layer.values = layer.keys.contiguous(), layer.values.contiguous()
     new = _ids(model, (batch, 1), g, device)
 
     def step():
