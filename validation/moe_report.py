@@ -331,9 +331,9 @@ def moe_h200_lines(path: Path = MOE_H200) -> list[str]:
     return [line]
 
 
-# DeepSeek-V2-Lite (MLA attention, 64 routed experts top-6 + 2 shared, first layer dense) and gpt-oss-20b (sliding-window
-# and full attention layers with sinks, eager attention, 32 experts top-4 with biases, bf16 experts) in HF eager on one
-# H100 (harness/configs/deepseek-v2-lite.json, gpt-oss-20b.json): aisim as it stood before the run, recorded here and
+# DeepSeek-V2-Lite (MLA attention, 64 routed experts top-6 + 2 shared, first layer dense) and gpt-oss-20b
+# (sliding-window and full attention layers with sinks, eager attention, 32 experts top-4 with biases, bf16 experts) in
+# HF eager on one H100 (harness/configs/deepseek-v2-lite.json, gpt-oss-20b.json): aisim as it stood before the run, recorded here and
 # committed before it ran (estimate_case, h100-sxm.yaml): (model, phase, batch, context) -> (ms, peak GB)
 NEW_ARCH_PREDICTED = {
     ("deepseek-v2-lite", "decode", 1, 128): (37.33, 31.45), ("deepseek-v2-lite", "decode", 1, 1024): (37.33, 31.49),
@@ -349,6 +349,65 @@ NEW_ARCH_PREDICTED = {
     ("gpt-oss-20b", "prefill", 1, 128): (38.82, 41.90), ("gpt-oss-20b", "prefill", 1, 1024): (76.32, 42.36),
     ("gpt-oss-20b", "prefill", 8, 128): (53.24, 42.19), ("gpt-oss-20b", "prefill", 8, 1024): (467.65, 45.87),
     ("gpt-oss-20b", "prefill", 32, 128): (138.05, 43.17), ("gpt-oss-20b", "prefill", 32, 1024): (1627.91, 57.88)}
+
+
+NEW_ARCH = Path(__file__).parent / "data" / "moe" / "moe-newarch-h100.jsonl"
+
+
+def new_arch_lines(path: Path = NEW_ARCH) -> list[str]:
+    """DeepSeek-V2-Lite and gpt-oss-20b on an H100: per case against the predictions committed before the run (no
+    change since prices these rows: the estimates are the predictions), per model MAPE, and with the run's host
+    lines."""
+    from aisim.specs import load_calibration
+
+    from .host import host_spec
+
+    if not path.exists():
+        return []
+    header, hosts = _header(path), _host_records(_records(path))
+    rows = compare_moe(path)
+    head = ("| model | phase | batch | context | measured ms | estimated ms | error % | measured GB | estimated GB | "
+            "error % | experts touched (measured / expected) | predicted ms |")
+    table = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for r in rows:
+        table.append(f"| {r.model} | {r.workload} | {r.batch} | {r.context} | {r.measured_ms:.2f} | "
+                     f"{r.estimated_ms:.2f} | {r.time_err_pct:+.1f} | {r.measured_gb:.2f} | {r.estimated_gb:.2f} | "
+                     f"{r.mem_err_pct:+.2f} | {r.measured_distinct:.1f} / {r.estimated_distinct:.1f} | "
+                     f"{NEW_ARCH_PREDICTED[r.model, r.workload, r.batch, r.context][0]:.2f} |")
+    predicted = {(phase, column): _mape([NEW_ARCH_PREDICTED[r.model, r.workload, r.batch, r.context][column]
+                                         for r in rows if r.workload == phase],
+                                        [(r.measured_ms, r.measured_gb)[column] for r in rows if r.workload == phase])
+                 for phase in ("prefill", "decode") for column in (0, 1)}
+    per_model = {model: moe_mape([r for r in rows if r.model == model])
+                 for model in dict.fromkeys(r.model for r in rows)}
+    out = [f"Two architectures no earlier run measured, one run ({path.relative_to(path.parents[3])}: "
+           f"{header.get('gpu_name')}, driver {header.get('driver')}, torch {header.get('torch')}, transformers "
+           f"{header.get('transformers')}, {header.get('date', '?')[:16]}; random bf16 weights, grouped-GEMM "
+           "experts): DeepSeek-V2-Lite (validation/harness/configs/deepseek-v2-lite.json: MLA attention whose "
+           "compressed latents transformers caches, 64 routed experts top-6 plus 2 shared, first layer dense) and "
+           "gpt-oss-20b (validation/harness/configs/gpt-oss-20b.json: sliding-window (128) and full attention layers "
+           "with sinks, eager attention, 32 experts top-4 with biases; bf16 experts, its MXFP4 quantization_config "
+           "left out). Predicted: the per-case values were recorded in moe_report.NEW_ARCH_PREDICTED and committed "
+           "(1c2113c) before the run, and nothing that prices these rows changed since (the last column). The "
+           "harness rolls a sliding-window layer back with transformers' own past recording "
+           "(DynamicSlidingWindowLayer.activate_past_recording, then crop(-1)). Not in the scored table (one run, "
+           "other models):", "", *table, "",
+           f"The predictions: runtime MAPE prefill {predicted['prefill', 0]:.1f}%, decode "
+           f"{predicted['decode', 0]:.1f}%; memory {predicted['prefill', 1]:.2f}% / {predicted['decode', 1]:.2f}% "
+           "(the MLA latent cache and the window-sized cache of the sliding layers as measured). Per model: "
+           + "; ".join(f"{model} prefill {v['prefill runtime']:.1f}%, decode {v['decode runtime']:.1f}%"
+                       for model, v in per_model.items()) + ". DeepSeek-V2-Lite's first timed case (decode batch 1, "
+           "context 128, the first step the process timed) took 61 ms where its other decode steps took 43-46."]
+    if hosts:
+        spec = host_spec(hosts)
+        calibration = load_calibration("h100-sxm")
+        own = moe_mape(compare_moe(path, calibration=spec.apply(calibration)))
+        out[-1] += (f" Decode is short on every case: the run's host was a slow one (its host lines, "
+                    f"validation/host.py, give a tiny-model framework scale of {spec.eager_framework_scale:.2f}, "
+                    f"where the calibration's host has {calibration.eager_framework_scale:.2f}); with them "
+                    f"(`--host`), decode {own['decode runtime']:.1f}%, prefill {own['prefill runtime']:.1f}% (not "
+                    "the scored method).")
+    return out
 
 
 def median_rows(per_run: dict[Path, list[MoeRow]] | None = None) -> list[MoeRow]:
@@ -685,7 +744,7 @@ def moe_section(path: Path = DATA) -> list[str]:
               "runs' rows pooled, and against each case's median over the runs:", "",
               *runs_lines(per_run), "", *run_to_run_lines(per_run), "",
               *spread_lines(per_run), "", *mixtral_lines(per_run=per_run), "", *mixtral_h200_lines(), "",
-              *moe_h200_lines(), "",
+              *moe_h200_lines(), "", *new_arch_lines(), "",
               *host_scopes_lines(), "",
               "", "Each case of the first run (scored), with its median over the runs beside it:", "",
               "| model | phase | batch | context | measured ms | estimated ms | error % | median of runs ms | "
