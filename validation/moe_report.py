@@ -352,6 +352,21 @@ NEW_ARCH_PREDICTED = {
 
 
 NEW_ARCH = Path(__file__).parent / "data" / "moe" / "moe-newarch-h100.jsonl"
+# The same two models on an H200: aisim as it stood before that run (h200.yaml), committed before it
+NEW_ARCH_H200_PREDICTED = {
+    ("deepseek-v2-lite", "decode", 1, 128): (37.60, 31.45), ("deepseek-v2-lite", "decode", 1, 1024): (37.60, 31.49),
+    ("deepseek-v2-lite", "decode", 8, 128): (37.60, 31.49), ("deepseek-v2-lite", "decode", 8, 1024): (37.60, 31.82),
+    ("deepseek-v2-lite", "decode", 32, 128): (37.79, 31.63), ("deepseek-v2-lite", "decode", 32, 1024): (37.17, 32.94),
+    ("deepseek-v2-lite", "prefill", 1, 128): (38.77, 31.47), ("deepseek-v2-lite", "prefill", 1, 1024): (42.81, 31.65),
+    ("deepseek-v2-lite", "prefill", 8, 128): (42.81, 31.65), ("deepseek-v2-lite", "prefill", 8, 1024): (148.89, 33.05),
+    ("deepseek-v2-lite", "prefill", 32, 128): (81.66, 32.25),
+    ("deepseek-v2-lite", "prefill", 32, 1024): (568.75, 37.85),
+    ("gpt-oss-20b", "decode", 1, 128): (35.30, 41.87), ("gpt-oss-20b", "decode", 1, 1024): (35.30, 41.91),
+    ("gpt-oss-20b", "decode", 8, 128): (35.30, 41.93), ("gpt-oss-20b", "decode", 8, 1024): (35.30, 42.23),
+    ("gpt-oss-20b", "decode", 32, 128): (37.41, 42.13), ("gpt-oss-20b", "decode", 32, 1024): (36.83, 43.32),
+    ("gpt-oss-20b", "prefill", 1, 128): (38.59, 41.90), ("gpt-oss-20b", "prefill", 1, 1024): (69.75, 42.36),
+    ("gpt-oss-20b", "prefill", 8, 128): (49.29, 42.19), ("gpt-oss-20b", "prefill", 8, 1024): (424.42, 45.87),
+    ("gpt-oss-20b", "prefill", 32, 128): (128.06, 43.17), ("gpt-oss-20b", "prefill", 32, 1024): (1433.33, 57.88)}
 
 
 def new_arch_lines(path: Path = NEW_ARCH) -> list[str]:
