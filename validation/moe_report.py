@@ -333,8 +333,9 @@ def moe_h200_lines(path: Path = MOE_H200) -> list[str]:
 
 # DeepSeek-V2-Lite (MLA attention, 64 routed experts top-6 + 2 shared, first layer dense) and gpt-oss-20b
 # (sliding-window and full attention layers with sinks, eager attention, 32 experts top-4 with biases, bf16 experts) in
-# HF eager on one H100 (harness/configs/deepseek-v2-lite.json, gpt-oss-20b.json): aisim as it stood before the run, recorded here and
-# committed before it ran (estimate_case, h100-sxm.yaml): (model, phase, batch, context) -> (ms, peak GB)
+# HF eager on one H100 (harness/configs/deepseek-v2-lite.json, gpt-oss-20b.json): aisim as it stood before the run,
+# recorded here and committed before it ran (estimate_case, h100-sxm.yaml): (model, phase, batch, context) ->
+# (ms, peak GB)
 NEW_ARCH_PREDICTED = {
     ("deepseek-v2-lite", "decode", 1, 128): (37.33, 31.45), ("deepseek-v2-lite", "decode", 1, 1024): (37.33, 31.49),
     ("deepseek-v2-lite", "decode", 8, 128): (37.33, 31.49), ("deepseek-v2-lite", "decode", 8, 1024): (37.33, 31.82),
@@ -352,6 +353,7 @@ NEW_ARCH_PREDICTED = {
 
 
 NEW_ARCH = Path(__file__).parent / "data" / "moe" / "moe-newarch-h100.jsonl"
+NEW_ARCH_H200 = Path(__file__).parent / "data" / "moe" / "moe-newarch-h200.jsonl"
 # The same two models on an H200: aisim as it stood before that run (h200.yaml), committed before it
 NEW_ARCH_H200_PREDICTED = {
     ("deepseek-v2-lite", "decode", 1, 128): (37.60, 31.45), ("deepseek-v2-lite", "decode", 1, 1024): (37.60, 31.49),
@@ -369,18 +371,11 @@ NEW_ARCH_H200_PREDICTED = {
     ("gpt-oss-20b", "prefill", 32, 128): (128.06, 43.17), ("gpt-oss-20b", "prefill", 32, 1024): (1433.33, 57.88)}
 
 
-def new_arch_lines(path: Path = NEW_ARCH) -> list[str]:
-    """DeepSeek-V2-Lite and gpt-oss-20b on an H100: per case against the predictions committed before the run (no
-    change since prices these rows: the estimates are the predictions), per model MAPE, and with the run's host
-    lines."""
-    from aisim.specs import load_calibration
+NEW_ARCH_RUNS = ((NEW_ARCH, NEW_ARCH_PREDICTED, "h100-sxm", "1c2113c"),
+                 (NEW_ARCH_H200, NEW_ARCH_H200_PREDICTED, "h200", "d37788e"))
 
-    from .host import host_spec
 
-    if not path.exists():
-        return []
-    header, hosts = _header(path), _host_records(_records(path))
-    rows = compare_moe(path)
+def new_arch_table(rows: list[MoeRow], predicted: dict) -> list[str]:
     head = ("| model | phase | batch | context | measured ms | estimated ms | error % | measured GB | estimated GB | "
             "error % | experts touched (measured / expected) | predicted ms |")
     table = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
@@ -388,41 +383,73 @@ def new_arch_lines(path: Path = NEW_ARCH) -> list[str]:
         table.append(f"| {r.model} | {r.workload} | {r.batch} | {r.context} | {r.measured_ms:.2f} | "
                      f"{r.estimated_ms:.2f} | {r.time_err_pct:+.1f} | {r.measured_gb:.2f} | {r.estimated_gb:.2f} | "
                      f"{r.mem_err_pct:+.2f} | {r.measured_distinct:.1f} / {r.estimated_distinct:.1f} | "
-                     f"{NEW_ARCH_PREDICTED[r.model, r.workload, r.batch, r.context][0]:.2f} |")
-    predicted = {(phase, column): _mape([NEW_ARCH_PREDICTED[r.model, r.workload, r.batch, r.context][column]
-                                         for r in rows if r.workload == phase],
-                                        [(r.measured_ms, r.measured_gb)[column] for r in rows if r.workload == phase])
-                 for phase in ("prefill", "decode") for column in (0, 1)}
-    per_model = {model: moe_mape([r for r in rows if r.model == model])
-                 for model in dict.fromkeys(r.model for r in rows)}
-    out = [f"Two architectures no earlier run measured, one run ({path.relative_to(path.parents[3])}: "
-           f"{header.get('gpu_name')}, driver {header.get('driver')}, torch {header.get('torch')}, transformers "
-           f"{header.get('transformers')}, {header.get('date', '?')[:16]}; random bf16 weights, grouped-GEMM "
-           "experts): DeepSeek-V2-Lite (validation/harness/configs/deepseek-v2-lite.json: MLA attention whose "
-           "compressed latents transformers caches, 64 routed experts top-6 plus 2 shared, first layer dense) and "
-           "gpt-oss-20b (validation/harness/configs/gpt-oss-20b.json: sliding-window (128) and full attention layers "
-           "with sinks, eager attention, 32 experts top-4 with biases; bf16 experts, its MXFP4 quantization_config "
-           "left out). Predicted: the per-case values were recorded in moe_report.NEW_ARCH_PREDICTED and committed "
-           "(1c2113c) before the run, and nothing that prices these rows changed since (the last column). The "
-           "harness rolls a sliding-window layer back with transformers' own past recording "
-           "(DynamicSlidingWindowLayer.activate_past_recording, then crop(-1)). Not in the scored table (one run, "
-           "other models):", "", *table, "",
-           f"The predictions: runtime MAPE prefill {predicted['prefill', 0]:.1f}%, decode "
-           f"{predicted['decode', 0]:.1f}%; memory {predicted['prefill', 1]:.2f}% / {predicted['decode', 1]:.2f}% "
-           "(the MLA latent cache and the window-sized cache of the sliding layers as measured). Per model: "
-           + "; ".join(f"{model} prefill {v['prefill runtime']:.1f}%, decode {v['decode runtime']:.1f}%"
-                       for model, v in per_model.items()) + ". DeepSeek-V2-Lite's first timed case (decode batch 1, "
-           "context 128, the first step the process timed) took 61 ms where its other decode steps took 43-46."]
-    if hosts:
-        spec = host_spec(hosts)
-        calibration = load_calibration("h100-sxm")
-        own = moe_mape(compare_moe(path, calibration=spec.apply(calibration)))
-        out[-1] += (f" Decode is short on every case: the run's host was a slow one (its host lines, "
-                    f"validation/host.py, give a tiny-model framework scale of {spec.eager_framework_scale:.2f}, "
-                    f"where the calibration's host has {calibration.eager_framework_scale:.2f}); with them "
-                    f"(`--host`), decode {own['decode runtime']:.1f}%, prefill {own['prefill runtime']:.1f}% (not "
-                    "the scored method).")
-    return out
+                     f"{predicted[r.model, r.workload, r.batch, r.context][0]:.2f} |")
+    return table
+
+
+def new_arch_predicted_mape(rows: list[MoeRow], predicted: dict) -> dict[tuple[str, int], float]:
+    """(phase, 0 runtime | 1 memory) -> MAPE of the predictions committed before the run."""
+    return {(phase, column): _mape([predicted[r.model, r.workload, r.batch, r.context][column]
+                                    for r in rows if r.workload == phase],
+                                   [(r.measured_ms, r.measured_gb)[column] for r in rows if r.workload == phase])
+            for phase in ("prefill", "decode") for column in (0, 1)}
+
+
+def new_arch_lines(runs=NEW_ARCH_RUNS) -> list[str]:
+    """DeepSeek-V2-Lite and gpt-oss-20b on an H100 and an H200: per case against the predictions committed before
+    each run, per model MAPE, and with the run's host lines."""
+    from aisim.specs import load_calibration
+
+    from .host import host_spec
+
+    def decode_ms(rows: list[MoeRow], model: str) -> list[float]:
+        return [r.measured_ms for r in rows if r.model == model and r.workload == "decode"]
+
+    out, first_rows = [], []
+    for path, predicted, calibration_name, commit in runs:
+        if not path.exists():
+            continue
+        header, hosts = _header(path), _host_records(_records(path))
+        rows = compare_moe(path)
+        mape = new_arch_predicted_mape(rows, predicted)
+        per_model = {model: moe_mape([r for r in rows if r.model == model])
+                     for model in dict.fromkeys(r.model for r in rows)}
+        run = (f"one run ({path.relative_to(path.parents[3])}: {header.get('gpu_name')}, driver "
+               f"{header.get('driver')}, torch {header.get('torch')}, transformers {header.get('transformers')}, "
+               f"{header.get('date', '?')[:16]})")
+        if not out:
+            intro = (f"Two architectures no earlier run measured, {run}; random bf16 weights, grouped-GEMM experts: "
+                     "DeepSeek-V2-Lite (validation/harness/configs/deepseek-v2-lite.json: MLA attention whose "
+                     "compressed latents transformers caches, 64 routed experts top-6 plus 2 shared, first layer "
+                     "dense) and gpt-oss-20b (validation/harness/configs/gpt-oss-20b.json: sliding-window (128) and "
+                     "full attention layers with sinks, eager attention, 32 experts top-4 with biases; bf16 experts, "
+                     "its MXFP4 quantization_config left out). The harness rolls a sliding-window layer back with "
+                     "transformers' own past recording (DynamicSlidingWindowLayer.activate_past_recording, then "
+                     "crop(-1)). Not in the scored table (other models, one run per GPU).")
+        else:
+            spans = [f"{model} {_span(decode_ms(rows, model))} ms here, {_span(decode_ms(first_rows, model))} ms on "
+                     "the first run" for model in dict.fromkeys(r.model for r in rows)]
+            intro = (f"The same two models on the {header.get('gpu_name')}, {run}; decode steps took "
+                     + ", ".join(spans) + ".")
+        first_rows = first_rows or rows
+        out += [intro + f" The last column is aisim as committed in {commit} before the run (the per-case values "
+                "are in moe_report.NEW_ARCH_" + ("H200_" if calibration_name == "h200" else "") + "PREDICTED):",
+                "", *new_arch_table(rows, predicted), "",
+                f"The predictions: runtime MAPE prefill {mape['prefill', 0]:.1f}%, decode {mape['decode', 0]:.1f}%; "
+                f"memory {mape['prefill', 1]:.2f}% / {mape['decode', 1]:.2f}%. The model as it stands, per model: "
+                + "; ".join(f"{model} prefill {v['prefill runtime']:.1f}%, decode {v['decode runtime']:.1f}%"
+                            for model, v in per_model.items()) + "."]
+        if hosts:
+            spec = host_spec(hosts)
+            calibration = load_calibration(calibration_name)
+            own = moe_mape(compare_moe(path, calibration=spec.apply(calibration)))
+            out[-1] += (f" Decode is short on the slow host this run had (its host lines, validation/host.py, give a "
+                        f"tiny-model framework scale of {spec.eager_framework_scale:.2f}, where "
+                        f"{calibration_name}.yaml's host has {calibration.eager_framework_scale:.2f}); with them "
+                        f"(`--host`), decode {own['decode runtime']:.1f}%, prefill {own['prefill runtime']:.1f}% "
+                        "(not the scored method).")
+        out.append("")
+    return out[:-1]
 
 
 def median_rows(per_run: dict[Path, list[MoeRow]] | None = None) -> list[MoeRow]:
