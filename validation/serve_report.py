@@ -21,7 +21,8 @@ from .cli import emit, new_app, run
 
 DATA = Path(__file__).parent / "data" / "serve"
 MODELS = {"qwen2.5-1.5b": Path(__file__).parent / "harness" / "configs" / "qwen2.5-1.5b.json",
-          "Meta-Llama-3-8B": "Meta-Llama-3-8B"}
+          "Meta-Llama-3-8B": "Meta-Llama-3-8B",
+          "olmoe-1b-7b": Path(__file__).parent / "harness" / "configs" / "olmoe-1b-7b.json"}
 DEVICES = {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200": "h200"}
 METRICS = (("output_throughput", "output tok/s"), ("median_ttft_ms", "median TTFT ms"),
            ("p90_ttft_ms", "p90 TTFT ms"), ("median_tpot_ms", "median TPOT ms"), ("p90_tpot_ms", "p90 TPOT ms"))
