@@ -232,7 +232,10 @@ class StepCostTimer:
         generation/continuous_batching/cache.py PagedAttentionCache.update 425-435: index_copy_ of the new K and V
         rows, then (when the step reads the cache) index_select of every key and value the step attends to (a row
         gather: the copy curve); integrations/sdpa_paged.py 6-15 and 44-50: repeat_kv expands the [1, Hkv, K, D]
-        transposed view of what it read to the query heads and reshapes it, a copy from a non-contiguous source,
+        transposed view of what it read to the query heads and reshapes it (with as many KV heads as query heads
+        it returns the view, which key.contiguous() and value.contiguous(), lines 56-58, copy instead: OLMoE's
+        H100 profile, validation/data/profiles/cbmoe-olmoe-1b-7b-profile.txt, 64 such copies per 32 x 1024 decode
+        step, 5.8 ms), a copy from a non-contiguous source,
         which PyTorch runs with its generic (non-vectorized) elementwise copy kernel: the calibration's
         strided-operand curve (H100 profile of the engine's step, validation/data/profiles/cb-*-profile.txt,
         64 x 1024 decode: 0.33 and 0.25 ms per copy of 671 and 235 MB, 30% and 28% of HBM bandwidth, against 26%
@@ -248,8 +251,10 @@ class StepCostTimer:
         layer = 2 * self._memory_s(2 * q * kv_row)                   # index_copy_ of the new K and V
         if cached > 0:
             layer += 2 * self._memory_s(2 * k * kv_row)              # index_select of every key and value read
-        if d.q_heads != d.kv_heads:
-            layer += 2 * self._memory_s(k * kv_row + k * q_row, strided=True)  # repeat_kv of K and V
+        # K and V reach SDPA as a transposed view of what was read: repeat_kv's reshape copies it to the query heads
+        # (GQA), or, where the model has as many KV heads as query heads, repeat_kv returns the view and
+        # key.contiguous() / value.contiguous() copy it (sdpa_paged.py 12-13 and 56-58): the same strided copy
+        layer += 2 * self._memory_s(k * kv_row + k * q_row, strided=True)
         layer += 2 * self._memory_s(2 * q * q_row, strided=True)     # query and output .contiguous()
         flops = 4.0 * q * k * d.q_heads * d.head_dim
         sdpa_bytes = e * (2 * q * d.q_heads * d.head_dim + 2 * k * d.q_heads * d.head_dim + q * k)
