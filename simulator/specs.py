@@ -218,6 +218,11 @@ class CalibrationSpec(Spec):
         None, description="GEMMs below the ridge point (skinny M: decode, mat-vec) where the calibration has no GEMM "
                           "table for the dtype: achieved fraction of memory bandwidth vs bytes moved; absent: the FLOPs "
                           "curve (which charges a memory-bound GEMM a compute efficiency)")
+    view_copy_efficiency: Fraction | None = Field(
+        None, description="a large copy out of a view whose innermost dim is contiguous but whose outer dims are "
+                          "permuted or sliced (PyTorch's generic elementwise copy kernel: .contiguous() of a "
+                          "transposed [1, H, K, D] view of cached keys): achieved fraction of datasheet bandwidth, "
+                          "bytes read + written; absent: the strided-operand curve")
     strided_cat_elements_per_sm_cycle: Positive | None = Field(
         None, description="PyTorch's CUDA cat with a non-contiguous input (its strided kernel, CatArrayBatchedCopy, "
                           "for the whole output): output elements per SM per boost-clock cycle. Not bound by "

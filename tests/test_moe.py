@@ -405,15 +405,18 @@ def test_moe_models_on_h200_are_priced_on_the_h200():
 
 def test_new_moe_architectures_were_predicted_for_every_measured_case():
     """DeepSeek-V2-Lite (MLA latent cache) and gpt-oss-20b (sliding-window cache) on an H100 and an H200: every case has
-    the prediction committed before the run, the report states the predictions' decode MAPE, and peak memory stays
-    within 0.5% on every case."""
+    the prediction committed before the run, the report states the predictions' decode MAPE, peak memory stays
+    within 0.5% on every case, and runtime MAPE under the runs' regression ceilings."""
     from aisim.validation import moe_report
 
     text = " ".join(moe_report.new_arch_lines())
-    for path, predicted, _, _ in moe_report.NEW_ARCH_RUNS:
+    for path, predicted, _, _, _ in moe_report.NEW_ARCH_RUNS:
         rows = moe_report.compare_moe(path)
         assert len(rows) == 24
         assert {(r.model, r.workload, r.batch, r.context) for r in rows} == set(predicted)
         assert all(abs(r.mem_err_pct) < 0.5 for r in rows)
-        decode = moe_report.new_arch_predicted_mape(rows, predicted)["decode", 0]
+        decode = moe_report.new_arch_predicted_mape(rows, predicted)["decode", "runtime"]
         assert f"decode {decode:.1f}%" in text
+        mape = moe_report.moe_mape(rows)
+        for category, ceiling in moe_report.NEW_ARCH_CEILINGS[path.name].items():
+            assert mape[category] <= ceiling, (path.name, category, mape[category])

@@ -94,6 +94,11 @@ class SummaryRow:
     missing: int
 
 
+def paired_mape_pct(estimated: Sequence[float], measured: Sequence[float]) -> float:
+    """Mean absolute percentage error (%) of paired estimated and measured values."""
+    return 100 * sum(abs(e - m) / m for e, m in zip(estimated, measured)) / len(measured)
+
+
 def load_measurements(paths: Sequence[str | Path]) -> list[dict]:
     """Case lines of the datasets, each with its section header's gpu_name/driver/torch; for a key measured
     more than once on one GPU, the last ok (else the last) line."""

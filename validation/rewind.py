@@ -38,13 +38,19 @@ HOST_OPS = ("aten.clone", "aten.slice.Tensor")     # per tensor: crop's slice, c
 @functools.cache
 def rewind_fit(gpu: str) -> tuple[float, float] | None:
     """(t0 seconds, bytes per second) of one crop + contiguous copy on ``gpu``, or None without data."""
-    from .calibrate_fit import fit_fixed_plus_linear
-
     path = REWIND_DATA.get(gpu)
     if path is None or not path.is_file():
         return None
-    rows = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("type") == "case"
-            and r.get("op") == REWIND_OP and r.get("status") == "ok" and r.get("dtype") in ("fp16", "bf16")]
+    return crop_copy_fit([r for r in map(json.loads, path.read_text().splitlines()) if r.get("type") == "case"])
+
+
+def crop_copy_fit(rows: list[dict]) -> tuple[float, float] | None:
+    """(t0 seconds, bytes per second) of t = t0 + bytes / rate over the eager_attention harness's 16-bit
+    ``crop_contiguous`` case rows (relative-error least squares), None with fewer than 4."""
+    from .calibrate_fit import fit_fixed_plus_linear
+
+    rows = [r for r in rows if r.get("op") == REWIND_OP and r.get("status") == "ok"
+            and r.get("dtype") in ("fp16", "bf16")]
     if len(rows) < 4:
         return None
     t0, per_byte = fit_fixed_plus_linear([r["median_ms"] * 1e-3 for r in rows], [r["bytes"] for r in rows])

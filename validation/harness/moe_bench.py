@@ -47,7 +47,7 @@ PROFILE_RESERVE_S = 25.0   # seconds of the budget the timed cases leave to the 
 
 
 def _routers(model):
-    """(layer index, router module) for every MoE router (the ``gate`` of a sparse MLP block)."""
+    """(layer index, router module) for every MoE router (the ``gate`` of a sparse MLP block, gpt-oss's ``router``)."""
     found = []
     for name, module in model.named_modules():
         if name.endswith(("mlp.gate", "mlp.router")) and type(module).__name__.endswith("Router"):

@@ -15,6 +15,11 @@ eager-attention-h100.jsonl, -h200).
   (SM count x boost clock). ``--write-default`` writes the mean over the data files given into default.yaml (the
   rule for GPUs without a measured rate).
 
+- ``view_copy_efficiency``: the microbenchmark's crop_contiguous rows (16-bit; a cache cropped by one token, then
+  made contiguous: PyTorch's generic elementwise copy out of a view whose head_dim rows stay contiguous), fitted as
+  t = t0 + bytes / rate (validation/rewind.py crop_copy_fit), rate over the datasheet bandwidth; written only from a
+  file that has those rows.
+
 Without --write it prints the values and the check: the bmm rows (16-bit, memory-bound: decode and small
 prefills) predicted the old way (a GEMM table read at (batch x M) x N x K) and the new (the skinny-GEMM curve), and
 the cat rows predicted on the contiguous memory curve alone (old) and with the strided rate (new), against the
@@ -103,6 +108,14 @@ def check(rows: list[dict], gpu, cal, rate: float) -> dict[str, tuple[float, flo
     return {g: (100 * statistics.mean(o), 100 * statistics.mean(n), len(o)) for g, (o, n) in errors.items()}
 
 
+def view_copy_efficiency(rows: list[dict], gpu) -> float | None:
+    """The crop_contiguous rows' copy rate over ``gpu``'s datasheet bandwidth (None without such rows)."""
+    from aisim.validation.rewind import crop_copy_fit
+
+    fit = crop_copy_fit(rows)
+    return None if fit is None else fit[1] / gpu.memory_bw_bytes_per_s
+
+
 def write_lines(path: Path, lines: dict[str, str], note: str) -> None:
     """Replace each ``key: ...`` line (or append it) and the note line above them (a comment starting with the
     first key)."""
@@ -152,6 +165,10 @@ def main(argv=None) -> int:
               f"({n} rows of >= 64 MiB)")
     header, rows = load(Path(args.data[0]))
     gpu = resolve_gpu(args.gpu)
+    view_copy = view_copy_efficiency(rows, gpu)
+    if view_copy is not None:
+        print(f"{args.data[0]}: copy out of a cropped cache view (crop_contiguous): {view_copy:.3f} of datasheet "
+              "bandwidth")
     raw_path = CAL_DIR / f"{args.gpu}.raw.json"
     if raw_path.is_file():
         t0, fraction, n = fit_skinny_gemm(json.loads(raw_path.read_text()))
@@ -164,6 +181,10 @@ def main(argv=None) -> int:
                 f"{Path(args.data[0]).name} --gpu {args.gpu} --write (from {sources[0]})")
         write_lines(CAL_DIR / f"{args.gpu}.yaml",
                     {"strided_cat_elements_per_sm_cycle": f"strided_cat_elements_per_sm_cycle: {rates[0]:.4f}"}, note)
+        if view_copy is not None:
+            write_lines(CAL_DIR / f"{args.gpu}.yaml",
+                        {"view_copy_efficiency": f"view_copy_efficiency: {view_copy:.3f}"},
+                        note.replace("strided_cat_elements_per_sm_cycle", "view_copy_efficiency"))
         print(f"wrote {args.gpu}.yaml")
     if args.write_default:
         mean = statistics.mean(rates)

@@ -39,7 +39,7 @@ def profile(spec: str, out, rows: int = 14) -> None:
     events = prof.key_averages()
     # device-side events only (kernels, memcpy, memset): an aten op's row carries its kernels' time too, so counting
     # the rows with self device time would count every kernel twice
-    kernels = [e for e in events if e.device_type.name == "CUDA"]
+    kernels = [e for e in events if e.device_type.name == "CUDA" and not getattr(e, "is_user_annotation", False)]
     total_us = sum(getattr(e, "self_device_time_total", 0) for e in kernels) / 3
     n_kernels = sum(e.count for e in kernels) / 3
     print(f"\n=== {case.key}: {n_kernels:.0f} kernels/step, CUDA kernel time {total_us / 1e3:.3f} ms/step", file=out)

@@ -181,6 +181,14 @@ class StepCostTimer:
         gpu = self.sc.device.gpu
         return nbytes / (gpu.memory_bw_bytes_per_s * memory_efficiency(self.sc.calibration, nbytes, gpu, strided))
 
+    def _view_copy_s(self, nbytes: float) -> float:
+        """A copy out of a view with contiguous innermost rows (nbytes read + written): the calibration's measured
+        ``view_copy_efficiency`` of datasheet bandwidth, else the strided-operand curve."""
+        eff = self.sc.calibration.view_copy_efficiency
+        if eff is None or nbytes <= 0:
+            return self._memory_s(nbytes, strided=True)
+        return nbytes / (self.sc.device.gpu.memory_bw_bytes_per_s * eff)
+
     def _attention_kernel_s(self, flops: float, nbytes: float, blocks: float) -> float:
         """One attention kernel: roofline over the calibrated attention efficiency, on the SMs its grid fills."""
         from ...cost.efficiency import attention_efficiency
@@ -233,9 +241,10 @@ class StepCostTimer:
         rows, then (when the step reads the cache) index_select of every key and value the step attends to (a row
         gather: the copy curve); integrations/sdpa_paged.py 6-15 and 44-50: repeat_kv expands the [1, Hkv, K, D]
         transposed view of what it read to the query heads and reshapes it (with as many KV heads as query heads
-        it returns the view, which key.contiguous() and value.contiguous(), lines 56-58, copy instead: OLMoE's
-        H100 profile, validation/data/profiles/cbmoe-olmoe-1b-7b-profile.txt, 64 such copies per 32 x 1024 decode
-        step, 5.8 ms), a copy from a non-contiguous source,
+        it returns the view, which key.contiguous() and value.contiguous(), lines 56-58, copy instead, at the
+        calibration's view_copy_efficiency: OLMoE's H100 profile, validation/data/profiles/
+        cbmoe-olmoe-1b-7b-profile.txt, has 32 such copies per 32 x 1024 decode step, about 0.18 ms each), a copy
+        from a non-contiguous source,
         which PyTorch runs with its generic (non-vectorized) elementwise copy kernel: the calibration's
         strided-operand curve (H100 profile of the engine's step, validation/data/profiles/cb-*-profile.txt,
         64 x 1024 decode: 0.33 and 0.25 ms per copy of 671 and 235 MB, 30% and 28% of HBM bandwidth, against 26%
@@ -252,9 +261,13 @@ class StepCostTimer:
         if cached > 0:
             layer += 2 * self._memory_s(2 * k * kv_row)              # index_select of every key and value read
         # K and V reach SDPA as a transposed view of what was read: repeat_kv's reshape copies it to the query heads
-        # (GQA), or, where the model has as many KV heads as query heads, repeat_kv returns the view and
-        # key.contiguous() / value.contiguous() copy it (sdpa_paged.py 12-13 and 56-58): the same strided copy
-        layer += 2 * self._memory_s(k * kv_row + k * q_row, strided=True)
+        # (GQA: an expanded view, the strided-operand curve), or, where the model has as many KV heads as query
+        # heads, repeat_kv returns the view and key.contiguous() / value.contiguous() copy it (sdpa_paged.py 12-13
+        # and 56-58), a copy whose head_dim rows stay contiguous (view_copy_efficiency where the calibration has it)
+        if d.q_heads != d.kv_heads:
+            layer += 2 * self._memory_s(k * kv_row + k * q_row, strided=True)
+        else:
+            layer += 2 * self._view_copy_s(2 * k * kv_row)
         layer += 2 * self._memory_s(2 * q * q_row, strided=True)     # query and output .contiguous()
         flops = 4.0 * q * k * d.q_heads * d.head_dim
         sdpa_bytes = e * (2 * q * d.q_heads * d.head_dim + 2 * k * d.q_heads * d.head_dim + q * k)
