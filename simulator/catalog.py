@@ -233,7 +233,9 @@ def resolve_model(name) -> tuple[str, dict]:
         if not path_exists(path, "model", Path.is_file):
             raise AisimError(f"model config {str(path)!r} does not exist; give a path to an HF config.json "
                              "or a shipped name (`aisim list models`).")
-        config = _read_config(path)
+        config, filled = with_model_defaults(_read_config(path))
+        if filled:
+            config = {**config, DEFAULTS_KEY: filled}
         # a model folder's config.json is named by its folder; any other file by its own name
         fallback = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
         return _display_name(config, fallback), config
@@ -241,8 +243,50 @@ def resolve_model(name) -> tuple[str, dict]:
     if found is None:
         raise UnknownNameError("model", name, model_names() + [n.split("/")[-1] for n in model_names()],
                                "Run `aisim list models`, or pass a path to a local HF config.json.")
-    config = _read_config(found)
+    config, _ = with_model_defaults(_read_config(found))
     return _display_name(config, found.stem), config
+
+
+# config.json fields a transformers config class declares that do not change the architecture: filled like the others,
+# never named in the note
+QUIET_DEFAULTS = frozenset({"output_hidden_states", "output_attentions", "return_dict", "chunk_size_feed_forward",
+                            "is_encoder_decoder", "use_cache", "initializer_range", "bos_token_id", "eos_token_id",
+                            "pad_token_id", "attention_dropout", "router_jitter_noise", "pretraining_tp"})
+DEFAULTS_KEY = "_aisim_defaults"
+
+
+def with_model_defaults(config: dict) -> tuple[dict, dict]:
+    """(config, filled): the config with every field its transformers config class declares a non-None default for
+    and the file leaves out (HF builds the model with those defaults, and aisim's readers of the config.json see the
+    same model), and the architecture fields so filled. Unknown model types are left to the tracer's error."""
+    import inspect
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        cls = CONFIG_MAPPING[config["model_type"]]
+    except KeyError:
+        return config, {}
+    filled = {}
+    for key, param in inspect.signature(cls.__init__).parameters.items():
+        if (key == "self" or param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL) or key in config
+                or param.default is inspect.Parameter.empty or param.default is None):
+            continue
+        filled[key] = param.default
+    if not filled:
+        return config, {}
+    # a default that switches a feature off (False, 0) is what a reader assumes of a missing field: not named
+    return {**config, **filled}, {k: v for k, v in filled.items() if k not in QUIET_DEFAULTS and v not in (False, 0)}
+
+
+def defaults_note(config: dict) -> str | None:
+    """The note naming the architecture fields a user's config.json left out (with_model_defaults), if any."""
+    filled = config.get(DEFAULTS_KEY)
+    if not filled:
+        return None
+    shown = ", ".join(f"{k}={v!r}" for k, v in sorted(filled.items()))
+    return (f"config.json leaves out {len(filled)} field(s) its transformers class declares: their defaults, which "
+            f"HF builds the model with, are used ({shown}); add them to the file if the model differs")
 
 
 def _display_name(config: dict, fallback: str) -> str:

@@ -63,17 +63,25 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def check_ep(config: dict, plan: ParallelPlan, ep: int) -> int:
-    """The expert parallel degree, checked: it must divide the model's expert count and the tp x dp GPUs of a
-    stage (the EP group, as vLLM forms it)."""
+def check_ep_experts(config: dict, ep: int) -> None:
+    """The model-level part of check_ep (before any plan is chosen, so that its error comes first): --ep must be a
+    positive degree and, above 1, divide the model's expert count."""
     _check_degree(ep, "--ep")
     if ep == 1:
-        return ep
+        return
     experts = config.get("num_local_experts") or config.get("num_experts") or config.get("n_routed_experts")
     if not experts:
         raise AisimError("--ep applies to mixture-of-experts models only; this config has no experts")
     if experts % ep:
         raise AisimError(f"--ep {ep} does not divide the {experts} experts; choose a divisor of {experts}")
+
+
+def check_ep(config: dict, plan: ParallelPlan, ep: int) -> int:
+    """The expert parallel degree, checked: it must divide the model's expert count and the tp x dp GPUs of a
+    stage (the EP group, as vLLM forms it)."""
+    check_ep_experts(config, ep)
+    if ep == 1:
+        return ep
     group = plan.tp * plan.dp
     if group % ep:
         raise AisimError(f"--ep {ep} must divide the tp x dp = {group} GPUs of a pipeline stage (the expert-parallel "

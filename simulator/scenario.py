@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from . import catalog
 from .cost.power import PowerMode
 from .errors import AisimError
-from .plan import check_ep, choose_plan
+from .plan import check_ep, check_ep_experts, choose_plan
 from .specs import (CalibrationSpec, Device, HostSpec, RuntimeSpec, all_runtimes, calibration_for, load_yaml,
                     parse_spec)
 from .workload import DType, ParallelPlan, Quant, StepShape, TpScope, Workload
@@ -102,6 +102,7 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     if dev.interconnect.allreduce_cpu_s is not None:  # measured on this host's GPU count: it replaces the device's
         cal = cal.model_copy(update={"allreduce_cpu_s": dev.interconnect.allreduce_cpu_s})
     tp_scope = "full" if rt.vocab_parallel_head and request.tp_scope == "all" else request.tp_scope
+    check_ep_experts(config, request.ep)
     plan, plan_note = choose_plan(config, dev.count, dev.name, batch, request.tp, request.pp, request.dp, tp_scope)
     plan = plan.model_copy(update={"ep": check_ep(config, plan, request.ep)})
     if rt.vendors and dev.gpu.vendor not in rt.vendors:
@@ -109,7 +110,8 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
                          f"{dev.gpu.vendor}: choose another --runtime (aisim list runtimes)")
     power, power_note = resolve_power_mode(dev.gpu, cal, request.power_mode, request.power_limit_w,
                                            request.gpu_clock_mhz)
-    notes = list(dev.assumptions) + [n for n in (plan_note, default_note, cal_note, host_note, power_note) if n]
+    notes = list(dev.assumptions) + [n for n in (catalog.defaults_note(config), plan_note, default_note, cal_note,
+                                                 host_note, power_note) if n]
     notes += _precision_notes(dev, request.dtype, request.quant, plan, config, rt.name)
     notes += _runtime_notes(rt, dev, request.dtype)
     if request.kv_dtype == "fp8" and rt.kv_cache != "preallocated":

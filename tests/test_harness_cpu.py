@@ -91,7 +91,9 @@ EXPECTED_PARAMS_B = {"llama-1b": 1.24, "llama-3b": 3.21, "qwen2.5-1.5b": 1.54, "
                      "qwen1.5-moe-a2.7b": 14.3, "qwen3-30b-a3b": 30.5,
                      "cbhost-llama": 0.0668,
                      # Mixtral-8x7B's published 46.7B: 0.26B of embedding and head + 32 x 1.451B; and 16 of its layers
-                     "mixtral-8x7b-16l": 23.48, "mixtral-8x7b": 46.70}
+                     "mixtral-8x7b-16l": 23.48, "mixtral-8x7b": 46.70,
+                     # model cards: DeepSeek-V2-Lite 15.7B total; gpt-oss-20b 21B total (20.9B in bf16 here)
+                     "deepseek-v2-lite": 15.7, "gpt-oss-20b": 20.91}
 
 
 def test_configs_cite_sources_and_have_published_sizes():

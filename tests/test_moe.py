@@ -3,6 +3,9 @@
 Exact numbers are worked in the comments; the MAPE ceilings follow tests/test_accuracy_ceilings.py."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from aisim.formulas import Cost, expected_distinct_experts, op_cost
@@ -420,3 +423,34 @@ def test_new_moe_architectures_were_predicted_for_every_measured_case():
         mape = moe_report.moe_mape(rows)
         for category, ceiling in moe_report.NEW_ARCH_CEILINGS[path.name].items():
             assert mape[category] <= ceiling, (path.name, category, mape[category])
+
+
+def test_config_json_missing_fields_take_transformers_defaults_with_a_note(tmp_path):
+    """A user's config.json that leaves out architecture fields is read with its transformers class's defaults, as HF
+    builds the model: a DeepSeek-V3 without first_k_dense_replace keeps its 3 dense layers (not all dense, 75 GB),
+    a Llama without hidden_size is priced at LlamaConfig's 4096 instead of a traceback, and the note names them."""
+    import aisim
+
+    config = json.loads((Path(__file__).resolve().parents[1] / "model_specs" / "DeepSeek-V3.json").read_text())
+    config.pop("first_k_dense_replace")
+    (tmp_path / "ds.json").write_text(json.dumps(config))
+    full = aisim.estimate("DeepSeek-V3", "h100", workload="decode", dtype="bf16", top_ops=None)
+    stripped = aisim.estimate(str(tmp_path / "ds.json"), "h100", workload="decode", dtype="bf16", top_ops=None)
+    assert stripped.memory.weights_gb == pytest.approx(full.memory.weights_gb, rel=1e-6)
+    assert any("first_k_dense_replace=3" in note for note in stripped.assumptions)
+    llama = json.loads((Path(__file__).resolve().parents[1] / "model_specs" / "Meta-Llama-3-8B.json").read_text())
+    llama.pop("hidden_size")
+    (tmp_path / "llama.json").write_text(json.dumps(llama))
+    est = aisim.estimate(str(tmp_path / "llama.json"), "h100", workload="decode", dtype="bf16", top_ops=None)
+    assert est.runtime_ms > 0 and any("hidden_size=4096" in note for note in est.assumptions)
+    shipped = str(Path(__file__).resolve().parents[1] / "model_specs" / "Meta-Llama-3-8B.json")
+    notes = aisim.estimate(shipped, "h100", workload="decode", dtype="bf16", top_ops=None).assumptions
+    assert not any("config.json leaves out" in n for n in notes)
+
+
+def test_ep_that_does_not_divide_the_experts_is_named_before_the_batch_check():
+    import aisim
+    from aisim.errors import AisimError
+
+    with pytest.raises(AisimError, match="does not divide the 128 experts"):
+        aisim.estimate("Qwen3-30B-A3B", "h100x8", workload="decode", tp=1, ep=6)

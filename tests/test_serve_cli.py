@@ -267,7 +267,9 @@ def test_view_copy_rate_prices_the_mha_key_value_copy():
                            decode_ctx_tokens=32.0 * 1025, prefill_ctx_tokens=0.0)
         return StepCostTimer(sc, 8192)._packed_s(shape) * 1e3
 
-    olmoe = "validation/harness/configs/olmoe-1b-7b.json"
+    from pathlib import Path
+
+    olmoe = str(Path(__file__).resolve().parents[1] / "validation" / "harness" / "configs" / "olmoe-1b-7b.json")
     fast, slow = packed_ms(olmoe, 0.9), packed_ms(olmoe, 0.45)
     # 16 layers x 2 copies of 32 x 1025 keys x 16 heads x 128 x 2 bytes, read and written
     copy_bytes = 16 * 2 * 2 * 32 * 1025 * 16 * 128 * 2

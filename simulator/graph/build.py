@@ -8,7 +8,7 @@ from ..units import TORCH_DTYPE_NAMES
 
 # Config keys that hold a layer count, per model_type (others use num_hidden_layers through HF's attribute_map).
 LAYER_KEYS = {"whisper": ("encoder_layers", "decoder_layers")}
-NON_CONFIG_KEYS = ("_aisim_notes",)
+NON_CONFIG_KEYS = ("_aisim_notes", "_aisim_defaults")
 
 
 def layer_keys(config: dict) -> tuple[str, ...]:
