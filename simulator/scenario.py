@@ -301,7 +301,9 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
                    "with outlier split, 2 host syncs, col32 transform, int8 GEMM, dequantization, fp16 outlier "
                    "matmul; aisim.graph.engine); the LM head stays 16-bit")
     elif quant == "fp8" and dev.gpu.peak_flops_per_s.fp8:
-        experts_fp8 = "" if packed else "; MoE expert weights stored fp8 (their grouped GEMMs at the 16-bit rate)"
+        experts_fp8 = ("" if packed else "; MoE experts fp8 x fp8 at the fp8 rate (vLLM's Fp8MoEMethod, "
+                       "use_fp8_w8a8), each after its activation's quantization" if runtime == "vllm"
+                       else "; MoE expert weights stored fp8 (their grouped GEMMs at the 16-bit rate)")
         out.append(f"--quant fp8 on {dev.gpu.name} with {runtime}: {_fp8_engine(runtime)}{experts_fp8}; embeddings "
                    "and the LM head 16-bit")
     elif quant == "fp8":

@@ -454,3 +454,18 @@ def test_ep_that_does_not_divide_the_experts_is_named_before_the_batch_check():
 
     with pytest.raises(AisimError, match="does not divide the 128 experts"):
         aisim.estimate("Qwen3-30B-A3B", "h100x8", workload="decode", tp=1, ep=6)
+
+
+def test_vllm_fp8_runs_moe_experts_fp8_x_fp8_on_hopper_only():
+    """--quant fp8 under vllm: the fused MoE's grouped expert GEMMs run fp8 x fp8 on an H100 (Fp8MoEMethod,
+    use_fp8_w8a8) at the fp8 rate, each after its activation's quantization; on an A100 (Marlin, weight-only) they
+    stay at the 16-bit rate."""
+    import aisim
+
+    def experts_ms(device: str, quant: str) -> float:
+        est = aisim.estimate("Mixtral-8x7B-v0.1", device, workload="prefill", batch=8, seq=2048, dtype="bf16", tp=2,
+                             runtime="vllm", quant=quant, top_ops=40)
+        return next(r.time_ms for r in est.top_ops if r.name == "aten._grouped_mm")
+
+    assert experts_ms("h100x2", "fp8") < 0.6 * experts_ms("h100x2", "none")
+    assert experts_ms("a100x2", "fp8") == pytest.approx(experts_ms("a100x2", "none"), rel=0.02)

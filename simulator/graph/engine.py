@@ -125,6 +125,10 @@ def routed(op: Op, moe: dict) -> Op:
 # fp8 W8A8 (vLLM Fp8LinearMethod on compute capability >= 8.9, --quantization fp8 of a 16-bit checkpoint): per
 # linear, the activation is quantized with a dynamic per-tensor scale (scaled_fp8_quant: an absmax reduction, then
 # the scaled cast: 2 kernels), and cutlass_scaled_mm multiplies fp8 x fp8 into a 16-bit output at the fp8 rate.
+# The experts of a fused MoE the same way (vllm/model_executor/layers/quantization/fp8.py: Fp8Config returns
+# Fp8MoEMethod for FusedMoE, which quantizes a 16-bit checkpoint's experts with scaled_fp8_quant and runs
+# fused_experts / TritonOrDeepGemmExperts with use_fp8_w8a8=True, the activations quantized per call; Marlin,
+# weight-only, below compute capability 8.9): each grouped expert GEMM fp8 x fp8 after its activation's quantization.
 FP8_QUANT_LAUNCHES = 2
 
 
@@ -168,7 +172,8 @@ def expand(ops: list[Op], repeats: list[float], w: Workload, rt: RuntimeSpec, vo
             op = routed(op, moe)
         if bnb and _is_linear(op):
             extra = bnb_int8_ops(op)
-        elif w8a8 and _is_linear(op) and op.phase == "forward":
+        elif w8a8 and op.phase == "forward" and (_is_linear(op) or (op.name == "aten._grouped_mm"
+                                                                     and "fused_moe" in rt.fusions)):
             extra = fp8_linear_ops(op)
         else:
             extra = [op]
