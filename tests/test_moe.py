@@ -318,8 +318,9 @@ def test_mxfp4_experts_are_named_and_stay_mxfp4_under_quant_fp8():
         assert any("MXFP4 as the checkpoint stores them" in n for n in e.assumptions)
     assert not any("expert weights stored fp8" in n for n in fp8.assumptions)
     assert plain.memory.weights_gb - fp8.memory.weights_gb < 1.0        # only the non-expert linears shrink
+    assert not any("MoE experts fp8 x fp8" in n for n in fp8.assumptions)
     dense = _estimate(model="Mixtral-8x7B-v0.1", device="h200", workload="decode", runtime="vllm", quant="fp8")
-    assert any("expert weights stored fp8" in n for n in dense.assumptions)
+    assert any("MoE experts fp8 x fp8" in n for n in dense.assumptions)
 
 
 def test_vllm_runs_the_moe_block_as_its_fused_moe_kernels():

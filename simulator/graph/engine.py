@@ -97,6 +97,8 @@ def moe_routing(config: dict, plan=None, quant: str = "none") -> dict | None:
     groups = max(plan.ep // plan.tp, 1) if plan is not None else 1
     out = {"experts": int(experts), "top_k": int(top_k), "token_groups": groups}
     element = expert_weight_bytes(config, quant)
+    if (config.get("quantization_config") or {}).get("quant_method") == "mxfp4":
+        out["packed"] = True          # the checkpoint's own MXFP4 experts: --quant does not re-quantize them
     return out if element is None else {**out, "weight_element_bytes": element}
 
 
@@ -172,8 +174,8 @@ def expand(ops: list[Op], repeats: list[float], w: Workload, rt: RuntimeSpec, vo
             op = routed(op, moe)
         if bnb and _is_linear(op):
             extra = bnb_int8_ops(op)
-        elif w8a8 and op.phase == "forward" and (_is_linear(op) or (op.name == "aten._grouped_mm"
-                                                                     and "fused_moe" in rt.fusions)):
+        elif w8a8 and op.phase == "forward" and (_is_linear(op) or (
+                op.name == "aten._grouped_mm" and "fused_moe" in rt.fusions and not moe.get("packed"))):
             extra = fp8_linear_ops(op)
         else:
             extra = [op]
