@@ -230,6 +230,7 @@ def serve(
     tp: Optional[int] = typer.Option(None, help="tensor parallel degree of a replica (default 1)"),
     pp: int = typer.Option(1, help="pipeline parallel degree of a replica"),
     quant: str = typer.Option("none", help="weight quantization: none|int8|fp8|int4"),
+    kv_dtype: str = typer.Option("auto", "--kv-dtype", help="KV cache dtype: auto (model dtype) | fp16 | bf16 | fp8"),
     runtime: str = typer.Option("transformers-cb", help="engine profile with a serving section: transformers-cb, "
                                 "vllm (aisim list runtimes)"),
     calibration: str = typer.Option("auto", help="auto | none | PATH"),
@@ -259,7 +260,8 @@ def serve(
     from .studies.serve.cli_run import run_serve
 
     def go():
-        return run_serve(model=model, device=device, dtype=dtype, tp=tp, pp=pp, quant=quant, runtime=runtime,
+        return run_serve(model=model, device=device, dtype=dtype, tp=tp, pp=pp, quant=quant, kv_dtype=kv_dtype,
+                         runtime=runtime,
                          calibration=calibration, num_requests=num_requests, input_len=input_len,
                          output_len=output_len, rate=rate, arrival=arrival, seed=seed, trace=trace_file,
                          replicas=replicas, router=router, percentiles=percentiles, progress=not as_json,
@@ -341,6 +343,9 @@ def plan_serve_cmd(
     slo: str = typer.Option("", help="e.g. ttft_p90_ms=2000,tpot_p50_ms=50 (any percentile; mean_/median_ too)"),
     max_gpus: int = typer.Option(8, "--max-gpus"),
     dtype: str = typer.Option("bf16"),
+    quant: str = typer.Option("none", help="weight quantization of every candidate: none|int8|fp8|int4"),
+    kv_dtype: str = typer.Option("auto", "--kv-dtype", help="KV cache dtype of every candidate: auto | fp16 | bf16 | "
+                                 "fp8"),
     num_requests: int = typer.Option(400, "--num-requests", help="requests per simulation"),
     price: list[str] = typer.Option([], "--price", help="GPU=USD per GPU-hour (repeatable)"),
     price_file: Optional[Path] = typer.Option(None, "--price-file", help="YAML/JSON mapping GPU -> USD per GPU-hour"),
@@ -359,7 +364,8 @@ def plan_serve_cmd(
         req = plan_request(model=model, devices=[d.strip() for d in devices.split(",") if d.strip()],
                            runtimes=[r.strip() for r in runtimes.split(",") if r.strip()], rate_per_s=rate,
                            input_len=input_len, output_len=output_len, slo=parse_slo(slo), max_gpus=max_gpus,
-                           dtype=dtype, num_requests=num_requests, prices=_prices(price, price_file),
+                           dtype=dtype, quant=quant, kv_dtype=kv_dtype, num_requests=num_requests,
+                           prices=_prices(price, price_file),
                            electricity_usd_per_kwh=electricity, pue=pue, grid_g_co2_per_kwh=grid)
         if as_json:
             return plan_serve(req)

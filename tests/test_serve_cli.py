@@ -277,3 +277,28 @@ def test_view_copy_rate_prices_the_mha_key_value_copy():
     assert slow - fast == pytest.approx(copy_bytes / bandwidth * (1 / 0.45 - 1 / 0.9) * 1e3, rel=0.02)
     assert packed_ms(olmoe, None) > slow                     # the strided-operand curve, slower still
     assert packed_ms("Meta-Llama-3-8B", 0.9) == pytest.approx(packed_ms("Meta-Llama-3-8B", 0.45))
+
+
+def test_serving_kv_cache_of_mla_and_fp8_kv():
+    """The serving simulator sizes a token's cache as the engine stores it: MLA's one latent of kv_lora_rank +
+    qk_rope_head_dim per layer (DeepSeek-V2-Lite: 27 x 576 x 2 bytes), not per-head K and V; --kv-dtype fp8 at one
+    byte; a GQA model's K and V of its KV heads."""
+    from aisim.scenario import ScenarioRequest, resolve_scenario
+    from aisim.studies.serve.timer import ModelDims
+
+    def per_token(model: str, kv_dtype: str = "auto") -> float:
+        sc = resolve_scenario(ScenarioRequest(model=model, device="h100", dtype="bf16", runtime="vllm",
+                                              kv_dtype=kv_dtype), "prefill")
+        return ModelDims.of(sc).kv_bytes_per_token
+
+    assert per_token("DeepSeek-V2-Lite") == 27 * (512 + 64) * 2
+    assert per_token("DeepSeek-V2-Lite", "fp8") == 27 * (512 + 64)
+    assert per_token("Meta-Llama-3-8B") == 32 * 2 * 8 * 128 * 2
+
+
+def test_plan_serve_takes_quant_and_kv_dtype():
+    from aisim.studies.plan_serve import plan_request
+
+    req = plan_request(model="DeepSeek-V2-Lite", devices=["h100"], runtimes=["vllm"], rate_per_s=1.0,
+                       quant="fp8", kv_dtype="fp8")
+    assert (req.quant, req.kv_dtype) == ("fp8", "fp8")

@@ -44,6 +44,8 @@ class PlanServeRequest(BaseModel):
     max_gpus: int = Field(8, ge=1, le=100_000)
     max_num_seqs: list[int | None] = Field(default_factory=lambda: [None, 64, 16])
     dtype: Literal["fp16", "bf16", "fp32"] = "bf16"
+    quant: Literal["none", "int8", "fp8", "int4"] = "none"
+    kv_dtype: Literal["auto", "fp16", "bf16", "fp8"] = "auto"
     prices: dict[str, float] = Field(default_factory=dict, description="device name -> USD per GPU-hour")
     electricity_usd_per_kwh: float = Field(0.10, ge=0)
     pue: float = Field(1.2, ge=1.0, le=3.0)
@@ -160,7 +162,7 @@ def _search_device(req, device, runtime, percentiles, counts, found, notes, prog
         counts["considered"] += len(req.max_num_seqs) * max(req.max_gpus // tp, 1)
         try:
             base = ScenarioRequest(model=req.model, device=gpu_device(gpu, tp), dtype=req.dtype, tp=tp,
-                                   runtime=runtime)
+                                   quant=req.quant, kv_dtype=req.kv_dtype, runtime=runtime)
             sc = resolve_scenario(base, "prefill")
             check_tp(sc.config, tp, "all")
         except AisimError as exc:

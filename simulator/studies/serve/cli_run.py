@@ -41,10 +41,11 @@ def _percentiles(text: str) -> list[float]:
 
 
 def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_requests, input_len, output_len,
+              kv_dtype="auto",
               rate, arrival, seed, trace: Path | None, replicas, router, percentiles: str, knobs: dict,
               progress: bool = False):
     base = build_request(ScenarioRequest, model=model, device=device, dtype=dtype, tp=tp, pp=pp, quant=quant,
-                         runtime=runtime, calibration=calibration)
+                         kv_dtype=kv_dtype, runtime=runtime, calibration=calibration)
     sc = resolve_scenario(base.model_copy(update={"tp": tp or 1}), "prefill")
     replicas = replicas or sc.plan.dp
     if replicas < 1 or replicas > 4096:

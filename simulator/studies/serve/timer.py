@@ -56,6 +56,11 @@ class ModelDims:
     kv_heads: int
     head_dim: int
     element_bytes: float
+    # the cache, per token per layer of one GPU: elements (K and V of kv_heads x head_dim, or MLA's shared latent),
+    # bytes per element (the --kv-dtype), and the decode FLOPs per cached key
+    kv_elements: float = 0.0
+    kv_element_bytes: float = 0.0
+    decode_flops_per_key: float = 0.0
 
     @classmethod
     def of(cls, sc: Scenario) -> "ModelDims":
@@ -65,13 +70,26 @@ class ModelDims:
         kv = c.get("num_key_value_heads") or heads
         layers = c.get("num_hidden_layers") or c.get("n_layer")
         tp = sc.plan.tp
-        return cls(layers=layers // sc.plan.pp, q_heads=max(heads // tp, 1), kv_heads=max(kv // tp, 1),
-                   head_dim=c.get("head_dim") or hidden // heads, element_bytes=DTYPE_BYTES[sc.dtype])
+        q_heads, kv_heads = max(heads // tp, 1), max(kv // tp, 1)
+        head_dim = c.get("head_dim") or hidden // heads
+        rank, rope = c.get("kv_lora_rank"), c.get("qk_rope_head_dim") or 0
+        if rank:   # MLA: one latent of rank + rope per token and layer, on every TP rank (DeepSeek-V2, 2405.04434)
+            kv_heads, kv_elements = 1, float(rank + rope)
+            head_dim = ((c.get("qk_nope_head_dim") or 0) + rope + (c.get("v_head_dim") or 0)) // 2 or head_dim
+            flops_per_key = 2.0 * q_heads * (2 * rank + rope)     # scores over rank + rope, values over rank
+        else:
+            kv_elements = 2.0 * kv_heads * head_dim
+            flops_per_key = 4.0 * q_heads * head_dim
+        element = DTYPE_BYTES[sc.dtype]
+        kv_bytes = DTYPE_BYTES.get(sc.kv_dtype, element)          # "auto": the model dtype
+        return cls(layers=layers // sc.plan.pp, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
+                   element_bytes=element, kv_elements=kv_elements, kv_element_bytes=kv_bytes,
+                   decode_flops_per_key=flops_per_key)
 
     @property
     def kv_bytes_per_token(self) -> float:
-        """K and V of one token, all layers of one GPU."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.element_bytes
+        """The cache of one token, all layers of one GPU."""
+        return self.layers * self.kv_elements * self.kv_element_bytes
 
 
 def split_kv_block_n(head_dim: int) -> int:
@@ -223,8 +241,8 @@ class StepCostTimer:
         from ...cost.efficiency import attention_efficiency
 
         d, gpu, cal = self.dims, self.sc.device.gpu, self.sc.calibration
-        flops = 4.0 * d.q_heads * d.head_dim * shape.decode_ctx_tokens
-        nbytes = 2 * d.kv_heads * d.head_dim * d.element_bytes * shape.decode_ctx_tokens
+        flops = d.decode_flops_per_key * shape.decode_ctx_tokens
+        nbytes = d.kv_elements * d.kv_element_bytes * shape.decode_ctx_tokens
         roofline = max(flops / gpu.peak_for(self.sc.dtype), nbytes / gpu.memory_bw_bytes_per_s)
         eff = attention_efficiency(cal, self.sc.dtype, "decode", flops, nbytes, gpu) * self._decode_scale
         full_gpu_s = (max(roofline / eff - self._graph_credit_s, roofline, self._replay_s) if self._graph_credit_s
