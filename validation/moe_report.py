@@ -952,12 +952,6 @@ GRAPHS_OOS_PREDICTED_MS = {
     "h200": {("qwen2.5-1.5b", 2, 3072): 3.886, ("qwen2.5-1.5b", 24, 3072): 10.111, ("qwen2.5-1.5b", 12, 1536): 4.999,
              ("Meta-Llama-3-8B", 2, 3072): 8.55, ("Meta-Llama-3-8B", 24, 3072): 28.031,
              ("Meta-Llama-3-8B", 12, 1536): 12.152}}
-# An MoE model under HF StaticCache + torch.compile (gpt-oss-20b, harness/configs/gpt-oss-20b.json: sliding-window
-# layers with a window-sized static cache, grouped-GEMM experts), predicted before it ran (aisim as committed with this
-# line): ms per timed forward, context 1024, max_cache_len 1039, one H100 SXM
-GRAPHS_MOE_DATA = GRAPHS_DIR / "graphs-decode-gptoss-h100.jsonl"
-GRAPHS_MOE_PREDICTED_MS = {("gpt-oss-20b", 1, 1039): 8.60, ("gpt-oss-20b", 8, 1039): 17.68,
-                           ("gpt-oss-20b", 32, 1039): 28.24}
 GRAPHS_B8_PREDICTED_MS = {
     "h100": {("qwen2.5-1.5b", 8, 1039): 3.351, ("qwen2.5-1.5b", 8, 4096): 6.149,
              ("Meta-Llama-3-8B", 8, 1039): 10.257, ("Meta-Llama-3-8B", 8, 4096): 19.739},
