@@ -251,32 +251,54 @@ def resolve_model(name) -> tuple[str, dict]:
 # never named in the note
 QUIET_DEFAULTS = frozenset({"output_hidden_states", "output_attentions", "return_dict", "chunk_size_feed_forward",
                             "is_encoder_decoder", "use_cache", "initializer_range", "bos_token_id", "eos_token_id",
-                            "pad_token_id", "attention_dropout", "router_jitter_noise", "pretraining_tp"})
+                            "pad_token_id", "attention_dropout", "router_jitter_noise", "pretraining_tp",
+                            "tie_word_embeddings", "rope_interleave", "scale_attn_weights"})
 DEFAULTS_KEY = "_aisim_defaults"
 
 
 def with_model_defaults(config: dict) -> tuple[dict, dict]:
-    """(config, filled): the config with every field its transformers config class declares a non-None default for
-    and the file leaves out (HF builds the model with those defaults, and aisim's readers of the config.json see the
-    same model), and the architecture fields so filled. Unknown model types are left to the tracer's error."""
+    """(config, filled): the config with every field its transformers config class declares (or computes, as
+    gpt-oss's layer_types) and the file leaves out, at the value the built config holds (HF builds the model from
+    it, and aisim's readers of the config.json then see the same model), and the architecture fields so filled
+    (not the ones the file gives under an alias, attribute_map). A config transformers cannot build is left to the
+    tracer's error."""
     import inspect
 
+    from transformers import PretrainedConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from .graph.build import make_config
 
     try:
         cls = CONFIG_MAPPING[config["model_type"]]
-    except KeyError:
+        built = make_config(config).to_dict()
+    except Exception:  # noqa: BLE001 - unknown type or values transformers refuses: the tracer says which
         return config, {}
-    filled = {}
-    for key, param in inspect.signature(cls.__init__).parameters.items():
-        if (key == "self" or param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL) or key in config
-                or param.default is inspect.Parameter.empty or param.default is None):
-            continue
-        filled[key] = param.default
+    params = {k: p for k, p in inspect.signature(cls.__init__).parameters.items()
+              if k != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    # PretrainedConfig's own fields (labels, dtype, version...) and the rope dict transformers derives from the
+    # file's rope fields are not architecture fields of the file
+    generic = (set(inspect.signature(PretrainedConfig.__init__).parameters) | set(PretrainedConfig().to_dict())
+               | {"rope_parameters"}) - {"tie_word_embeddings"}
+    aliased = {real for alias, real in getattr(cls, "attribute_map", {}).items() if alias in config}
+    filled = {k: built[k] for k in (set(params) | {"layer_types"}) - generic
+              if k not in config and built.get(k) is not None}
     if not filled:
         return config, {}
-    # a default that switches a feature off (False, 0) is what a reader assumes of a missing field: not named
-    return {**config, **filled}, {k: v for k, v in filled.items() if k not in QUIET_DEFAULTS and v not in (False, 0)}
+    # named: a class default taken as it is (not a value transformers derived from the file's other fields)
+    noted = {k: v for k, v in filled.items() if k not in QUIET_DEFAULTS and k not in aliased and k in params
+             and params[k].default == v and v is not False and v != 0 and k != "layer_types"}
+    if "layer_types" in filled and set(filled["layer_types"]) != {"full_attention"}:
+        noted["layer_types"] = ", ".join(f"{n} x {t}" for t, n in _runs(filled["layer_types"]))
+    return {**config, **filled}, noted
+
+
+def _runs(values: list) -> list[tuple[object, int]]:
+    """Counts of each distinct value, in first-seen order."""
+    out: dict = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
+    return list(out.items())
 
 
 def defaults_note(config: dict) -> str | None:

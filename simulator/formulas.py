@@ -192,9 +192,11 @@ def _grouped_mm(op: Op) -> Cost:
     if "moe" in op.attrs and "weight_element_bytes" in op.attrs["moe"]:    # experts stored quantized (MXFP4)
         expert_bytes = w.numel / max(w.shape[0], 1) * op.attrs["moe"]["weight_element_bytes"]
     offs = sum(t.nbytes for t in op.inputs[2:])
+    out = op.outputs[0] if op.outputs else a
+    elem_out = out.nbytes / max(out.numel, 1)      # 16-bit under fp8 W8A8 inputs
     # (S_local, K) @ (K, N) per expert: 2 * S_local * N * K
     return Cost(2.0 * rows * n * k, rows * k * elem_a + touched * expert_bytes + offs,
-                rows * n * elem_a, 1, "gemm")
+                rows * n * elem_out, 1, "gemm")
 
 
 def baddbmm_copies(op: Op) -> bool:

@@ -69,7 +69,9 @@ def check_ep_experts(config: dict, ep: int) -> None:
     _check_degree(ep, "--ep")
     if ep == 1:
         return
-    experts = config.get("num_local_experts") or config.get("num_experts") or config.get("n_routed_experts")
+    from .graph.engine import EXPERT_COUNT_KEYS
+
+    experts = next((config[k] for k in EXPERT_COUNT_KEYS if config.get(k)), None)
     if not experts:
         raise AisimError("--ep applies to mixture-of-experts models only; this config has no experts")
     if experts % ep:

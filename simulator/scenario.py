@@ -114,6 +114,10 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
                                                  host_note, power_note) if n]
     notes += _precision_notes(dev, request.dtype, request.quant, plan, config, rt.name)
     notes += _runtime_notes(rt, dev, request.dtype)
+    if request.kv_dtype == "fp8" and rt.name == "transformers-cb":
+        raise AisimError("--kv-dtype fp8 with --runtime transformers-cb: transformers' continuous batching keeps its "
+                         "paged cache in the model dtype (generation/continuous_batching/cache.py 166, 251-252); "
+                         "use --runtime vllm for an fp8 KV cache, or leave --kv-dtype auto")
     if request.kv_dtype == "fp8" and rt.kv_cache != "preallocated":
         notes.append(f"--kv-dtype fp8 under --runtime {rt.name}: HF's DynamicCache keeps K and V in the model dtype "
                      "(transformers' quantized caches are int2/int4); the cache memory and the attention reads are "
@@ -301,8 +305,13 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
                    "with outlier split, 2 host syncs, col32 transform, int8 GEMM, dequantization, fp16 outlier "
                    "matmul; aisim.graph.engine); the LM head stays 16-bit")
     elif quant == "fp8" and dev.gpu.peak_flops_per_s.fp8:
-        experts_fp8 = ("" if packed else "; MoE experts fp8 x fp8 at the fp8 rate (vLLM's Fp8MoEMethod, "
-                       "use_fp8_w8a8), each after its activation's quantization" if runtime == "vllm"
+        from .graph.engine import EXPERT_COUNT_KEYS
+
+        moe = any(config.get(k) for k in EXPERT_COUNT_KEYS)
+        fused = "fused_moe" in all_runtimes()[runtime].fusions if runtime in all_runtimes() else False
+        experts_fp8 = ("" if packed or not moe else "; MoE experts fp8 x fp8 (vLLM's Fp8MoEMethod, use_fp8_w8a8), "
+                       "each after its activation's quantization, on the dense fp8 GEMM curve (no fp8 grouped-GEMM "
+                       "table is measured)" if fused
                        else "; MoE expert weights stored fp8 (their grouped GEMMs at the 16-bit rate)")
         out.append(f"--quant fp8 on {dev.gpu.name} with {runtime}: {_fp8_engine(runtime)}{experts_fp8}; embeddings "
                    "and the LM head 16-bit")

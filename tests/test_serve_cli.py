@@ -302,3 +302,19 @@ def test_plan_serve_takes_quant_and_kv_dtype():
     req = plan_request(model="DeepSeek-V2-Lite", devices=["h100"], runtimes=["vllm"], rate_per_s=1.0,
                        quant="fp8", kv_dtype="fp8")
     assert (req.quant, req.kv_dtype) == ("fp8", "fp8")
+
+
+def test_kv_dtype_fp8_is_refused_for_transformers_cb_and_mla_latent_only_under_vllm():
+    """transformers' continuous batching keeps its paged cache in the model dtype: --kv-dtype fp8 is refused there
+    with a one-line reason; MLA's latent cache is vLLM's, so under transformers-cb a DeepSeek token costs its
+    per-head keys (nope + rope) and values."""
+    from aisim.errors import AisimError
+    from aisim.scenario import ScenarioRequest, resolve_scenario
+    from aisim.studies.serve.timer import ModelDims
+
+    with pytest.raises(AisimError, match="model dtype"):
+        resolve_scenario(ScenarioRequest(model="Meta-Llama-3-8B", device="h100", runtime="transformers-cb",
+                                         kv_dtype="fp8"), "prefill")
+    sc = resolve_scenario(ScenarioRequest(model="DeepSeek-V2-Lite", device="h100", dtype="bf16",
+                                          runtime="transformers-cb"), "prefill")
+    assert ModelDims.of(sc).kv_bytes_per_token == 27 * 16 * (128 + 64 + 128) * 2

@@ -175,7 +175,8 @@ def expand(ops: list[Op], repeats: list[float], w: Workload, rt: RuntimeSpec, vo
         if bnb and _is_linear(op):
             extra = bnb_int8_ops(op)
         elif w8a8 and op.phase == "forward" and (_is_linear(op) or (
-                op.name == "aten._grouped_mm" and "fused_moe" in rt.fusions and not moe.get("packed"))):
+                op.name == "aten._grouped_mm" and "fused_moe" in rt.fusions and moe is not None
+                and not moe.get("packed"))):
             extra = fp8_linear_ops(op)
         else:
             extra = [op]

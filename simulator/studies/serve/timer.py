@@ -61,6 +61,7 @@ class ModelDims:
     kv_elements: float = 0.0
     kv_element_bytes: float = 0.0
     decode_flops_per_key: float = 0.0
+    prefill_kv_heads: int = 0          # heads of the K and V a prefill's attention reads (MLA: decompressed per head)
 
     @classmethod
     def of(cls, sc: Scenario) -> "ModelDims":
@@ -73,9 +74,14 @@ class ModelDims:
         q_heads, kv_heads = max(heads // tp, 1), max(kv // tp, 1)
         head_dim = c.get("head_dim") or hidden // heads
         rank, rope = c.get("kv_lora_rank"), c.get("qk_rope_head_dim") or 0
-        if rank:   # MLA: one latent of rank + rope per token and layer, on every TP rank (DeepSeek-V2, 2405.04434)
-            kv_heads, kv_elements = 1, float(rank + rope)
+        prefill_kv_heads = kv_heads
+        if rank:   # MLA: per head, keys of nope + rope and values of v_head_dim (prefill attends over them)
             head_dim = ((c.get("qk_nope_head_dim") or 0) + rope + (c.get("v_head_dim") or 0)) // 2 or head_dim
+        varlen = sc.runtime.serving is not None and sc.runtime.serving.attention == "varlen"
+        if rank and varlen:
+            # vLLM's MLA backends cache one latent of rank + rope per token and layer, on every TP rank, and decode
+            # over it with absorbed projections (DeepSeek-V2, arXiv:2405.04434 2.1.3)
+            kv_heads, prefill_kv_heads, kv_elements = 1, q_heads, float(rank + rope)
             flops_per_key = 2.0 * q_heads * (2 * rank + rope)     # scores over rank + rope, values over rank
         else:
             kv_elements = 2.0 * kv_heads * head_dim
@@ -84,7 +90,7 @@ class ModelDims:
         kv_bytes = DTYPE_BYTES.get(sc.kv_dtype, element)          # "auto": the model dtype
         return cls(layers=layers // sc.plan.pp, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
                    element_bytes=element, kv_elements=kv_elements, kv_element_bytes=kv_bytes,
-                   decode_flops_per_key=flops_per_key)
+                   decode_flops_per_key=flops_per_key, prefill_kv_heads=prefill_kv_heads)
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -224,7 +230,7 @@ class StepCostTimer:
         if shape.prefill_tokens:
             flops = 4.0 * d.q_heads * d.head_dim * shape.prefill_attn_pairs
             nbytes = d.element_bytes * d.head_dim * (2 * d.q_heads * shape.prefill_tokens
-                                                     + 2 * d.kv_heads * shape.prefill_ctx_tokens)
+                                                     + 2 * d.prefill_kv_heads * shape.prefill_ctx_tokens)
             blocks = max(shape.prefill_tokens / SDPA_QUERY_BLOCK, 1) * d.q_heads
             layer_s += self._attention_kernel_s(flops, nbytes, blocks)
         if shape.decode_seqs:
