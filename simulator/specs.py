@@ -222,7 +222,9 @@ class CalibrationSpec(Spec):
         None, description="a large copy out of a view whose innermost dim is contiguous but whose outer dims are "
                           "permuted or sliced (PyTorch's generic elementwise copy kernel: .contiguous() of a "
                           "transposed [1, H, K, D] view of cached keys): achieved fraction of datasheet bandwidth, "
-                          "bytes read + written; absent: the strided-operand curve")
+                          "bytes read + written (H100 0.495, H200 0.363: the same ~1.7 TB/s, so not bandwidth-bound; "
+                          "a file applied to another GPU is read as a fraction, an approximation); absent: the "
+                          "strided-operand curve")
     strided_cat_elements_per_sm_cycle: Positive | None = Field(
         None, description="PyTorch's CUDA cat with a non-contiguous input (its strided kernel, CatArrayBatchedCopy, "
                           "for the whole output): output elements per SM per boost-clock cycle. Not bound by "

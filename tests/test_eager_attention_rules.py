@@ -132,3 +132,23 @@ def test_only_the_batched_strided_path_is_flagged():
         torch.cat([torch.zeros(0, device="meta"), x.transpose(1, 2)], dim=-2)      # DynamicCache's first update
     assert [bool(o.attrs.get("strided_inputs")) for o in tracer.ops if o.name == "aten.cat"] == [False, False, True,
                                                                                                 False, True]
+
+
+def test_view_copy_efficiency_is_the_crop_copy_microbenchmark():
+    """view_copy_efficiency of each calibration is the crop_contiguous fit of its GPU's eager_attention run (over the
+    datasheet bandwidth), and both GPUs reach about the same absolute rate (not bandwidth-bound)."""
+    import json
+    from pathlib import Path
+
+    from aisim.catalog import resolve_gpu
+    from aisim.specs import load_calibration
+    from aisim.validation.rewind import crop_copy_fit
+
+    data = Path(__file__).resolve().parents[1] / "validation" / "data" / "kernels"
+    rates = {}
+    for gpu, name in (("h100-sxm", "eager-attention-h100.jsonl"), ("h200", "eager-attention-h200-run2.jsonl")):
+        rows = [json.loads(line) for line in (data / name).read_text().splitlines() if '"case"' in line]
+        rates[gpu] = crop_copy_fit(rows)[1]
+        expected = rates[gpu] / resolve_gpu(gpu).memory_bw_bytes_per_s
+        assert load_calibration(gpu).view_copy_efficiency == pytest.approx(expected, abs=6e-4)
+    assert rates["h200"] / rates["h100-sxm"] == pytest.approx(1.0, abs=0.1)

@@ -17,8 +17,9 @@ eager-attention-h100.jsonl, -h200).
 
 - ``view_copy_efficiency``: the microbenchmark's crop_contiguous rows (16-bit; a cache cropped by one token, then
   made contiguous: PyTorch's generic elementwise copy out of a view whose head_dim rows stay contiguous), fitted as
-  t = t0 + bytes / rate (validation/rewind.py crop_copy_fit), rate over the datasheet bandwidth; written only from a
-  file that has those rows.
+  t = t0 + bytes / rate (validation/rewind.py crop_copy_fit), rate over the datasheet bandwidth, from the first data
+  file that has those rows (H100: 0.495 of 3.35 TB/s; H200: 0.363 of 4.8 TB/s, the same 1.7 TB/s: not bound by
+  bandwidth).
 
 Without --write it prints the values and the check: the bmm rows (16-bit, memory-bound: decode and small
 prefills) predicted the old way (a GEMM table read at (batch x M) x N x K) and the new (the skinny-GEMM curve), and
@@ -165,10 +166,15 @@ def main(argv=None) -> int:
               f"({n} rows of >= 64 MiB)")
     header, rows = load(Path(args.data[0]))
     gpu = resolve_gpu(args.gpu)
-    view_copy = view_copy_efficiency(rows, gpu)
-    if view_copy is not None:
-        print(f"{args.data[0]}: copy out of a cropped cache view (crop_contiguous): {view_copy:.3f} of datasheet "
-              "bandwidth")
+    # the view-copy rate from the first file that has crop_contiguous rows (all of --gpu's GPU)
+    view_copy, view_source = None, None
+    for name in args.data:
+        found = view_copy_efficiency(load(Path(name))[1], gpu)
+        if found is not None:
+            view_copy, view_source = found, name
+            print(f"{name}: copy out of a cropped cache view (crop_contiguous): {view_copy:.3f} of datasheet "
+                  "bandwidth")
+            break
     raw_path = CAL_DIR / f"{args.gpu}.raw.json"
     if raw_path.is_file():
         t0, fraction, n = fit_skinny_gemm(json.loads(raw_path.read_text()))
@@ -182,9 +188,12 @@ def main(argv=None) -> int:
         write_lines(CAL_DIR / f"{args.gpu}.yaml",
                     {"strided_cat_elements_per_sm_cycle": f"strided_cat_elements_per_sm_cycle: {rates[0]:.4f}"}, note)
         if view_copy is not None:
+            source = sources[args.data.index(view_source)]
             write_lines(CAL_DIR / f"{args.gpu}.yaml",
                         {"view_copy_efficiency": f"view_copy_efficiency: {view_copy:.3f}"},
-                        note.replace("strided_cat_elements_per_sm_cycle", "view_copy_efficiency"))
+                        f"# view_copy_efficiency: python -m aisim.validation.scripts.derive_eager_attention "
+                        f"{' '.join(Path(n).name for n in args.data)} --gpu {args.gpu} --write (the crop_contiguous "
+                        f"rows of {source})")
         print(f"wrote {args.gpu}.yaml")
     if args.write_default:
         mean = statistics.mean(rates)
