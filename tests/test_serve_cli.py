@@ -318,3 +318,11 @@ def test_kv_dtype_fp8_is_refused_for_transformers_cb_and_mla_latent_only_under_v
     sc = resolve_scenario(ScenarioRequest(model="DeepSeek-V2-Lite", device="h100", dtype="bf16",
                                           runtime="transformers-cb"), "prefill")
     assert ModelDims.of(sc).kv_bytes_per_token == 27 * 16 * (128 + 64 + 128) * 2
+
+
+def test_plan_serve_errors_name_the_flag():
+    from aisim.errors import AisimError
+    from aisim.studies.plan_serve import plan_request
+
+    with pytest.raises(AisimError, match=r"^--kv-dtype: .*got 'fp4'"):
+        plan_request(model="Meta-Llama-3-8B", devices=["h100"], runtimes=["vllm"], rate_per_s=1.0, kv_dtype="fp4")

@@ -265,5 +265,14 @@ def pareto(cands: list[Candidate]) -> list[Candidate]:
     return sorted(front, key=lambda c: c.output_tokens_per_s_per_user)
 
 
+# PlanServeRequest field -> the `aisim plan serve` flag that sets it (errors name the flag)
+PLAN_SERVE_FLAGS = {"devices": "--devices", "runtimes": "--runtimes", "rate_per_s": "--rate",
+                    "input_len": "--input-len", "output_len": "--output-len", "num_requests": "--num-requests",
+                    "slo": "--slo", "max_gpus": "--max-gpus", "dtype": "--dtype", "quant": "--quant",
+                    "kv_dtype": "--kv-dtype", "prices": "--price",
+                    "electricity_usd_per_kwh": "--electricity-usd-per-kwh", "pue": "--pue",
+                    "grid_g_co2_per_kwh": "--grid-g-co2-per-kwh"}
+
+
 def plan_request(**fields) -> PlanServeRequest:
-    return validated(PlanServeRequest, fields)
+    return validated(PlanServeRequest, fields, PLAN_SERVE_FLAGS)
