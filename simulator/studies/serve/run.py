@@ -77,9 +77,11 @@ def kv_capacity(sc: Scenario, block_size: int, max_batched_tokens: int, utilizat
                + (f", less the {max_batched_tokens} x (N + {max_batched_tokens}) attention mask" if mask else ""))
     blocks = int(tokens // block_size)
     if blocks < 1:
-        raise AisimError(f"does not fit: {sc.model} on {sc.device.gpu.name} leaves no room for a KV cache "
+        where = (f"{sc.device.gpu.name} (per GPU of tp {sc.plan.tp} x pp {sc.plan.pp})"
+                 if sc.plan.tp * sc.plan.pp > 1 else sc.device.gpu.name)
+        raise AisimError(f"does not fit: {sc.model} on {where} leaves no room for a KV cache "
                          f"({how} = {budget / 1e9:.2f} GB for KV at {per_token / 1e6:.3f} MB per token); use more "
-                         "GPUs (--tp) or a larger GPU")
+                         "GPUs (--tp), a smaller --quant or a larger GPU")
     return KvCapacity(blocks, blocks * block_size, per_token, budget, weights, how)
 
 
