@@ -112,7 +112,7 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
                                            request.gpu_clock_mhz)
     notes = list(dev.assumptions) + [n for n in (catalog.defaults_note(config), plan_note, default_note, cal_note,
                                                  host_note, power_note) if n]
-    notes += _precision_notes(dev, request.dtype, request.quant, plan, config, rt.name)
+    notes += _precision_notes(dev, request.dtype, request.quant, plan, config, rt)
     notes += _runtime_notes(rt, dev, request.dtype)
     if request.kv_dtype == "fp8" and rt.name == "transformers-cb":
         raise AisimError("--kv-dtype fp8 with --runtime transformers-cb: transformers' continuous batching keeps its "
@@ -290,8 +290,8 @@ HF_RUNTIMES = ("eager", "graphs", "transformers-cb", "kernel-sum")    # transfor
 
 
 def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, config: dict,
-                     runtime: str) -> list[str]:
-    out = []
+                     rt: RuntimeSpec) -> list[str]:
+    out, runtime = [], rt.name
     packed = (config.get("quantization_config") or {}).get("quant_method") == "mxfp4"
     if packed:
         out.append("MoE expert weights in MXFP4 as the checkpoint stores them (4.25 bits per weight, whatever "
@@ -308,7 +308,7 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
         from .graph.engine import EXPERT_COUNT_KEYS
 
         moe = any(config.get(k) for k in EXPERT_COUNT_KEYS)
-        fused = "fused_moe" in all_runtimes()[runtime].fusions if runtime in all_runtimes() else False
+        fused = "fused_moe" in rt.fusions
         experts_fp8 = ("" if packed or not moe else "; MoE experts fp8 x fp8 (vLLM's Fp8MoEMethod, use_fp8_w8a8), "
                        "each after its activation's quantization, on the dense fp8 GEMM curve (no fp8 grouped-GEMM "
                        "table is measured)" if fused

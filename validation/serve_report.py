@@ -98,15 +98,23 @@ def compare_runs(pattern: str = "cb-*.jsonl") -> list[dict]:
     return rows
 
 
-def serve_section(rows: list[dict] | None = None) -> list[str]:
-    """Markdown lines for docs/accuracy.md."""
-    rows = compare_runs() if rows is None else rows
-    head = ("| Model | Run | n | " + " | ".join(f"{label} (meas / aisim / err)" for _, label in METRICS) + " |")
-    out = [head, "| :--- | :--- | ---: | " + " | ".join("---:" for _ in METRICS) + " |"]
+def _runs_table(rows: list[dict], with_model: bool = True) -> list[str]:
+    """Markdown table of compare_runs rows: each metric measured / aisim / error, with a model column or not."""
+    model = ("| Model ", "| :--- ") if with_model else ("", "")
+    out = [model[0] + "| Run | n | " + " | ".join(f"{label} (meas / aisim / err)" for _, label in METRICS) + " |",
+           model[1] + "| :--- | ---: | " + " | ".join("---:" for _ in METRICS) + " |"]
     for r in rows:
         run_name = r["mode"] + (f" {r['rate']:g} req/s" if r["rate"] else "")
         cells = [f"{r['measured'][k]:.1f} / {r['estimated'][k]:.1f} / {100 * r['error'][k]:+.1f}%" for k, _ in METRICS]
-        out.append(f"| {r['model']} | {run_name} | {r['requests']} | " + " | ".join(cells) + " |")
+        out.append((f"| {r['model']} " if with_model else "") + f"| {run_name} | {r['requests']} | "
+                   + " | ".join(cells) + " |")
+    return out
+
+
+def serve_section(rows: list[dict] | None = None) -> list[str]:
+    """Markdown lines for docs/accuracy.md."""
+    rows = compare_runs() if rows is None else rows
+    out = _runs_table(rows)
     out += ["", "| Metric | MAPE over the runs | Regression ceiling |", "| :--- | ---: | ---: |"]
     mape = mape_pct(rows)
     for k, label in METRICS:
@@ -149,7 +157,8 @@ def step_mix_rows(pattern: str = "cb-*.jsonl") -> list[dict]:
             loop_s = serving.scheduler_overhead_s + serving.scheduler_overhead_per_seq_s * shape.seqs
             est_ms = (timer.step_time_s(shape) - loop_s) * 1e3
             out.append({"model": model, "mix": r["mix"], "measured_ms": r["total_ms_median"], "estimated_ms": est_ms,
-                        "error": (est_ms - r["total_ms_median"]) / r["total_ms_median"]})
+                        "error": (est_ms - r["total_ms_median"]) / r["total_ms_median"],
+                        "step_ms": r.get("step_ms", [])})
     return out
 
 
@@ -203,16 +212,11 @@ def moe_serve_lines() -> list[str]:
     if not rows:
         return []
     first = rows[0]
-    head = ("| Run | n | " + " | ".join(f"{label} (meas / aisim / err)" for _, label in METRICS) + " |")
     out = [f"An MoE model served the same way, out of sample ({first['source']}: {first['gpu']}, driver "
            f"{first['driver']}, torch {first['torch']}, transformers {first['transformers']}; "
            f"{first['model']}, random bf16 weights, grouped-GEMM experts, the harness's default runs and step "
            "mixes), replayed through `aisim serve --runtime transformers-cb`; not in the scored table.", "",
-           head, "| :--- | ---: | " + " | ".join("---:" for _ in METRICS) + " |"]
-    for r in rows:
-        run_name = r["mode"] + (f" {r['rate']:g} req/s" if r["rate"] else "")
-        cells = [f"{r['measured'][k]:.1f} / {r['estimated'][k]:.1f} / {100 * r['error'][k]:+.1f}%" for k, _ in METRICS]
-        out.append(f"| {run_name} | {r['requests']} | " + " | ".join(cells) + " |")
+           *_runs_table(rows, with_model=False)]
     mape = mape_pct(rows)
     predicted = {k: paired_mape_pct([PREDICTED_MOE[r["mode"], r["rate"]][k] for r in rows],
                                     [r["measured"][k] for r in rows]) for k, _ in METRICS}
@@ -226,15 +230,18 @@ def moe_serve_lines() -> list[str]:
         now = paired_mape_pct([r["estimated_ms"] for r in steps], measured)
         before = paired_mape_pct([PREDICTED_MOE_STEP_MS[r["mix"]] for r in steps], measured)
         ttft = [100 * r["error"][k] for r in rows for k in ("median_ttft_ms", "p90_ttft_ms")]
-        mix = _step_mix_record(MOE_PATTERN, "d32x1024")
+        by_mix = {r["mix"]: r for r in steps}
+        mix = by_mix["d32x1024"]
         fast = [t for t in mix["step_ms"] if t < 1.1 * min(mix["step_ms"])]
         slow = [t for t in mix["step_ms"] if t >= 1.1 * min(mix["step_ms"])]
+        missed = ", ".join(f"{name} {100 * (PREDICTED_MOE_STEP_MS[name] / by_mix[name]['measured_ms'] - 1):+.0f}%"
+                           for name in ("d32x1024", "d64x1024"))
         from aisim.specs import load_calibration
 
         copy = load_calibration("h100-sxm").view_copy_efficiency
         out[-1] += (f" Its isolated steps (same mixes as above): MAPE {before:.1f}% predicted over {len(steps)} "
                     f"mixes, {now:.1f}% now. The prediction missed the steps that read 32k-64k cached keys "
-                    "(d32x1024 -38%, d64x1024 -29%): with as many KV heads as query heads, sdpa_paged.py's repeat_kv "
+                    f"({missed}): with as many KV heads as query heads, sdpa_paged.py's repeat_kv "
                     "returns the transposed view of the keys and values it read, and key.contiguous() / "
                     "value.contiguous() copy it (lines 12-13, 56-58), where a GQA model copies in repeat_kv's "
                     "reshape instead; the timer counted the copy only for GQA. A kernel profile of the engine's "
@@ -247,21 +254,11 @@ def moe_serve_lines() -> list[str]:
                     "strided-operand curve that GQA's expanded copies match. The profiled step took 38.5 ms with "
                     f"its batch preparation; the step mix's {len(mix['step_ms'])} samples of it were two-speed "
                     f"({_span_ms(fast)} ms for the first {len(fast)}, {_span_ms(slow)} ms after, the host's "
-                    f"preparation slowing with them), median {mix['total_ms_median']:.1f} ms with the preparation; "
-                    f"aisim {next(r['estimated_ms'] for r in steps if r['mix'] == 'd32x1024'):.1f}. Still short: "
+                    f"preparation slowing with them), median {mix['measured_ms']:.1f} ms with the preparation; "
+                    f"aisim {mix['estimated_ms']:.1f}. Still short: "
                     f"TTFT ({min(ttft):+.0f} to {max(ttft):+.0f}% over the runs) and the 4 req/s run's TPOT, the "
                     "Qwen2.5-1.5B runs' pattern above.")
     return out
-
-
-def _step_mix_record(pattern: str, mix: str) -> dict:
-    """The first step_mix record named ``mix`` in the files matching ``pattern``."""
-    for path in sorted(DATA.glob(pattern)):
-        for line in path.read_text().splitlines():
-            r = json.loads(line) if line.strip() else {}
-            if r.get("type") == "step_mix" and r.get("mix") == mix and r.get("status") == "ok":
-                return r
-    raise KeyError(f"no step_mix record {mix!r} in {pattern}")
 
 
 def _span_ms(values: list[float]) -> str:

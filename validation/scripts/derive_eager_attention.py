@@ -155,21 +155,21 @@ def main(argv=None) -> int:
         if not default.is_file():
             raise SystemExit(f"no committed eager_attention run for {args.gpu}: give the harness file(s) to read")
         args.data = [str(default)]
-    rates, sources = [], []
+    rates, sources, loaded = [], [], {}
     for i, name in enumerate(args.data):
-        header, rows = load(Path(name))
+        header, rows = loaded[name] = load(Path(name))
         gpu = resolve_gpu(header.get("gpu_name", "")) if i else resolve_gpu(args.gpu)
         rate, n = strided_rate(rows, gpu)
         rates.append(rate)
         sources.append(_source(Path(name), header))
         print(f"{name}: {header.get('gpu_name')}: strided cat {rate:.4f} output elements per SM-cycle "
               f"({n} rows of >= 64 MiB)")
-    header, rows = load(Path(args.data[0]))
+    header, rows = loaded[args.data[0]]
     gpu = resolve_gpu(args.gpu)
     # the view-copy rate from the first file that has crop_contiguous rows (all of --gpu's GPU)
     view_copy, view_source = None, None
     for name in args.data:
-        found = view_copy_efficiency(load(Path(name))[1], gpu)
+        found = view_copy_efficiency(loaded[name][1], gpu)
         if found is not None:
             view_copy, view_source = found, name
             print(f"{name}: copy out of a cropped cache view (crop_contiguous): {view_copy:.3f} of datasheet "
