@@ -171,13 +171,22 @@ def grouped_gemm_efficiency(cal: CalibrationSpec, dtype: str, m: int, n: int, k:
     return transferred_memory_efficiency(cal, value, nbytes, gpu, 2.0 * m * n * k, dtype) if memory_bound else value
 
 
+# ATen ops -> the memory benchmark's kernel family whose curve prices them where the calibration has it
+# (memory_op_efficiency). Only the copies: on the calibrations' own suites the other families' curves (a + b, the
+# activations, softmax, the norms, measured at (rows, 4096)) priced the models' elementwise ops worse than the median
+# curve (python -m aisim.validation.scripts.derive_transfer_rules says how each family's rate moves between GPUs)
+MEMORY_OP_FAMILY = {"aten.cat": "copy", "aten.clone": "copy", "aten.copy_": "copy", "aten._to_copy": "copy"}
+
+
 def memory_efficiency(cal: CalibrationSpec, nbytes: float, gpu: HardwareSpec | None = None,
-                      transposed: bool = False, broadcast: bool = False) -> float:
-    """The memory-bound curve (``transposed``: the strided-operand one where the calibration has it,
+                      transposed: bool = False, broadcast: bool = False, family: str | None = None) -> float:
+    """The memory-bound curve (``family``: that kernel family's own curve where the calibration has it,
+    ``memory_op_efficiency``; ``transposed``: the strided-operand one where the calibration has it,
     ``transposed_efficiency``; ``broadcast``: the innermost-broadcast one where it has it, never above the contiguous
     curve, which holds the launch-bound small sizes the broadcast curve was not measured at)."""
     x = _log_x(nbytes, size_scale(cal, gpu, "bytes"))
-    contiguous = curve_value(cal.memory_efficiency, x)
+    own = cal.memory_op_efficiency.get(family) if family else None
+    contiguous = curve_value(own if own is not None else cal.memory_efficiency, x)
     if transposed and cal.transposed_memory_efficiency is not None:
         return min(transposed_efficiency(cal, nbytes, gpu), contiguous)
     if broadcast and not transposed and cal.broadcast_memory_efficiency is not None:

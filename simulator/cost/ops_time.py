@@ -148,7 +148,7 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
                  if op.name.startswith("optimizer.") and op.inputs else None)
         inner = innermost_broadcast(op)
         eff = multi if multi is not None else efficiency.memory_efficiency(
-            cal, cost.bytes, gpu, bool(op.attrs.get("transposed")), inner)
+            cal, cost.bytes, gpu, bool(op.attrs.get("transposed")), inner, efficiency.MEMORY_OP_FAMILY.get(op.name))
         if multi is None and aten_kernels and not inner and outer_broadcast(op):
             fraction = efficiency.broadcast_fraction(cal, "outer_broadcast_bandwidth_fraction",
                                                      ELEMENT_BYTES.get(op.outputs[0].dtype, 4), gpu)
