@@ -212,11 +212,12 @@ class CalibrationSpec(Spec):
     attention_efficiency: dict[str, Curve] = Field(description="per dtype: efficiency vs FLOPs of one attention call")
     memory_efficiency: Curve = Field(description="achieved fraction of memory bandwidth vs bytes moved")
     memory_op_efficiency: dict[str, Curve] = Field(
-        default_factory=dict, description="per kernel family of the memory benchmark (calibrate_bench.py): that "
-        "family's own curve, read by the ATen ops that run the same kernel (efficiency.MEMORY_OP_FAMILY: cat, clone, "
-        "copy_ and _to_copy read 'copy') instead of the median over all the benchmark's kernels "
-        "(memory_efficiency), which on an H200 plateaus at 0.80 of bandwidth where its copies reach 0.89 (the "
-        "norms, softmax and fp16 GELU are SM-bound there); absent: the median curve")
+        default_factory=dict, description="per kernel family measured on its own: that family's curve, read by the "
+        "ATen ops that run the kernel (efficiency.MEMORY_OP_FAMILY: 'cat', PyTorch's vectorized cat of contiguous "
+        "inputs, from validation/harness/eager_attention.py via derive_eager_attention --write) instead of the "
+        "median over calibrate's elementwise kernels (memory_efficiency), whose plateau is 0.89 / 0.80 of bandwidth "
+        "on H100 / H200 where the cat's is 0.85 / 0.82; read on another GPU as the median curve is (a fraction of "
+        "bandwidth at equal roofline time); absent: the median curve")
     transposed_memory_efficiency: Curve | None = Field(
         None, description="the same for elementwise ops with an operand whose innermost dim is strided (a "
                           "transpose: uncoalesced reads); absent: the memory curve is used")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import statistics
 
-from ..cost.efficiency import MEMORY_OP_FAMILY
 from ..errors import AisimError
 from ..formulas import FLASH_BACKWARD_FLOPS_RATIO
 from ..formulas import attention_flops as _formula_attention_flops
@@ -317,10 +316,10 @@ def fit_calibration(raw: dict, defaults: CalibrationSpec | None = None) -> Calib
     recs, peaks, notes = raw["records"], raw["peaks"], []
     gemm_curves, tables, n = fit_gemm(recs, peaks, raw["grid"]["gemm"])
     attn, n2 = fit_attention(recs, peaks)
-    memory, per_op, n3 = fit_memory(recs, peaks["memory_bw_bytes_per_s"])
+    memory, _, n3 = fit_memory(recs, peaks["memory_bw_bytes_per_s"])
     transposed, n5 = fit_transposed(recs, peaks["memory_bw_bytes_per_s"])
     notes += n + n2 + n3 + n5
-    fields = {"memory_op_efficiency": {f: c for f, c in per_op.items() if f in set(MEMORY_OP_FAMILY.values())}}
+    fields = {}
     stream = fit_stream_fraction(recs, peaks["memory_bw_bytes_per_s"])
     if stream is not None:
         fields["stream_bandwidth_fraction"] = stream

@@ -31,7 +31,9 @@ METRICS = (("output_throughput", "output tok/s"), ("median_ttft_ms", "median TTF
 # validation/accuracy.py CEILINGS; tests/test_serve_cli.py fails a change that worsens one. Lower one when accuracy
 # improves; raise one only with the reason in the commit message.
 GOALS_PCT = {"output_throughput": 10.0, "median_tpot_ms": 10.0, "median_ttft_ms": 25.0}   # the serving issue
-CEILINGS_PCT = {"output_throughput": 5.8, "median_ttft_ms": 16.1, "p90_ttft_ms": 16.4, "median_tpot_ms": 6.5,
+# median TTFT 16.1 -> 16.7 on 2026-11-27 (15.9 -> 16.2%): a cat reads its own measured curve
+# (memory_op_efficiency), slower than the median curve at the prefill's mid sizes on the H100
+CEILINGS_PCT = {"output_throughput": 5.8, "median_ttft_ms": 16.7, "p90_ttft_ms": 16.4, "median_tpot_ms": 6.5,
                 "p90_tpot_ms": 7.2}
 
 

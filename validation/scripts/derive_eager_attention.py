@@ -23,8 +23,14 @@ eager-attention-h100.jsonl, -h200).
 
 Without --write it prints the values and the check: the bmm rows (16-bit, memory-bound: decode and small
 prefills) predicted the old way (a GEMM table read at (batch x M) x N x K) and the new (the skinny-GEMM curve), and
-the cat rows predicted on the contiguous memory curve alone (old) and with the strided rate (new), against the
-measured times (a CUDA-graph replay: the graph replay credit is taken off each prediction).
+the cat rows predicted on the contiguous memory curve alone (old) and with the strided rate or, contiguous, the
+cat curve (new), against the measured times (a CUDA-graph replay: the graph replay credit is taken off each
+prediction).
+
+- ``memory_op_efficiency['cat']`` (cat_curve): the contiguous cats' own curve (a KV-cache cat of DynamicCache);
+  PyTorch's cat kernel plateaus at 0.85 (H100) and 0.82 (H200) of bandwidth, where a clone reaches 0.90 and 0.89
+  and the median of all elementwise kernels (memory_efficiency) 0.89 and 0.80. The cat rows' "new" check column is this curve on the
+  rows it was taken from (a consistency check, not out of sample).
 """
 from __future__ import annotations
 
@@ -86,8 +92,9 @@ def check(rows: list[dict], gpu, cal, rate: float) -> dict[str, tuple[float, flo
                 continue           # crop_contiguous: the harnesses' rewind copy (validation/rewind.py)
             roof = r["bytes"] / bw
             old = roof / efficiency.memory_efficiency(cal, r["bytes"], gpu)
-            contiguous = r["op"] == "cat_contig" or (r["op"] == "cat_strided_batch" and r["batch"] == 1)
-            new = old if contiguous else max(old, efficiency.strided_cat_s(cal, gpu, cat_elements(r)))
+            contiguous = contiguous_cat(r)
+            new = (roof / efficiency.memory_efficiency(cal, r["bytes"], gpu, family=efficiency.MEMORY_OP_FAMILY[
+                "aten.cat"]) if contiguous else max(old, efficiency.strided_cat_s(cal, gpu, cat_elements(r))))
             group = "cat, contiguous inputs" if contiguous else "cat, a strided input"
         else:
             if r["dtype"] not in ("fp16", "bf16"):
@@ -115,6 +122,36 @@ def view_copy_efficiency(rows: list[dict], gpu) -> float | None:
 
     fit = crop_copy_fit(rows)
     return None if fit is None else fit[1] / gpu.memory_bw_bytes_per_s
+
+
+def cat_curve(rows: list[dict], gpu, cal):
+    """The contiguous cats' curve (``memory_op_efficiency['cat']``): per size group (0.1 decade of bytes moved) the
+    median bytes / bandwidth / (graph-replay time + the calibration's graph replay credit), the eager
+    back-to-back time the memory curves are measured as; below the smallest measured size, the calibration's memory
+    curve (tiny cats are launch-bound); None without contiguous cat rows."""
+    import math
+
+    from aisim.cost import efficiency
+    from aisim.specs import Curve
+
+    credit, bw = efficiency.graph_replay_credit_s(cal, gpu), gpu.memory_bw_bytes_per_s
+    groups: dict[float, list[tuple[float, float]]] = {}
+    for r in rows:
+        if r.get("section") == "cat" and contiguous_cat(r):
+            x = math.log10(r["bytes"])
+            groups.setdefault(round(x, 1), []).append((x, r["bytes"] / bw / (r["median_ms"] * 1e-3 + credit)))
+    if not groups:
+        return None
+    xs = [round(statistics.median(p[0] for p in groups[k]), 4) for k in sorted(groups)]
+    effs = [round(statistics.median(p[1] for p in groups[k]), 4) for k in sorted(groups)]
+    median = cal.memory_efficiency
+    below = [(x, e) for x, e in zip(median.x, median.efficiency) if x < xs[0] - 0.05]
+    return Curve(x=[x for x, _ in below] + xs, efficiency=[e for _, e in below] + effs)
+
+
+def contiguous_cat(r: dict) -> bool:
+    """A cat row whose inputs are all contiguous (PyTorch's vectorized cat kernel)."""
+    return r["op"] == "cat_contig" or (r["op"] == "cat_strided_batch" and r["batch"] == 1)
 
 
 def write_lines(path: Path, lines: dict[str, str], note: str) -> None:
@@ -194,6 +231,14 @@ def main(argv=None) -> int:
                         f"# view_copy_efficiency: python -m aisim.validation.scripts.derive_eager_attention "
                         f"{' '.join(Path(n).name for n in args.data)} --gpu {args.gpu} --write (the crop_contiguous "
                         f"rows of {source})")
+        curve = cat_curve(rows, gpu, load_calibration(args.gpu))
+        if curve is not None:
+            write_lines(CAL_DIR / f"{args.gpu}.yaml", {"memory_op_efficiency": "memory_op_efficiency: {cat: {x: "
+                                                       f"{curve.x}, efficiency: {curve.efficiency}}}}}"},
+                        f"# memory_op_efficiency: python -m aisim.validation.scripts.derive_eager_attention "
+                        f"{Path(args.data[0]).name} --gpu {args.gpu} --write (cat: the contiguous cats of "
+                        f"{sources[0]}, CUDA-graph replays plus the calibration's graph replay credit; below their "
+                        "smallest size the memory curve)")
         print(f"wrote {args.gpu}.yaml")
     if args.write_default:
         mean = statistics.mean(rates)

@@ -183,42 +183,13 @@ def family_rate_ratios() -> dict[str, float]:
             for family in sorted(set(curves[DEVICES[0]]) & set(curves[DEVICES[1]]))}
 
 
-def _flow_curves(curves: dict) -> str:
-    return "{" + ", ".join(f"{name}: {{x: {list(c.x)}, efficiency: {list(c.efficiency)}}}"
-                           for name, c in sorted(curves.items())) + "}"
-
-
-def write_family_curves() -> None:
-    """Each calibration file's ``memory_op_efficiency``: the curves of the families aisim reads
-    (efficiency.MEMORY_OP_FAMILY)."""
-    from aisim.cost.efficiency import MEMORY_OP_FAMILY
-
-    from .derive_eager_attention import write_lines
-
-    read = set(MEMORY_OP_FAMILY.values())
-    shown = ", ".join(f"{f} {r:.2f}" for f, r in family_rate_ratios().items())
-    for device in DEVICES:
-        curves = {f: c for f, c in family_curves(device).items() if f in read}
-        note = ("# memory_op_efficiency: python -m aisim.validation.scripts.derive_transfer_rules --write (the "
-                f"{', '.join(sorted(curves))} benchmark's own curve from {device}.raw.json, calibrate_fit.fit_memory; "
-                f"H200 / H100 rate at the largest size per family: {shown}; bandwidth ratio "
-                f"{_bandwidth(DEVICES[1]) / _bandwidth(DEVICES[0]):.2f}: a copy is read on another GPU as a fraction of "
-                "bandwidth, as the median curve is)")
-        write_lines(CAL_DIR / f"{device}.yaml", {"memory_op_efficiency": "memory_op_efficiency: "
-                                                 + _flow_curves(curves)}, note)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write", action="store_true", help="write memory_op_efficiency into both calibration "
-                        "files")
-    args = parser.parse_args(argv)
+    parser.parse_args(argv)
     try:
         ratios = family_rate_ratios()
         print("memory benchmark families, H200 / H100 rate at the largest size:",
               {f: round(r, 2) for f, r in ratios.items()})
-        if args.write:
-            write_family_curves()
         own = {device: stream_fraction(device) for device in DEVICES}
         print("stream_bandwidth_fraction:", own, "default.yaml (median):", round(statistics.median(own.values()), 3))
         for source, target in (DEVICES, DEVICES[::-1]):
