@@ -332,3 +332,53 @@ def test_aggregated_scheduler_matches_brute_force_vllm_schedule(seed):
     for rid, ref in enumerate(ref_tokens):
         assert times[owner == rid].tolist() == pytest.approx(ref, rel=1e-12)
     assert summarize(run_, [99])[0].num_preemptions > 0
+
+
+def test_sliding_window_layers_hold_at_most_the_window():
+    # one full-attention and one sliding layer, blocks of 4 tokens, the sliding layer keeps 2 blocks per request:
+    # a request of 40 + 1 tokens holds 10 + 2 pool blocks (one block = 4 tokens of one layer), not 10 + 10
+    engine = EngineConfig(num_kv_blocks=12, block_size=4, max_num_seqs=4, max_num_batched_tokens=64,
+                          full_groups=1, sliding_groups=1, sliding_window_blocks=2)
+    assert engine.units(10) == 12 and engine.units(1) == 2 and engine.units(2) == 4
+    result, _ = run(workload([0.0], [40], [1]), H100_7B, engine)
+    assert result.completed == 1 and result.kv_cache_peak_utilization == pytest.approx(1.0)
+    result, _ = run(workload([0.0], [41], [1]), H100_7B, engine)
+    assert result.failed_reasons == {"kv_capacity": 1}
+    # the same pool as one group of both layers (no window): 6 blocks of 4 tokens, the 40-token request is rejected
+    full = EngineConfig(num_kv_blocks=6, block_size=4, max_num_seqs=4, max_num_batched_tokens=64)
+    assert run(workload([0.0], [40], [1]), H100_7B, full)[0].failed_reasons == {"kv_capacity": 1}
+
+
+def test_sliding_window_pool_runs_more_requests_at_once_and_every_one_completes():
+    # 8 requests of 2000 + 300 tokens on a pool of 2 x 4000 tokens: with every layer full, about 3 fit at once and
+    # the rest wait or are preempted; with one of two layers windowed at 256 tokens, all 8 run together
+    common = dict(block_size=16, max_num_seqs=64, max_num_batched_tokens=4096)
+    full = EngineConfig(num_kv_blocks=250, **common)
+    windowed = EngineConfig(num_kv_blocks=500, full_groups=1, sliding_groups=1, sliding_window_blocks=17, **common)
+    wl = workload(np.zeros(8), np.full(8, 2000), np.full(8, 300))
+    (r_full, _), (r_win, t_win) = run(wl, H100_7B, full), run(wl, H100_7B, windowed)
+    assert r_full.completed == r_win.completed == 8 and (t_win.tokens_emitted == t_win.output_tokens).all()
+    assert r_win.mean_running_batch_size > 1.5 * r_full.mean_running_batch_size
+    assert r_win.num_preemptions == 0 and r_win.kv_cache_peak_utilization <= 1.0
+
+
+def test_sliding_layout_of_shipped_windowed_models():
+    """vLLM: cdiv(window - 1, block_size) + 1 blocks per sliding layer and request; transformers CB:
+    ceil(window / block_size); a model without windows is one group; Qwen2's use_sliding_window false is none."""
+    from aisim.scenario import scenario
+    from aisim.studies.serve.run import sliding_layout
+
+    assert sliding_layout(scenario("gpt-oss-20b", "h100", runtime="vllm"), 24, 16) == (12, 12, 9)
+    assert sliding_layout(scenario("gpt-oss-20b", "h100", runtime="transformers-cb"), 24, 16) == (12, 12, 8)
+    assert sliding_layout(scenario("Mistral-7B-v0.1", "h100", runtime="vllm"), 32, 16) == (0, 32, 257)
+    assert sliding_layout(scenario("Meta-Llama-3-8B", "h100", runtime="vllm"), 32, 16) == (1, 0, 0)
+    assert sliding_layout(scenario("Qwen2.5-7B", "h100", runtime="vllm"), 28, 16) == (1, 0, 0)
+
+
+def test_windowed_layers_attend_over_at_most_the_window():
+    from aisim.studies.serve.timer import windowed
+
+    shape = BatchShape(prefill_tokens=512, prefill_attn_pairs=512 * 3000.0, prefill_seqs=1, decode_seqs=10,
+                       decode_ctx_tokens=10 * 5000.0, prefill_ctx_tokens=3000.0)
+    assert windowed(shape, 1024) == BatchShape(512, 512 * 1024.0, 1, 10, 10 * 1024.0, 1024.0 + 512)
+    assert windowed(shape, 100_000) == shape

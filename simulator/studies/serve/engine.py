@@ -65,6 +65,11 @@ class EngineConfig(BaseModel):
     preemption_mode: Literal["recompute", "swap"] = "recompute"
     swap_bandwidth_bytes_per_s: float = Field(25e9, gt=0, le=1e13, description="host<->device copy bandwidth")
     kv_bytes_per_token: float = Field(0.0, ge=0, le=1e10, description="KV bytes of one token, all layers")
+    full_groups: int = Field(1, ge=0, le=100_000, description="KV groups of full-attention layers; one block of the "
+                             "pool is block_size tokens of one group (1 and no sliding groups: all layers)")
+    sliding_groups: int = Field(0, ge=0, le=100_000, description="KV groups of sliding-window layers")
+    sliding_window_blocks: int = Field(0, ge=0, le=1_000_000_000, description="blocks a sliding-window group "
+                                       "holds per request at most (vLLM: cdiv(window - 1, block_size) + 1)")
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     scheduler_overhead_s: float = Field(0.0, ge=0, le=10.0, description="CPU time per step, added to each step")
 
@@ -77,7 +82,17 @@ class EngineConfig(BaseModel):
                              f"({self.max_num_seqs}), as vLLM requires; raise it or lower max_num_seqs")
         if self.preemption_mode == "swap" and self.kv_bytes_per_token <= 0:
             raise AisimError("preemption_mode 'swap' needs kv_bytes_per_token > 0 to cost the copies")
+        if self.full_groups + self.sliding_groups < 1 or (self.sliding_groups and self.sliding_window_blocks < 1):
+            raise AisimError("a KV pool needs at least one layer group, and sliding-window groups a window of at "
+                             "least one block")
         return self
+
+    def units(self, blocks: int) -> int:
+        """Pool blocks held by a request whose full-attention groups hold ``blocks`` token blocks: the sliding
+        groups hold at most sliding_window_blocks each (vllm/v1/core/single_type_kv_cache_manager.py
+        SlidingWindowManager.remove_skipped_blocks frees the blocks wholly before the window; transformers'
+        SlidingAttentionCacheAllocator caps a request at ceil(window / block_size) blocks)."""
+        return self.full_groups * blocks + self.sliding_groups * min(blocks, self.sliding_window_blocks)
 
 
 class RequestState:
@@ -130,7 +145,7 @@ class ReplicaScheduler:
     def reject_reason(self, r: RequestState) -> str | None:
         """Why a request can never run on this replica, or None. Its KV peaks at input + output - 1 tokens."""
         cfg = self.cfg
-        blocks = _cdiv(r.input_tokens + r.output_tokens - 1, self.bs)
+        blocks = cfg.units(_cdiv(r.input_tokens + r.output_tokens - 1, self.bs))
         if blocks > cfg.num_kv_blocks:
             return "kv_capacity"
         if cfg.max_model_len is not None and r.input_tokens + r.output_tokens > cfg.max_model_len:
@@ -217,18 +232,20 @@ class ReplicaScheduler:
             _, adm, r = heappop(heap)
             if r.adm == adm and r.state == DECODE:
                 needers.append(r)  # popped in (step, admission) order: admission order
-        if len(needers) <= self.free_blocks:
-            self.free_blocks -= len(needers)
+        units = self.cfg.units
+        grows = [units(r.blocks + 1) - units(r.blocks) for r in needers]
+        if sum(grows) <= self.free_blocks:
+            self.free_blocks -= sum(grows)
             for r in needers:
                 self._grant_decode_block(r)
             return
-        for r in needers:
+        for r, grow in zip(needers, grows):
             if r.state != DECODE:
                 continue  # preempted as a victim of an earlier request
-            while self.free_blocks == 0:
+            while self.free_blocks < grow:
                 if self._preempt_tail(k) is r:
                     return  # it preempted itself: vLLM ends the running pass
-            self.free_blocks -= 1
+            self.free_blocks -= grow
             self._grant_decode_block(r)
 
     def _grant_decode_block(self, r: RequestState) -> None:
@@ -245,7 +262,8 @@ class ReplicaScheduler:
             if r.state != PREFILL:
                 continue
             chunk = self._chunk(r, budget)
-            need = _cdiv(r.computed + chunk, self.bs) - r.blocks
+            blocks = _cdiv(r.computed + chunk, self.bs)
+            need = self.cfg.units(blocks) - self.cfg.units(r.blocks)
             preempted_self = False
             while need > self.free_blocks:
                 if self._preempt_tail(k) is r:
@@ -253,7 +271,7 @@ class ReplicaScheduler:
                     break
             if preempted_self:
                 break
-            r.blocks += need
+            r.blocks = blocks
             self.free_blocks -= need
             self.chunks.append((r, chunk))
             budget -= chunk
@@ -271,12 +289,13 @@ class ReplicaScheduler:
         """Swap requests back in, oldest first, while budget, max_num_seqs and free blocks allow."""
         while self.swapped and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             r = self.swapped[0]
-            need = _cdiv(r.input_tokens + r.generated, self.bs)  # its KV plus the slot of this step's token
+            blocks = _cdiv(r.input_tokens + r.generated, self.bs)  # its KV plus the slot of this step's token
+            need = self.cfg.units(blocks)
             if need > self.free_blocks:
                 break
             self.swapped.popleft()
-            self.swap_bytes += r.swapped_blocks * self.bs * self.cfg.kv_bytes_per_token
-            r.blocks, r.swapped_blocks = need, 0
+            self.swap_bytes += self._block_bytes(r.swapped_blocks)
+            r.blocks, r.swapped_blocks = blocks, 0
             self.free_blocks -= need
             self._admit(r)
             r.segments.append(k)
@@ -293,11 +312,12 @@ class ReplicaScheduler:
             if not cfg.enable_chunked_prefill and budget < wanted <= cfg.max_num_batched_tokens:
                 break
             chunk = min(wanted, budget)
-            need = _cdiv(chunk, self.bs)
+            blocks = _cdiv(chunk, self.bs)
+            need = self.cfg.units(blocks)
             if need > self.free_blocks:
                 break
             self.waiting.popleft()
-            r.blocks = need
+            r.blocks = blocks
             self.free_blocks -= need
             r.state = PREFILL
             self._admit(r)
@@ -334,8 +354,13 @@ class ReplicaScheduler:
     def _finish(self, r: RequestState, t_end_s: float) -> None:
         r.state, r.finish_s = DONE, t_end_s
         del self.running[r.rid]
-        self.free_blocks += r.blocks
+        self.free_blocks += self.cfg.units(r.blocks)
         r.blocks = 0
+
+    def _block_bytes(self, blocks: int) -> float:
+        """Bytes of the KV a request holds with ``blocks`` token blocks (what a swap copies)."""
+        cfg = self.cfg
+        return cfg.units(blocks) * self.bs * cfg.kv_bytes_per_token / (cfg.full_groups + cfg.sliding_groups)
 
     def _preempt_tail(self, k: int) -> RequestState:
         """Preempt the most recently admitted running request at step k (vLLM FCFS: `self.running.pop()`)."""
@@ -345,12 +370,12 @@ class ReplicaScheduler:
             self._leave_decode(victim, k - 1)
         else:
             self.prefilling.remove(victim)
-        self.free_blocks += victim.blocks
+        self.free_blocks += self.cfg.units(victim.blocks)
         victim.preemptions += 1
         self.num_preemptions += 1
         self.preempted = True
         if was_decoding and self.cfg.preemption_mode == "swap":
-            self.swap_bytes += victim.blocks * self.bs * self.cfg.kv_bytes_per_token
+            self.swap_bytes += self._block_bytes(victim.blocks)
             victim.swapped_blocks, victim.blocks, victim.state = victim.blocks, 0, SWAPPED
             self.swapped.append(victim)
         else:

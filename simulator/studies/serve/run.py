@@ -46,12 +46,39 @@ FAILURE_HINTS = {
 
 @dataclass(frozen=True)
 class KvCapacity:
-    blocks: int
-    tokens: int
+    blocks: int                # pool blocks: block_size tokens of one layer group
+    tokens: int                # tokens the pool holds in every layer (a full-attention model's capacity)
     bytes_per_token: float
     budget_bytes: float
     weights_bytes: float
     how: str
+    full_groups: int = 1       # layer groups of full attention (1 and no sliding: one group of all layers)
+    sliding_groups: int = 0
+    sliding_window_blocks: int = 0
+
+
+def sliding_layout(sc: Scenario, layers: int, block_size: int) -> tuple[int, int, int]:
+    """(full-attention layers, sliding-window layers, blocks a sliding layer holds per request) of a model with
+    windowed layers (graph.engine.sliding_windows: Mistral's sliding_window, gpt-oss's and Gemma's layer_types,
+    Llama 4's attention_chunk_size), else (1, 0, 0): one group of all layers. Both engines keep a sliding layer's
+    cache at the window: vLLM's hybrid KV cache manager (on unless --disable-hybrid-kv-cache-manager,
+    vllm/config/scheduler.py SchedulerConfig.disable_hybrid_kv_cache_manager = False) frees the blocks wholly
+    before the window (vllm/v1/core/single_type_kv_cache_manager.py SlidingWindowManager.remove_skipped_blocks:
+    blocks before (computed - window + 1) // block_size), so a request holds cdiv(window - 1, block_size) + 1;
+    transformers' paged cache gives a sliding-attention group ceil(window / block_size) blocks per request
+    (generation/continuous_batching/cache_manager.py SlidingAttentionCacheAllocator._max_blocks_per_request).
+    Known difference: vLLM groups layers into KV groups of equal size (padding the smaller type); here each
+    layer is its own group."""
+    from ...graph.engine import sliding_windows, windowed_fraction
+
+    windows = sliding_windows(sc.config)
+    if not windows:
+        return 1, 0, 0
+    sliding = round(windowed_fraction(sc.config) * layers)
+    window = windows["window"]
+    per_request = (-(-window // block_size) if sc.runtime.name == "transformers-cb"
+                   else -(-(window - 1) // block_size) + 1)
+    return layers - sliding, sliding, per_request
 
 
 def kv_capacity(sc: Scenario, block_size: int, max_batched_tokens: int, utilization: float) -> KvCapacity:
@@ -76,12 +103,16 @@ def kv_capacity(sc: Scenario, block_size: int, max_batched_tokens: int, utilizat
         how = (f"{utilization:g} x ({total / 1e9:.1f} GB - weights {weights / 1e9:.2f} GB)"
                + (f", less the {max_batched_tokens} x (N + {max_batched_tokens}) attention mask" if mask else ""))
     blocks = int(tokens // block_size)
+    full, sliding, window_blocks = sliding_layout(sc, dims.layers, block_size)
     if blocks < 1:
         where = (f"{sc.device.gpu.name} (per GPU of tp {sc.plan.tp} x pp {sc.plan.pp})"
                  if sc.plan.tp * sc.plan.pp > 1 else sc.device.gpu.name)
         raise AisimError(f"does not fit: {sc.model} on {where} leaves no room for a KV cache "
                          f"({how} = {budget / 1e9:.2f} GB for KV at {per_token / 1e6:.3f} MB per token); use more "
                          "GPUs (--tp), a smaller --quant or a larger GPU")
+    if sliding:   # one pool block = block_size tokens of one layer
+        return KvCapacity(int(tokens * dims.layers // block_size), blocks * block_size, per_token, budget, weights,
+                          how, full, sliding, window_blocks)
     return KvCapacity(blocks, blocks * block_size, per_token, budget, weights, how)
 
 
@@ -101,7 +132,8 @@ def engine_config(sc: Scenario, knobs: dict[str, Any]) -> tuple[EngineConfig, Kv
         "num_kv_blocks": cap.blocks, "block_size": values["block_size"], "max_num_seqs": values["max_num_seqs"],
         "max_num_batched_tokens": values["max_num_batched_tokens"],
         "enable_chunked_prefill": values["enable_chunked_prefill"], "preemption_mode": values["preemption_mode"],
-        "kv_bytes_per_token": cap.bytes_per_token,
+        "kv_bytes_per_token": cap.bytes_per_token, "full_groups": cap.full_groups,
+        "sliding_groups": cap.sliding_groups, "sliding_window_blocks": cap.sliding_window_blocks,
         "max_model_len": _max_model_len(sc)}, ENGINE_FLAGS)
     return cfg, cap
 
@@ -123,7 +155,8 @@ def failure_summary(run: ServeRun, cfg: EngineConfig) -> str | None:
     reasons = run.result.failed_reasons
     if not reasons:
         return None
-    fill = {"max_model_len": cfg.max_model_len, "kv_tokens": cfg.num_kv_blocks * cfg.block_size,
+    fill = {"max_model_len": cfg.max_model_len,
+            "kv_tokens": cfg.num_kv_blocks // (cfg.full_groups + cfg.sliding_groups) * cfg.block_size,
             "max_num_batched_tokens": cfg.max_num_batched_tokens}
     return "; ".join(f"{n} request(s) " + FAILURE_HINTS.get(why, why).format(**fill) for why, n in reasons.items())
 
@@ -142,7 +175,10 @@ def serve(sc: Scenario, request: ServeRequest, knobs: dict[str, Any] | None = No
     notes = list(sc.assumptions) + [
         f"engine {sc.runtime.name}: {cfg.num_kv_blocks} KV blocks of {cfg.block_size} tokens "
         f"({cap.tokens:,} tokens, {cap.bytes_per_token / 1e3:.1f} kB per token per GPU) from {cap.how}; "
-        f"max_num_seqs {cfg.max_num_seqs}, max_num_batched_tokens {cfg.max_num_batched_tokens}, chunked prefill "
+        + (f"{cap.sliding_groups} of {cap.full_groups + cap.sliding_groups} layers are windowed and hold at most "
+           f"{cap.sliding_window_blocks} blocks per request (KV blocks counted per layer); " if cap.sliding_groups
+           else "")
+        + f"max_num_seqs {cfg.max_num_seqs}, max_num_batched_tokens {cfg.max_num_batched_tokens}, chunked prefill "
         f"{'on' if cfg.enable_chunked_prefill else 'off'}, preemption by {cfg.preemption_mode}; {s.source[:160]}...",
         f"step times from aisim's step costs of {sc.model} on {sc.device.name} (aisim.studies.serve.timer: dense "
         f"forward traced at 1..{cfg.max_num_batched_tokens} tokens, {s.attention} attention)"]

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...cost.efficiency import SDPA_QUERY_BLOCK, masked_attention_efficiency
+from ...graph.engine import sliding_windows, windowed_fraction
 from ...scenario import Scenario
 from ...step import step_cost
 from ...units import DTYPE_BYTES
@@ -98,6 +99,16 @@ class ModelDims:
         return self.layers * self.kv_elements * self.kv_element_bytes
 
 
+def windowed(shape: BatchShape, window: int) -> BatchShape:
+    """The batch as a sliding-window layer attends over it: a decoding sequence reads at most ``window`` keys and a
+    prefill query at most ``window`` keys plus its chunk's. Known inaccuracy: the step carries context sums, so the
+    clip is of the sums (exact when every context is on the same side of the window)."""
+    return BatchShape(shape.prefill_tokens, min(shape.prefill_attn_pairs, float(shape.prefill_tokens) * window),
+                      shape.prefill_seqs, shape.decode_seqs, min(shape.decode_ctx_tokens,
+                                                                 float(shape.decode_seqs) * window),
+                      min(shape.prefill_ctx_tokens, float(shape.prefill_seqs) * window + shape.prefill_tokens))
+
+
 def split_kv_block_n(head_dim: int) -> int:
     """Keys per key block of FA3's paged (non-TMA) forward tile (hopper/tile_size.h 27-40, 2-byte elements)."""
     return 128 if head_dim <= 128 else (96 if head_dim <= 192 else 80)
@@ -127,6 +138,9 @@ class StepCostTimer:
         self.grid = np.array(grid, dtype=float)
         self.dense_gpu_s, self.dense_cpu_s, self.power_w = (np.array(col) for col in zip(*rows))
         self._memo: dict = {}
+        windows = sliding_windows(sc.config)
+        # (share of layers windowed, window): their attention reads at most the window's keys
+        self._window = (windowed_fraction(sc.config), windows["window"]) if windows else None
         self._decode_scale, self._graph_credit_s, self._replay_s, self._replay_gap_s = self._kernel_adjustments()
 
     def _kernel_adjustments(self) -> tuple[float, float, float, float]:
@@ -191,9 +205,12 @@ class StepCostTimer:
 
     # ---- attention
     def _attention_s(self, shape: BatchShape) -> float:
-        if self.serving is not None and self.serving.attention == "packed-mask":
-            return self._packed_s(shape)
-        return self._varlen_s(shape)
+        attend = self._packed_s if self.serving is not None and self.serving.attention == "packed-mask" \
+            else self._varlen_s
+        if not self._window:
+            return attend(shape)
+        share, window = self._window
+        return (1 - share) * attend(shape) + share * attend(windowed(shape, window))
 
     def _memory_s(self, nbytes: float, strided: bool = False) -> float:
         """One memory-bound kernel moving nbytes (read + written): the calibration's copy curve, or its
