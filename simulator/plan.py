@@ -6,12 +6,20 @@ from .graph.tp_rules import tp_dims
 from .workload import ParallelPlan
 
 
-def check_tp(config: dict, tp: int, scope: str) -> None:
-    """Raise an AisimError naming the dimension that ``tp`` does not divide."""
+def check_tp(config: dict, tp: int, scope: str, replicate_kv: bool = False) -> int:
+    """Raise an AisimError naming the dimension that ``tp`` does not divide; returns the KV-head replicas (1, or
+    tp / num_key_value_heads where ``replicate_kv`` lets a multiple of the KV heads replicate them, as vLLM)."""
+    replicas = 1
     for name, value in tp_dims(config, scope).items():
         if tp > 1 and value % tp:
-            raise AisimError(f"tensor parallel degree {tp} does not divide {name} = {value}; "
-                             f"choose --tp among the divisors of {value}")
+            if replicate_kv and name == "num_key_value_heads" and tp % value == 0:
+                replicas = tp // value
+                continue
+            hint = (f"choose --tp among the divisors of {value}" if not replicate_kv or name != "num_key_value_heads"
+                    else f"choose --tp among the divisors or the multiples of {value} (the engine replicates KV "
+                         "heads over a multiple)")
+            raise AisimError(f"tensor parallel degree {tp} does not divide {name} = {value}; {hint}")
+    return replicas
 
 
 def _check_degree(value: int | None, flag: str) -> None:
@@ -20,7 +28,7 @@ def _check_degree(value: int | None, flag: str) -> None:
 
 
 def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp: int | None, pp: int,
-                dp: int | None, tp_scope: str) -> tuple[ParallelPlan, str | None]:
+                dp: int | None, tp_scope: str, replicate_kv: bool = False) -> tuple[ParallelPlan, str | None]:
     """The given plan, checked; the rest filled in as Megatron and vLLM do. No --tp: tensor parallel over the
     largest number of the GPUs that the model's dimensions allow, the rest data parallel. --tp without --dp: data
     parallel replicas = GPUs / (tp x pp). Every default is stated in the output."""
@@ -33,8 +41,9 @@ def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp
             raise AisimError(f"--pp {pp} x --dp {given_dp} = {pp * given_dp} does not divide the {gpus} GPUs of "
                              f"{device_name}")
         free = gpus // (pp * given_dp)
-        dims = tp_dims(config, tp_scope).values()
-        tp = max(t for t in _divisors(free) if all(d % t == 0 for d in dims))
+        dims = tp_dims(config, tp_scope)
+        tp = max(t for t in _divisors(free) if all(v % t == 0 or (replicate_kv and k == "num_key_value_heads"
+                                                                  and t % v == 0) for k, v in dims.items()))
         dp = given_dp * (free // tp)
         if gpus > 1:
             note = f"default plan for {device_name}: tensor parallel {tp} x pipeline {pp} x data parallel {dp}"
@@ -53,7 +62,11 @@ def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp
     if dp > 1 and batch is not None and batch % dp:
         raise AisimError(f"{note + ', but d' if note else 'D'}ata parallel {dp} does not divide batch {batch}; give "
                          f"a batch divisible by {dp} or choose --tp/--pp/--dp")
-    check_tp(config, plan.tp, plan.tp_scope)
+    replicas = check_tp(config, plan.tp, plan.tp_scope, replicate_kv)
+    if replicas > 1:
+        plan = plan.model_copy(update={"kv_replicas": replicas})
+        note = ((note + "; " if note else "") + f"each of the {plan.tp} GPUs holds one KV head, each KV head on "
+                f"{replicas} GPUs (the engine replicates KV heads when tp exceeds them)")
     return plan, note
 
 

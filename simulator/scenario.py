@@ -103,7 +103,8 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
         cal = cal.model_copy(update={"allreduce_cpu_s": dev.interconnect.allreduce_cpu_s})
     tp_scope = "full" if rt.vocab_parallel_head and request.tp_scope == "all" else request.tp_scope
     check_ep_experts(config, request.ep)
-    plan, plan_note = choose_plan(config, dev.count, dev.name, batch, request.tp, request.pp, request.dp, tp_scope)
+    plan, plan_note = choose_plan(config, dev.count, dev.name, batch, request.tp, request.pp, request.dp, tp_scope,
+                                  rt.replicate_kv_heads)
     plan = plan.model_copy(update={"ep": check_ep(config, plan, request.ep)})
     if rt.vendors and dev.gpu.vendor not in rt.vendors:
         raise AisimError(f"runtime {rt.name} runs on {', '.join(rt.vendors)} GPUs; {dev.gpu.name} is "

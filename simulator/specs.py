@@ -490,6 +490,10 @@ class RuntimeSpec(Spec):
     vocab_parallel_head: bool = Field(False, description="under tensor parallelism the engine shards the LM head "
                                       "over the vocabulary and gathers the logits (tp scope 'full' where 'all' "
                                       "was asked)")
+    replicate_kv_heads: bool = Field(False, description="under tensor parallelism over more GPUs than the model "
+                                     "has KV heads, each GPU holds one KV head, replicated tp / num_key_value_heads "
+                                     "times (tp must be a multiple of num_key_value_heads); false: tp must divide "
+                                     "num_key_value_heads")
     source: str
 
     def backend_efficiency(self, gpu: "HardwareSpec", dtype: str | None = None) -> BackendEfficiency | None:

@@ -114,6 +114,9 @@ class ParallelPlan(BaseModel):
     tp_scope: TpScope = "all"
     ep: int = Field(1, ge=1, le=100_000, description="expert parallel degree: MoE experts spread over ep of the "
                     "tp x dp GPUs of a stage (vLLM --enable-expert-parallel); 1: experts tensor-parallel")
+    kv_replicas: int = Field(1, ge=1, le=100_000, description="copies of each KV head over the tp GPUs (vLLM's "
+                             "num_kv_head_replicas, tp / num_key_value_heads where tp exceeds it); 1: KV heads "
+                             "sharded")
 
     @property
     def gpus(self) -> int:

@@ -195,3 +195,30 @@ def test_vllm_shards_the_lm_head_over_the_vocabulary():
     assert reduces == {r.name: r.count for r in eager.top_ops}["nccl.all_reduce"] + 1      # the embedding's
     head_bytes = 128256 * 4096 * 2 / 2       # half of the bf16 head, and half of the untied embedding, on each GPU
     assert eager.memory.weights_gb - vllm.memory.weights_gb == pytest.approx(2 * head_bytes / 1e9, rel=0.02)
+
+
+def test_vllm_replicates_kv_heads_when_tp_exceeds_them():
+    """Qwen3-30B-A3B has 4 KV heads: at tp 8 vLLM keeps one KV head per GPU, each on 2 GPUs
+    (QKVParallelLinear num_kv_head_replicas); HF eager sharding cannot, and says which tp it can."""
+    import aisim
+    from aisim.errors import AisimError
+
+    step = dict(workload="decode", batch=8, seq=1024, dtype="bf16", runtime="vllm")
+    tp8 = aisim.estimate("Qwen3-30B-A3B", "h100x8", tp=8, **step)
+    tp4 = aisim.estimate("Qwen3-30B-A3B", "h100x4", tp=4, **step)
+    # one KV head per GPU either way: the same cache per GPU, 48 layers x 8 x 1024 tokens x K and V of 128 bf16
+    assert tp8.memory.kv_cache_gb == pytest.approx(tp4.memory.kv_cache_gb, rel=1e-6)
+    assert tp8.memory.kv_cache_gb == pytest.approx(48 * 8 * 1024 * 2 * 128 * 2 / 1e9, rel=0.02)
+    # from tp 4 to tp 8 the weights halve but for what every GPU keeps whole: the k and v projections (one head
+    # each, 48 x 2 x 2048 x 128), the routers (48 x 128 experts x 2048) and the norms (48 x 2 x 2048 + 2 x 128), bf16
+    whole_gb = (48 * 2 * 2048 * 128 + 48 * 128 * 2048 + 48 * (2 * 2048 + 2 * 128)) * 2 / 1e9
+    assert tp8.memory.weights_gb - tp4.memory.weights_gb / 2 == pytest.approx(whole_gb / 2, rel=0.02)
+    assert any("one KV head" in n for n in tp8.assumptions)
+    with pytest.raises(AisimError, match="divisors of 4"):
+        aisim.estimate("Qwen3-30B-A3B", "h100x8", tp=8, workload="decode", batch=8, seq=1024, dtype="bf16")
+    from aisim.plan import check_tp
+
+    config = {"num_attention_heads": 24, "num_key_value_heads": 8, "hidden_size": 3072, "intermediate_size": 8208}
+    assert check_tp(config, 24, "all", replicate_kv=True) == 3
+    with pytest.raises(AisimError, match="divisors or the multiples of 8"):
+        check_tp(config, 12, "all", replicate_kv=True)

@@ -20,8 +20,14 @@ def is_linear(module) -> bool:
     return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
 
 
-def shard_model(model, tp: int, scope: str, tracer) -> int:
-    """Shard the meta model in place for one rank; returns how many linears were sharded."""
+KV_PROJECTIONS = frozenset({"k_proj", "v_proj"})
+FUSED_QKV = frozenset({"qkv_proj", "query_key_value", "Wqkv", "c_attn"})
+
+
+def shard_model(model, tp: int, scope: str, tracer, kv_replicas: int = 1) -> int:
+    """Shard the meta model in place for one rank; returns how many linears were sharded. ``kv_replicas`` > 1:
+    tp exceeds the KV heads and each rank keeps one KV head (vLLM's QKVParallelLinear: k_proj and v_proj keep
+    out_features x kv_replicas / tp, the attention its query heads / tp over one KV head)."""
     if tp == 1:
         return 0
     column, row = roles(scope)
@@ -32,8 +38,12 @@ def shard_model(model, tp: int, scope: str, tracer) -> int:
             continue
         parent, _, leaf = name.rpartition(".")
         owner = parent.rpartition(".")[2]
+        if kv_replicas > 1 and leaf in FUSED_QKV:
+            raise AisimError(f"KV heads replicated over tp {tp} with a fused QKV projection ({name}) are not "
+                             "modelled; choose --tp among the divisors of num_key_value_heads")
         if leaf in column or (leaf == "lm_head" and scope == "full"):
-            _resize(module, out_features=_features(module, "out") // tp)
+            keep = kv_replicas if leaf in KV_PROJECTIONS else 1
+            _resize(module, out_features=_features(module, "out") * keep // tp)
             if leaf == "lm_head":
                 module.register_forward_hook(_collective_hook(tracer, "all_gather", tp))
                 _vocab_parallel_embedding(model, module, tp, tracer)
@@ -51,7 +61,11 @@ def shard_model(model, tp: int, scope: str, tracer) -> int:
         if heads_sharded and (name in blocks or not any(is_linear(c) for c in module.children())):
             for attr in HEAD_ATTRS:
                 if isinstance(getattr(module, attr, None), int) and not is_linear(module):
-                    setattr(module, attr, getattr(module, attr) // tp)
+                    keep = kv_replicas if attr == "num_key_value_heads" else 1
+                    setattr(module, attr, getattr(module, attr) * keep // tp)
+            groups = getattr(module, "num_key_value_groups", None)   # query heads per KV head (repeat_kv)
+            if kv_replicas > 1 and isinstance(groups, int) and not is_linear(module):
+                module.num_key_value_groups = groups // kv_replicas
         if name in blocks:
             module.register_forward_pre_hook(_backward_allreduce_hook(tracer, tp), with_kwargs=True)
             sinks = getattr(module, "sinks", None)       # per-head attention sinks (gpt-oss): this rank's heads

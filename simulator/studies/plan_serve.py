@@ -164,7 +164,7 @@ def _search_device(req, device, runtime, percentiles, counts, found, notes, prog
             base = ScenarioRequest(model=req.model, device=gpu_device(gpu, tp), dtype=req.dtype, tp=tp,
                                    quant=req.quant, kv_dtype=req.kv_dtype, runtime=runtime)
             sc = resolve_scenario(base, "prefill")
-            check_tp(sc.config, tp, "all")
+            check_tp(sc.config, tp, "all", sc.runtime.replicate_kv_heads)
         except AisimError as exc:
             shape_reason = str(exc)
             continue
