@@ -249,6 +249,9 @@ def serve(
     max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens"),
     block_size: Optional[int] = typer.Option(None, "--block-size"),
     gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization"),
+    num_gpu_blocks_override: Optional[int] = typer.Option(
+        None, "--num-gpu-blocks-override", help="KV blocks per GPU instead of the memory policy's (vLLM's flag; "
+        "transformers CB: ContinuousBatchingConfig.num_blocks)"),
     chunked_prefill: Optional[bool] = typer.Option(None, "--chunked-prefill/--no-chunked-prefill"),
     preemption_mode: Optional[str] = typer.Option(None, "--preemption-mode", help="recompute | swap"),
     percentiles: str = typer.Option("50,90,99", "--metric-percentiles", help="as vLLM's"),
@@ -267,6 +270,7 @@ def serve(
                          replicas=replicas, router=router, percentiles=percentiles, progress=not as_json,
                          knobs={"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
                                 "block_size": block_size, "gpu_memory_utilization": gpu_memory_utilization,
+                                "num_gpu_blocks_override": num_gpu_blocks_override,
                                 "enable_chunked_prefill": chunked_prefill, "preemption_mode": preemption_mode})
 
     _output_path(per_request, "--per-request")

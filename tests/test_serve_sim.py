@@ -382,3 +382,23 @@ def test_windowed_layers_attend_over_at_most_the_window():
                        decode_ctx_tokens=10 * 5000.0, prefill_ctx_tokens=3000.0)
     assert windowed(shape, 1024) == BatchShape(512, 512 * 1024.0, 1, 10, 10 * 1024.0, 1024.0 + 512)
     assert windowed(shape, 100_000) == shape
+
+
+def test_num_gpu_blocks_override_counts_engine_blocks_of_one_layer_group():
+    """--num-gpu-blocks-override sets the engine's blocks; with windowed layers an engine block is one KV group
+    (transformers: layers of one type in groups of the gcd of the type counts), so the hybrid Qwen2 variant's 160
+    blocks hold half the layers' memory of the full model's 160."""
+    from aisim.errors import AisimError
+    from aisim.scenario import scenario
+    from aisim.studies.serve.run import engine_config
+
+    full = scenario("validation/harness/configs/qwen2.5-1.5b.json", "h100", runtime="transformers-cb", dtype="bf16")
+    hybrid = scenario("validation/harness/configs/qwen2.5-1.5b-sw256.json", "h100", runtime="transformers-cb",
+                      dtype="bf16")
+    cfg, cap = engine_config(full, {"num_gpu_blocks_override": 160, "block_size": 256})
+    assert (cfg.num_kv_blocks, cfg.full_groups, cfg.sliding_groups, cap.tokens) == (160, 1, 0, 160 * 256)
+    cfg, cap = engine_config(hybrid, {"num_gpu_blocks_override": 160, "block_size": 256})
+    assert (cfg.num_kv_blocks, cfg.full_groups, cfg.sliding_groups, cfg.sliding_window_blocks) == (160 * 14, 14, 14, 1)
+    assert cap.tokens == 80 * 256
+    with pytest.raises(AisimError, match="--num-gpu-blocks-override"):
+        engine_config(full, {"num_gpu_blocks_override": 0})

@@ -7,7 +7,7 @@ A replica is the scenario's plan (tp x pp GPUs); the device's other GPUs hold mo
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ...errors import AisimError
@@ -18,10 +18,11 @@ from . import EngineConfig, ServeRequest, ServeRun, run_serving, validated
 from .timer import ModelDims, StepCostTimer
 
 ENGINE_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "block_size",
-                "preemption_mode", "gpu_memory_utilization")
+                "preemption_mode", "gpu_memory_utilization", "num_gpu_blocks_override")
 ENGINE_FLAGS = {"max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
                 "enable_chunked_prefill": "--chunked-prefill", "block_size": "--block-size",
-                "preemption_mode": "--preemption-mode", "gpu_memory_utilization": "--gpu-memory-utilization"}
+                "preemption_mode": "--preemption-mode", "gpu_memory_utilization": "--gpu-memory-utilization",
+                "num_gpu_blocks_override": "--num-gpu-blocks-override"}
 
 # --block-size values each engine accepts. vLLM: CacheConfig's BlockSize = Literal[1, 8, 16, 32, 64, 128, 256]
 # (vllm/config/cache.py), and its FlashAttention backend takes multiples of 16 only (vllm/v1/attention/backends/
@@ -116,6 +117,21 @@ def kv_capacity(sc: Scenario, block_size: int, max_batched_tokens: int, utilizat
     return KvCapacity(blocks, blocks * block_size, per_token, budget, weights, how)
 
 
+def blocks_override(cap: KvCapacity, blocks: int, block_size: int) -> KvCapacity:
+    """The capacity with ``blocks`` engine blocks per GPU (vLLM --num-gpu-blocks-override, transformers CB's
+    num_blocks). An engine block holds block_size tokens of one KV group; with windowed layers both engines group
+    layers into groups of one type and equal size (transformers' group_layers_by_attn_type: the gcd of the type
+    counts), so one engine block is that many of the pool's per-layer blocks."""
+    from math import gcd
+
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
+        raise AisimError(f"--num-gpu-blocks-override: give a positive number of KV blocks (got {blocks!r})")
+    group = gcd(cap.full_groups, cap.sliding_groups) if cap.sliding_groups else 1
+    layers = cap.full_groups + cap.sliding_groups if cap.sliding_groups else 1
+    return replace(cap, blocks=blocks * group, tokens=blocks * group // layers * block_size,
+                   how=f"--num-gpu-blocks-override {blocks}")
+
+
 def engine_config(sc: Scenario, knobs: dict[str, Any]) -> tuple[EngineConfig, KvCapacity]:
     """The runtime profile's serving defaults with ``knobs`` (CLI overrides) applied, and the KV capacity."""
     s = sc.runtime.serving
@@ -128,6 +144,8 @@ def engine_config(sc: Scenario, knobs: dict[str, Any]) -> tuple[EngineConfig, Kv
     values = {**s.model_dump(), **{k: v for k, v in knobs.items() if v is not None}}
     _check_knobs(sc.runtime.name, values)
     cap = kv_capacity(sc, values["block_size"], values["max_num_batched_tokens"], values["gpu_memory_utilization"])
+    if knobs.get("num_gpu_blocks_override") is not None:
+        cap = blocks_override(cap, knobs["num_gpu_blocks_override"], values["block_size"])
     cfg = validated(EngineConfig, {
         "num_kv_blocks": cap.blocks, "block_size": values["block_size"], "max_num_seqs": values["max_num_seqs"],
         "max_num_batched_tokens": values["max_num_batched_tokens"],
