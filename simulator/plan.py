@@ -10,6 +10,7 @@ def check_tp(config: dict, tp: int, scope: str, replicate_kv: bool = False) -> i
     """Raise an AisimError naming the dimension that ``tp`` does not divide; returns the KV-head replicas (1, or
     tp / num_key_value_heads where ``replicate_kv`` lets a multiple of the KV heads replicate them, as vLLM)."""
     replicas = 1
+    replicate_kv = replicate_kv and not config.get("kv_lora_rank")   # MLA caches its latent on every rank
     for name, value in tp_dims(config, scope).items():
         if tp > 1 and value % tp:
             if replicate_kv and name == "num_key_value_heads" and tp % value == 0:
@@ -30,7 +31,8 @@ def _check_degree(value: int | None, flag: str) -> None:
 def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp: int | None, pp: int,
                 dp: int | None, tp_scope: str, replicate_kv: bool = False) -> tuple[ParallelPlan, str | None]:
     """The given plan, checked; the rest filled in as Megatron and vLLM do. No --tp: tensor parallel over the
-    largest number of the GPUs that the model's dimensions allow, the rest data parallel. --tp without --dp: data
+    largest number of the GPUs that the model's dimensions divide (KV heads replicated only where --tp asks for
+    it: ``replicate_kv``), the rest data parallel. --tp without --dp: data
     parallel replicas = GPUs / (tp x pp). Every default is stated in the output."""
     for value, flag in ((tp, "--tp"), (pp, "--pp"), (dp, "--dp")):
         _check_degree(value, flag)
@@ -42,8 +44,7 @@ def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp
                              f"{device_name}")
         free = gpus // (pp * given_dp)
         dims = tp_dims(config, tp_scope)
-        tp = max(t for t in _divisors(free) if all(v % t == 0 or (replicate_kv and k == "num_key_value_heads"
-                                                                  and t % v == 0) for k, v in dims.items()))
+        tp = max(t for t in _divisors(free) if all(v % t == 0 for v in dims.values()))
         dp = given_dp * (free // tp)
         if gpus > 1:
             note = f"default plan for {device_name}: tensor parallel {tp} x pipeline {pp} x data parallel {dp}"

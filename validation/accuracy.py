@@ -235,7 +235,7 @@ def studies_sections() -> list[str]:
     """The sections of the studies built on step costs: serving, training, MoE, and the GPU transfer."""
     from .moe_report import engines_section, moe_section
     from .published_train import published_section
-    from .serve_report import moe_serve_lines, serve_section, step_mix_lines
+    from .serve_report import moe_serve_lines, serve_section, sliding_window_lines, step_mix_lines
     from .train_report import train_section
     from .transfer import transfer_section
 
@@ -247,7 +247,7 @@ def studies_sections() -> list[str]:
              "preparation; its loop serving a 2-layer model: validation/scripts/derive_cb_host.py), its masked "
              "attention from the sdpa_mask microbenchmark and its copies from the calibration's copy curves, checked "
              "against an H100 profile of its steps; nothing is fitted to these runs.", "", *serve_section(), "",
-             SERVE_TEXT, "", *step_mix_lines(), "", *moe_serve_lines(), ""]
+             SERVE_TEXT, "", *step_mix_lines(), "", *moe_serve_lines(), "", *sliding_window_lines(), ""]
             + ["# Training steps (DDP, FSDP2, precision modes, checkpointing)", "", *train_section(), ""]
             + ["# Published large-scale training table", "", *published_section(), ""]
             + ["# Mixture-of-experts (HF eager on H100)", "", *moe_section(), ""]

@@ -21,6 +21,7 @@ from .cli import emit, new_app, run
 from .report import paired_mape_pct
 
 DATA = Path(__file__).parent / "data" / "serve"
+CONFIGS = Path(__file__).parent / "harness" / "configs"
 MODELS = {"qwen2.5-1.5b": Path(__file__).parent / "harness" / "configs" / "qwen2.5-1.5b.json",
           "Meta-Llama-3-8B": "Meta-Llama-3-8B",
           "olmoe-1b-7b": Path(__file__).parent / "harness" / "configs" / "olmoe-1b-7b.json"}
@@ -31,9 +32,9 @@ METRICS = (("output_throughput", "output tok/s"), ("median_ttft_ms", "median TTF
 # validation/accuracy.py CEILINGS; tests/test_serve_cli.py fails a change that worsens one. Lower one when accuracy
 # improves; raise one only with the reason in the commit message.
 GOALS_PCT = {"output_throughput": 10.0, "median_tpot_ms": 10.0, "median_ttft_ms": 25.0}   # the serving issue
-# median TTFT 16.1 -> 16.7 on 2026-11-27 (15.9 -> 16.2%): a cat reads its own measured curve
+# median TTFT 16.1 -> 16.4 on 2026-11-27 (15.9 -> 16.2%): a cat reads its own measured curve
 # (memory_op_efficiency), slower than the median curve at the prefill's mid sizes on the H100
-CEILINGS_PCT = {"output_throughput": 5.8, "median_ttft_ms": 16.7, "p90_ttft_ms": 16.4, "median_tpot_ms": 6.5,
+CEILINGS_PCT = {"output_throughput": 5.8, "median_ttft_ms": 16.4, "p90_ttft_ms": 16.4, "median_tpot_ms": 6.5,
                 "p90_tpot_ms": 7.2}
 
 
@@ -299,3 +300,83 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+SLIDING_RUNS = (("qwen2.5-1.5b", 160, "cbsw-qwen2.5-1.5b-full-h100.jsonl"),
+                ("qwen2.5-1.5b-sw256", 320, "cbsw-qwen2.5-1.5b-sw320-h100.jsonl"),
+                ("qwen2.5-1.5b-sw256", 160, "cbsw-qwen2.5-1.5b-sw160-h100.jsonl"))
+SLIDING_PREDICTED = "cbsw-qwen2.5-1.5b-predicted.jsonl"
+
+
+def sliding_window_rows() -> list[dict]:
+    """The KV-bound serving runs of the full-attention model and its hybrid sliding-window variant: measured, aisim
+    as committed before the run (the predictions file), and aisim now with the engine's resolved max_batch_tokens."""
+    from aisim.scenario import scenario
+    from aisim.studies.serve import ServeRequest
+    from aisim.studies.serve.run import serve
+
+    predicted = {(p["model"], p["num_blocks"]): p for p in map(json.loads, (DATA / SLIDING_PREDICTED).read_text()
+                                                               .splitlines()) if p.get("type") == "prediction"}
+    rows = []
+    for model, blocks, name in SLIDING_RUNS:
+        path = DATA / name
+        if not path.is_file():
+            continue
+        header, runs = measured_runs(path)
+        run_ = runs[0]
+        engine = run_["engine"]
+        sc = scenario(str(CONFIGS / f"{model}.json"), "h100", runtime="transformers-cb", dtype="bf16")
+        request = ServeRequest(num_requests=run_["n"], input_len=str(run_["in_range"][0]),
+                               output_len=str(run_["out_range"][0]))
+        knobs = {"block_size": engine["block_size"], "num_gpu_blocks_override": engine["num_blocks"],
+                 "max_num_batched_tokens": engine["max_batch_tokens"]}
+        result = serve(sc, request, knobs)[0].result
+        summary = run_["summary"]
+        rows.append({"model": model, "blocks": blocks, "source": name, "header": header,
+                     "measured": {**_measured_metrics(run_), "batch": summary["mean_requests_per_step"]},
+                     "estimated": {"output_throughput": result.output_throughput,
+                                   "median_ttft_ms": result.median_ttft_ms, "median_tpot_ms": result.median_tpot_ms,
+                                   "batch": result.mean_running_batch_size},
+                     "predicted": predicted.get((model, blocks), {}), "max_batch_tokens": engine["max_batch_tokens"]})
+    return rows
+
+
+def sliding_window_lines() -> list[str]:
+    """Markdown: the sliding-window KV pool checked on transformers' continuous batching (not a scored table)."""
+    rows = sliding_window_rows()
+    if not rows:
+        return []
+    h = rows[0]["header"]
+    head = ["run", "KV blocks", "requests per step measured / predicted / now", "output tok/s measured / "
+            "predicted / now", "median TTFT ms measured / predicted / now", "median TPOT ms measured / predicted / now"]
+    table = ["| " + " | ".join(head) + " |", "|---|---:|---|---|---|---|"]
+    for r in rows:
+        m, p, e = r["measured"], r["predicted"], r["estimated"]
+        cells = [f"{r['model']} (`{r['source']}`)", str(r["blocks"]),
+                 f"{m['batch']:.2f} / {p.get('mean_running_batch_size', float('nan')):.2f} / {e['batch']:.2f}"]
+        for k, fmt in (("output_throughput", "{:.0f}"), ("median_ttft_ms", "{:.0f}"), ("median_tpot_ms", "{:.1f}")):
+            cells.append(" / ".join(fmt.format(v) for v in (m[k], p.get(k, float("nan")), e[k])))
+        table.append("| " + " | ".join(cells) + " |")
+    batch = paired_mape_pct([r["estimated"]["batch"] for r in rows], [r["measured"]["batch"] for r in rows])
+    tput = paired_mape_pct([r["estimated"]["output_throughput"] for r in rows],
+                           [r["measured"]["output_throughput"] for r in rows])
+    tpot = paired_mape_pct([r["estimated"]["median_tpot_ms"] for r in rows],
+                           [r["measured"]["median_tpot_ms"] for r in rows])
+    return [f"Sliding-window layers in the KV pool (validation/data/serve/cbsw-*.jsonl: {h.get('gpu_name')}, driver "
+            f"{h.get('driver')}, torch {h.get('torch')}, transformers {h.get('transformers')}, "
+            f"{str(h.get('date', ''))[:10]}). transformers' continuous batching serving 128 requests of 1024 + 256 "
+            "tokens at once with a KV pool small enough to bind (serve_cb --cb-json num_blocks, block_size 256, "
+            "safety_margin 0), for Qwen2.5-1.5B and for the same model with Qwen2's sliding window on "
+            "(validation/harness/configs/qwen2.5-1.5b-sw256.json: layers 14-27 windowed at 256 tokens; one engine "
+            "block then holds 14 layers, so 320 blocks are the full model's 160 in memory). Predicted: "
+            f"{SLIDING_PREDICTED}, `aisim serve --num-gpu-blocks-override` as committed before the run, with "
+            "transformers-cb's max_num_batched_tokens 8192; now: the same with the engine's resolved "
+            "max_batch_tokens (" + ", ".join(str(r["max_batch_tokens"]) for r in rows) + ": the engine sizes it "
+            "from the memory the small pool leaves). Not a scored table.", "", *table, "",
+            f"The pool's concurrency is what the model says (requests per step, MAPE {batch:.1f}%): a windowed layer "
+            "holds one block of a request (ceil(256 / 256)), so a request takes 5 + 1 of the windowed model's "
+            "blocks against 5 of the full model's, and 42.7 requests run at once on the same memory where 32 did. "
+            f"The step times are not: output tok/s MAPE {tput:.1f}%, median TPOT {tpot:.1f}%, with aisim's decode "
+            "steps 25-80% longer than measured at 26-43 requests of 1024-1280 tokens, the full-attention model as "
+            "much as the windowed one (the scored runs above are shorter-context and unconstrained). Not modelled "
+            "from transformers: its safety_margin (0 here)."]

@@ -92,9 +92,12 @@ def check(rows: list[dict], gpu, cal, rate: float) -> dict[str, tuple[float, flo
                 continue           # crop_contiguous: the harnesses' rewind copy (validation/rewind.py)
             roof = r["bytes"] / bw
             old = roof / efficiency.memory_efficiency(cal, r["bytes"], gpu)
+            # as op_time prices a cat: its own curve where the calibration has one, the strided kernel's rate as
+            # a floor when an input is not contiguous
+            cat = roof / efficiency.memory_efficiency(cal, r["bytes"], gpu,
+                                                      family=efficiency.MEMORY_OP_FAMILY["aten.cat"])
             contiguous = contiguous_cat(r)
-            new = (roof / efficiency.memory_efficiency(cal, r["bytes"], gpu, family=efficiency.MEMORY_OP_FAMILY[
-                "aten.cat"]) if contiguous else max(old, efficiency.strided_cat_s(cal, gpu, cat_elements(r))))
+            new = cat if contiguous else max(cat, efficiency.strided_cat_s(cal, gpu, cat_elements(r)))
             group = "cat, contiguous inputs" if contiguous else "cat, a strided input"
         else:
             if r["dtype"] not in ("fp16", "bf16"):

@@ -166,8 +166,9 @@ def broadcast_ratios() -> list[float]:
 
 
 def family_curves(device: str) -> dict:
-    """``memory_op_efficiency``: each memory-benchmark family's own curve (calibrate_fit.fit_memory's per-op
-    curves: median over fp16 and fp32 at each size)."""
+    """Each memory-benchmark family's own curve (calibrate_fit.fit_memory's per-op curves: median over fp16 and
+    fp32 at each size), for the rate ratios printed; the calibration files carry only the cat curve
+    (derive_eager_attention)."""
     from aisim.validation.calibrate_fit import fit_memory
 
     return fit_memory(raw_records(device), _bandwidth(device))[1]

@@ -87,6 +87,15 @@ class EngineConfig(BaseModel):
                              "least one block")
         return self
 
+    def max_request_tokens(self) -> int | None:
+        """The longest request (tokens) the pool holds alone; None when every layer is windowed and one request's
+        windows fit (any length)."""
+        f, s, w, pool = self.full_groups, self.sliding_groups, self.sliding_window_blocks, self.num_kv_blocks
+        if f == 0:
+            return None if s * w <= pool else pool // s * self.block_size
+        blocks = (pool - s * w) // f if pool >= (f + s) * w else pool // (f + s)
+        return blocks * self.block_size
+
     def units(self, blocks: int) -> int:
         """Pool blocks held by a request whose full-attention groups hold ``blocks`` token blocks: the sliding
         groups hold at most sliding_window_blocks each (vllm/v1/core/single_type_kv_cache_manager.py

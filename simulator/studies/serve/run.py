@@ -38,7 +38,7 @@ BLOCK_SIZES: dict[str, tuple[tuple[int, ...] | None, int, str]] = {
 FAILURE_HINTS = {
     "max_model_len": "have input + output tokens over max_model_len {max_model_len} (the model's "
                      "max_position_embeddings): shorten --input-len / --output-len, or choose a longer-context model",
-    "kv_capacity": "need more KV cache than one replica holds ({kv_tokens:,} tokens): raise "
+    "kv_capacity": "need more KV cache than one replica holds (a request of {kv_tokens} tokens at most): raise "
                    "--gpu-memory-utilization, use more GPUs per replica (--tp) or a larger GPU",
     "max_num_batched_tokens": "have prompts over --max-num-batched-tokens {max_num_batched_tokens} with chunked "
                               "prefill off: raise it, or use --chunked-prefill",
@@ -68,8 +68,12 @@ def sliding_layout(sc: Scenario, layers: int, block_size: int) -> tuple[int, int
     blocks before (computed - window + 1) // block_size), so a request holds cdiv(window - 1, block_size) + 1;
     transformers' paged cache gives a sliding-attention group ceil(window / block_size) blocks per request
     (generation/continuous_batching/cache_manager.py SlidingAttentionCacheAllocator._max_blocks_per_request).
-    Known difference: vLLM groups layers into KV groups of equal size (padding the smaller type); here each
-    layer is its own group."""
+    Known differences: vLLM groups layers into KV groups of equal size (padding the smaller type), here each
+    layer is its own group; during a prefill step vLLM gives a windowed layer blocks for the window plus the whole
+    scheduled chunk (vllm/v1/kv_cache_interface.py SlidingWindowSpec.max_memory_usage_bytes: "the last
+    sliding_window-1 computed tokens plus the newly scheduled tokens") and frees them at the next step; here the
+    window caps it at every step, so a KV-bound vLLM run with long prompt chunks is simulated with up to
+    chunk / block_size blocks per windowed layer and prefilling request more room than vLLM has."""
     from ...graph.engine import sliding_windows, windowed_fraction
 
     windows = sliding_windows(sc.config)
@@ -173,8 +177,8 @@ def failure_summary(run: ServeRun, cfg: EngineConfig) -> str | None:
     reasons = run.result.failed_reasons
     if not reasons:
         return None
-    fill = {"max_model_len": cfg.max_model_len,
-            "kv_tokens": cfg.num_kv_blocks // (cfg.full_groups + cfg.sliding_groups) * cfg.block_size,
+    longest = cfg.max_request_tokens()
+    fill = {"max_model_len": cfg.max_model_len, "kv_tokens": f"{longest:,}" if longest is not None else "any",
             "max_num_batched_tokens": cfg.max_num_batched_tokens}
     return "; ".join(f"{n} request(s) " + FAILURE_HINTS.get(why, why).format(**fill) for why, n in reasons.items())
 
