@@ -87,7 +87,7 @@ def test_start_train_subprocess(train_run):
 # ------------------------------------------------------------------------------------------------------ configs
 
 
-EXPECTED_PARAMS_B = {"llama-1b": 1.24, "llama-3b": 3.21, "qwen2.5-1.5b": 1.54, "olmoe-1b-7b": 6.92,
+EXPECTED_PARAMS_B = {"llama-1b": 1.24, "llama-3b": 3.21, "qwen2.5-1.5b": 1.54, "qwen2.5-1.5b-sw256": 1.54, "olmoe-1b-7b": 6.92,
                      "qwen1.5-moe-a2.7b": 14.3, "qwen3-30b-a3b": 30.5,
                      "cbhost-llama": 0.0668,
                      # Mixtral-8x7B's published 46.7B: 0.26B of embedding and head + 32 x 1.451B; and 16 of its layers
