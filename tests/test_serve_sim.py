@@ -424,3 +424,22 @@ def test_longest_request_of_a_windowed_pool_and_the_timer_reads_the_window():
     plain._window = None
     shape = BatchShape(0, 0.0, 0, 64, 64 * 16384.0, 0.0)
     assert windowed_timer._attention_s(shape) == pytest.approx(0.5 * plain._attention_s(shape), rel=0.05)
+
+
+def test_vllm_windowed_layers_hold_the_prompt_chunk_while_it_is_computed():
+    # vLLM gives a windowed layer the window plus the scheduled chunk (SlidingWindowSpec.max_memory_usage_bytes):
+    # a 40-token prompt in one chunk holds 10 + min(10, 2 + 10) blocks while it is computed, then 10 + 2
+    common = dict(block_size=4, max_num_seqs=4, full_groups=1, sliding_groups=1, sliding_window_blocks=2)
+    vllm = EngineConfig(num_kv_blocks=14, max_num_batched_tokens=64, sliding_chunk_blocks=True, **common)
+    ring = vllm.model_copy(update={"sliding_chunk_blocks": False})
+    assert vllm.units(10, 40) == 20 and vllm.units(10) == 12 and ring.units(10, 40) == 12
+    assert run(workload([0.0], [40], [1]), H100_7B, vllm)[0].failed_reasons == {"kv_capacity": 1}
+    assert run(workload([0.0], [40], [1]), H100_7B, ring)[0].completed == 1
+    # in chunks of 8 tokens a request of 40 + 4 tokens peaks at 11 + (2 + 2) blocks (its reject check), and holds
+    # the steady 11 + 2 once decoding: 15 blocks serve it, 14 do not
+    chunked = vllm.model_copy(update={"max_num_batched_tokens": 8, "num_kv_blocks": 15})
+    assert chunked.units(11, 8) == 15
+    result, table = run(workload([0.0, 0.0], [40, 8], [4, 4]), H100_7B, chunked)
+    assert result.completed == 2 and (table.tokens_emitted == table.output_tokens).all()
+    tight = chunked.model_copy(update={"num_kv_blocks": 14})
+    assert run(workload([0.0], [40], [4]), H100_7B, tight)[0].failed_reasons == {"kv_capacity": 1}

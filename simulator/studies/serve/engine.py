@@ -70,6 +70,8 @@ class EngineConfig(BaseModel):
     sliding_groups: int = Field(0, ge=0, le=100_000, description="KV groups of sliding-window layers")
     sliding_window_blocks: int = Field(0, ge=0, le=1_000_000_000, description="blocks a sliding-window group "
                                        "holds per request at most (vLLM: cdiv(window - 1, block_size) + 1)")
+    sliding_chunk_blocks: bool = Field(False, description="a sliding-window group also holds the blocks of the "
+                                       "prompt chunk a step computes, freed once it is computed (vLLM)")
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     scheduler_overhead_s: float = Field(0.0, ge=0, le=10.0, description="CPU time per step, added to each step")
 
@@ -96,19 +98,22 @@ class EngineConfig(BaseModel):
         blocks = (pool - s * w) // f if pool >= (f + s) * w else pool // (f + s)
         return blocks * self.block_size
 
-    def units(self, blocks: int) -> int:
+    def units(self, blocks: int, chunk_tokens: int = 0) -> int:
         """Pool blocks held by a request whose full-attention groups hold ``blocks`` token blocks: the sliding
         groups hold at most sliding_window_blocks each (vllm/v1/core/single_type_kv_cache_manager.py
         SlidingWindowManager.remove_skipped_blocks frees the blocks wholly before the window; transformers'
         SlidingAttentionCacheAllocator caps a request at ceil(window / block_size) blocks)."""
-        return self.full_groups * blocks + self.sliding_groups * min(blocks, self.sliding_window_blocks)
+        window = self.sliding_window_blocks
+        if chunk_tokens and self.sliding_chunk_blocks:   # vLLM SlidingWindowSpec: the window plus the chunk
+            window += _cdiv(chunk_tokens, self.block_size)
+        return self.full_groups * blocks + self.sliding_groups * min(blocks, window)
 
 
 class RequestState:
     """One request's progress. computed = tokens whose KV is in the cache; generated = output tokens emitted;
     segments = flat [first, last, first, last, ...] step indices of the runs of steps that emitted its tokens."""
 
-    __slots__ = ("rid", "arrival_s", "input_tokens", "output_tokens", "state", "generated", "computed", "blocks",
+    __slots__ = ("rid", "arrival_s", "input_tokens", "output_tokens", "state", "generated", "computed", "blocks", "units",
                  "swapped_blocks", "adm", "base", "k_fin", "preemptions", "first_token_s", "finish_s", "segments",
                  "reject_reason")
 
@@ -116,6 +121,7 @@ class RequestState:
         self.rid, self.arrival_s = rid, arrival_s
         self.input_tokens, self.output_tokens = input_tokens, output_tokens
         self.state, self.generated, self.computed, self.blocks, self.swapped_blocks = WAITING, 0, 0, 0, 0
+        self.units = 0  # pool blocks held (blocks x the full groups, plus the sliding groups' share)
         self.adm = self.base = self.k_fin = -1
         self.preemptions = 0
         self.first_token_s = self.finish_s = None
@@ -154,7 +160,11 @@ class ReplicaScheduler:
     def reject_reason(self, r: RequestState) -> str | None:
         """Why a request can never run on this replica, or None. Its KV peaks at input + output - 1 tokens."""
         cfg = self.cfg
-        blocks = cfg.units(_cdiv(r.input_tokens + r.output_tokens - 1, self.bs))
+        peak = r.input_tokens + r.output_tokens - 1
+        chunk = min(peak, cfg.max_num_batched_tokens, cfg.long_prefill_token_threshold or peak)
+        # at its largest with a prompt chunk in flight (a recompute after preemption prefills it all), as vLLM sizes
+        # a windowed layer for a request of max_model_len (SlidingWindowSpec.max_memory_usage_bytes)
+        blocks = cfg.units(_cdiv(peak, self.bs), chunk)
         if blocks > cfg.num_kv_blocks:
             return "kv_capacity"
         if cfg.max_model_len is not None and r.input_tokens + r.output_tokens > cfg.max_model_len:
@@ -242,7 +252,7 @@ class ReplicaScheduler:
             if r.adm == adm and r.state == DECODE:
                 needers.append(r)  # popped in (step, admission) order: admission order
         units = self.cfg.units
-        grows = [units(r.blocks + 1) - units(r.blocks) for r in needers]
+        grows = [units(r.blocks + 1) - r.units for r in needers]
         if sum(grows) <= self.free_blocks:
             self.free_blocks -= sum(grows)
             for r in needers:
@@ -259,6 +269,7 @@ class ReplicaScheduler:
 
     def _grant_decode_block(self, r: RequestState) -> None:
         r.blocks += 1
+        r.units = self.cfg.units(r.blocks)
         k_next = r.base + r.blocks * self.bs + 1  # first step whose context exceeds the held slots
         if k_next <= r.k_fin:
             heappush(self._block_heap, (k_next, r.adm, r))
@@ -272,7 +283,8 @@ class ReplicaScheduler:
                 continue
             chunk = self._chunk(r, budget)
             blocks = _cdiv(r.computed + chunk, self.bs)
-            need = self.cfg.units(blocks) - self.cfg.units(r.blocks)
+            held = self.cfg.units(blocks, chunk)
+            need = held - r.units
             preempted_self = False
             while need > self.free_blocks:
                 if self._preempt_tail(k) is r:
@@ -280,7 +292,7 @@ class ReplicaScheduler:
                     break
             if preempted_self:
                 break
-            r.blocks = blocks
+            r.blocks, r.units = blocks, held
             self.free_blocks -= need
             self.chunks.append((r, chunk))
             budget -= chunk
@@ -304,7 +316,7 @@ class ReplicaScheduler:
                 break
             self.swapped.popleft()
             self.swap_bytes += self._block_bytes(r.swapped_blocks)
-            r.blocks, r.swapped_blocks = blocks, 0
+            r.blocks, r.swapped_blocks, r.units = blocks, 0, need
             self.free_blocks -= need
             self._admit(r)
             r.segments.append(k)
@@ -322,11 +334,11 @@ class ReplicaScheduler:
                 break
             chunk = min(wanted, budget)
             blocks = _cdiv(chunk, self.bs)
-            need = self.cfg.units(blocks)
+            need = self.cfg.units(blocks, chunk)
             if need > self.free_blocks:
                 break
             self.waiting.popleft()
-            r.blocks = blocks
+            r.blocks, r.units = blocks, need
             self.free_blocks -= need
             r.state = PREFILL
             self._admit(r)
@@ -343,6 +355,10 @@ class ReplicaScheduler:
     def _enter_decode(self, r: RequestState, k: int) -> None:
         """r decodes from step k on, with r.generated tokens emitted: context at step j is j - base."""
         r.state = DECODE
+        steady = self.cfg.units(r.blocks)
+        if r.units > steady:   # the last prompt chunk's extra sliding-window blocks, freed (vLLM)
+            self.free_blocks += r.units - steady
+            r.units = steady
         r.base = k - r.input_tokens - r.generated
         r.k_fin = k + r.output_tokens - r.generated - 1
         self.n_dec += 1
@@ -363,8 +379,8 @@ class ReplicaScheduler:
     def _finish(self, r: RequestState, t_end_s: float) -> None:
         r.state, r.finish_s = DONE, t_end_s
         del self.running[r.rid]
-        self.free_blocks += self.cfg.units(r.blocks)
-        r.blocks = 0
+        self.free_blocks += r.units
+        r.blocks = r.units = 0
 
     def _block_bytes(self, blocks: int) -> float:
         """Bytes of the KV a request holds with ``blocks`` token blocks (what a swap copies)."""
@@ -379,15 +395,15 @@ class ReplicaScheduler:
             self._leave_decode(victim, k - 1)
         else:
             self.prefilling.remove(victim)
-        self.free_blocks += self.cfg.units(victim.blocks)
+        self.free_blocks += victim.units
         victim.preemptions += 1
         self.num_preemptions += 1
         self.preempted = True
         if was_decoding and self.cfg.preemption_mode == "swap":
             self.swap_bytes += self._block_bytes(victim.blocks)
-            victim.swapped_blocks, victim.blocks, victim.state = victim.blocks, 0, SWAPPED
+            victim.swapped_blocks, victim.blocks, victim.units, victim.state = victim.blocks, 0, 0, SWAPPED
             self.swapped.append(victim)
         else:
-            victim.blocks, victim.computed, victim.state = 0, 0, WAITING
+            victim.blocks, victim.units, victim.computed, victim.state = 0, 0, 0, WAITING
             self.waiting.appendleft(victim)
         return victim

@@ -68,12 +68,11 @@ def sliding_layout(sc: Scenario, layers: int, block_size: int) -> tuple[int, int
     blocks before (computed - window + 1) // block_size), so a request holds cdiv(window - 1, block_size) + 1;
     transformers' paged cache gives a sliding-attention group ceil(window / block_size) blocks per request
     (generation/continuous_batching/cache_manager.py SlidingAttentionCacheAllocator._max_blocks_per_request).
-    Known differences: vLLM groups layers into KV groups of equal size (padding the smaller type), here each
-    layer is its own group; during a prefill step vLLM gives a windowed layer blocks for the window plus the whole
-    scheduled chunk (vllm/v1/kv_cache_interface.py SlidingWindowSpec.max_memory_usage_bytes: "the last
-    sliding_window-1 computed tokens plus the newly scheduled tokens") and frees them at the next step; here the
-    window caps it at every step, so a KV-bound vLLM run with long prompt chunks is simulated with up to
-    chunk / block_size blocks per windowed layer and prefilling request more room than vLLM has."""
+    During a prefill step vLLM gives a windowed layer blocks for the window plus the whole scheduled chunk
+    (vllm/v1/kv_cache_interface.py SlidingWindowSpec.max_memory_usage_bytes: "the last sliding_window-1 computed
+    tokens plus the newly scheduled tokens") and frees them afterwards: EngineConfig.sliding_chunk_blocks (the
+    chunk's blocks on top of the window's; transformers' ring buffer does not). Known difference: vLLM groups
+    layers into KV groups of equal size (padding the smaller type); here each layer is its own group."""
     from ...graph.engine import sliding_windows, windowed_fraction
 
     windows = sliding_windows(sc.config)
@@ -156,6 +155,7 @@ def engine_config(sc: Scenario, knobs: dict[str, Any]) -> tuple[EngineConfig, Kv
         "enable_chunked_prefill": values["enable_chunked_prefill"], "preemption_mode": values["preemption_mode"],
         "kv_bytes_per_token": cap.bytes_per_token, "full_groups": cap.full_groups,
         "sliding_groups": cap.sliding_groups, "sliding_window_blocks": cap.sliding_window_blocks,
+        "sliding_chunk_blocks": bool(cap.sliding_groups) and sc.runtime.name != "transformers-cb",
         "max_model_len": _max_model_len(sc)}, ENGINE_FLAGS)
     return cfg, cap
 
