@@ -29,8 +29,8 @@ prediction).
 
 - ``memory_op_efficiency['cat']`` (cat_curve): the contiguous cats' own curve (a KV-cache cat of DynamicCache);
   PyTorch's cat kernel plateaus at 0.85 (H100) and 0.82 (H200) of bandwidth, where a clone reaches 0.90 and 0.89
-  and the median of all elementwise kernels (memory_efficiency) 0.89 and 0.80. The cat rows' "new" check column is this curve on the
-  rows it was taken from (a consistency check, not out of sample).
+  and the median of all elementwise kernels (memory_efficiency) 0.89 and 0.80. The contiguous cat rows' "new"
+  check column is this curve on the rows it was taken from (a consistency check, not out of sample).
 """
 from __future__ import annotations
 

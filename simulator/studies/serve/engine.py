@@ -113,9 +113,9 @@ class RequestState:
     """One request's progress. computed = tokens whose KV is in the cache; generated = output tokens emitted;
     segments = flat [first, last, first, last, ...] step indices of the runs of steps that emitted its tokens."""
 
-    __slots__ = ("rid", "arrival_s", "input_tokens", "output_tokens", "state", "generated", "computed", "blocks", "units",
-                 "swapped_blocks", "adm", "base", "k_fin", "preemptions", "first_token_s", "finish_s", "segments",
-                 "reject_reason")
+    __slots__ = ("rid", "arrival_s", "input_tokens", "output_tokens", "state", "generated", "computed", "blocks",
+                 "units", "swapped_blocks", "adm", "base", "k_fin", "preemptions", "first_token_s", "finish_s",
+                 "segments", "reject_reason")
 
     def __init__(self, rid: int, arrival_s: float, input_tokens: int, output_tokens: int):
         self.rid, self.arrival_s = rid, arrival_s
