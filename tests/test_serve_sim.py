@@ -365,14 +365,15 @@ def test_sliding_window_pool_runs_more_requests_at_once_and_every_one_completes(
 
 
 def test_sliding_layout_of_shipped_windowed_models():
-    """vLLM: cdiv(window - 1, block_size) + 1 blocks per sliding layer and request; transformers CB:
-    ceil(window / block_size); a model without windows is one group; Qwen2's use_sliding_window false is none."""
+    """KV groups of one type and equal size (the gcd of the type counts), and the blocks a sliding group holds per
+    decoding request: vLLM cdiv(window - 1, block_size) + 1; transformers CB ceil(window / block_size); a model
+    without windows is one group; Qwen2's use_sliding_window false is none."""
     from aisim.scenario import scenario
     from aisim.studies.serve.run import sliding_layout
 
-    assert sliding_layout(scenario("gpt-oss-20b", "h100", runtime="vllm"), 24, 16) == (12, 12, 9)
-    assert sliding_layout(scenario("gpt-oss-20b", "h100", runtime="transformers-cb"), 24, 16) == (12, 12, 8)
-    assert sliding_layout(scenario("Mistral-7B-v0.1", "h100", runtime="vllm"), 32, 16) == (0, 32, 257)
+    assert sliding_layout(scenario("gpt-oss-20b", "h100", runtime="vllm"), 24, 16) == (1, 1, 9)
+    assert sliding_layout(scenario("gpt-oss-20b", "h100", runtime="transformers-cb"), 24, 16) == (1, 1, 8)
+    assert sliding_layout(scenario("Mistral-7B-v0.1", "h100", runtime="vllm"), 32, 16) == (0, 1, 257)
     assert sliding_layout(scenario("Meta-Llama-3-8B", "h100", runtime="vllm"), 32, 16) == (1, 0, 0)
     assert sliding_layout(scenario("Qwen2.5-7B", "h100", runtime="vllm"), 28, 16) == (1, 0, 0)
 
@@ -386,10 +387,10 @@ def test_windowed_layers_attend_over_at_most_the_window():
     assert windowed(shape, 100_000) == shape
 
 
-def test_num_gpu_blocks_override_counts_engine_blocks_of_one_layer_group():
+def test_num_gpu_blocks_override_counts_engine_blocks_of_one_kv_group():
     """--num-gpu-blocks-override sets the engine's blocks; with windowed layers an engine block is one KV group
     (transformers: layers of one type in groups of the gcd of the type counts), so the hybrid Qwen2 variant's 160
-    blocks hold half the layers' memory of the full model's 160."""
+    blocks hold half the layers' memory of the full model's 160. More blocks than memory: "does not fit"."""
     from aisim.errors import AisimError
     from aisim.scenario import scenario
     from aisim.studies.serve.run import engine_config
@@ -400,19 +401,28 @@ def test_num_gpu_blocks_override_counts_engine_blocks_of_one_layer_group():
     cfg, cap = engine_config(full, {"num_gpu_blocks_override": 160, "block_size": 256})
     assert (cfg.num_kv_blocks, cfg.full_groups, cfg.sliding_groups, cap.tokens) == (160, 1, 0, 160 * 256)
     cfg, cap = engine_config(hybrid, {"num_gpu_blocks_override": 160, "block_size": 256})
-    assert (cfg.num_kv_blocks, cfg.full_groups, cfg.sliding_groups, cfg.sliding_window_blocks) == (160 * 14, 14, 14, 1)
+    assert (cfg.num_kv_blocks, cfg.full_groups, cfg.sliding_groups, cfg.sliding_window_blocks) == (160, 1, 1, 1)
     assert cap.tokens == 80 * 256
+    default, _ = engine_config(hybrid, {"block_size": 256})
+    plain, _ = engine_config(full, {"block_size": 256})
+    assert default.num_kv_blocks == pytest.approx(2 * plain.num_kv_blocks, rel=0.01)   # the same memory
     with pytest.raises(AisimError, match="--num-gpu-blocks-override"):
         engine_config(full, {"num_gpu_blocks_override": 0})
+    with pytest.raises(AisimError, match="does not fit: --num-gpu-blocks-override"):
+        engine_config(full, {"num_gpu_blocks_override": 10 * plain.num_kv_blocks, "block_size": 256})
 
 
 def test_longest_request_of_a_windowed_pool_and_the_timer_reads_the_window():
     engine = EngineConfig(num_kv_blocks=120, block_size=16, max_num_batched_tokens=256, full_groups=1,
                           sliding_groups=1, sliding_window_blocks=2)
-    assert engine.max_request_tokens() == (120 - 2) * 16       # the full layer's blocks once the window is held
+    assert engine.max_request_tokens() == (120 - 2) * 16       # the full group's blocks once the window is held
     every_layer_windowed = engine.model_copy(update={"full_groups": 0})
     assert every_layer_windowed.max_request_tokens() is None
     assert EngineConfig(num_kv_blocks=120, block_size=16).max_request_tokens() == 120 * 16
+    # vLLM's windowed groups also hold the prompt chunk (256 tokens: 16 blocks) while it is computed
+    chunked = engine.model_copy(update={"sliding_chunk_blocks": True})
+    assert chunked.max_request_tokens() == (120 - 2 - 16) * 16
+    assert chunked.peak_units(chunked.max_request_tokens()) <= 120 < chunked.peak_units(chunked.max_request_tokens() + 1)
     # gpt-oss-20b (half its layers windowed at 128): a decode step over long contexts costs the windowed layers
     # 128 keys each, so its attention is about half the same model's without windows
     from aisim.scenario import scenario

@@ -70,7 +70,8 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
         if bar:
             bar.close()
     if run.result.completed == 0:
-        raise AisimError(f"no request completed: {failure_summary(run, cfg) or 'none was simulated'}")
+        overridden = knobs.get("num_gpu_blocks_override") is not None
+        raise AisimError(f"no request completed: {failure_summary(run, cfg, overridden) or 'none was simulated'}")
     report = ServeReport(model=sc.model, device=sc.device.name, runtime=sc.runtime.name, plan=replica.plan,
                          replicas=replicas, engine=cfg.model_dump(), metrics=run.result.flat(), assumptions=notes)
     return report, run, notes

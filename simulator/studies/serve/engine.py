@@ -89,14 +89,23 @@ class EngineConfig(BaseModel):
                              "least one block")
         return self
 
+    def peak_units(self, tokens: int) -> int:
+        """Pool blocks a request of ``tokens`` KV tokens (input + output - 1) holds at its largest, with a prompt
+        chunk in flight (a recompute after preemption prefills it all), as vLLM sizes a windowed layer for a request
+        of max_model_len (SlidingWindowSpec.max_memory_usage_bytes)."""
+        chunk = min(tokens, self.max_num_batched_tokens, self.long_prefill_token_threshold or tokens)
+        return self.units(_cdiv(tokens, self.block_size), chunk)
+
     def max_request_tokens(self) -> int | None:
-        """The longest request (tokens) the pool holds alone; None when every layer is windowed and one request's
-        windows fit (any length)."""
-        f, s, w, pool = self.full_groups, self.sliding_groups, self.sliding_window_blocks, self.num_kv_blocks
-        if f == 0:
-            return None if s * w <= pool else pool // s * self.block_size
-        blocks = (pool - s * w) // f if pool >= (f + s) * w else pool // (f + s)
-        return blocks * self.block_size
+        """The most KV tokens (input + output - 1) of a request the pool holds alone (peak_units); None when every
+        layer is windowed and any length fits."""
+        if self.full_groups == 0 and self.peak_units(MAX_TOKENS) <= self.num_kv_blocks:
+            return None
+        lo, hi = 0, 2 * MAX_TOKENS
+        while lo < hi:          # the largest token count whose peak fits
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self.peak_units(mid) <= self.num_kv_blocks else (lo, mid - 1)
+        return lo
 
     def units(self, blocks: int, chunk_tokens: int = 0) -> int:
         """Pool blocks held by a request whose full-attention groups hold ``blocks`` token blocks: the sliding
@@ -160,12 +169,7 @@ class ReplicaScheduler:
     def reject_reason(self, r: RequestState) -> str | None:
         """Why a request can never run on this replica, or None. Its KV peaks at input + output - 1 tokens."""
         cfg = self.cfg
-        peak = r.input_tokens + r.output_tokens - 1
-        chunk = min(peak, cfg.max_num_batched_tokens, cfg.long_prefill_token_threshold or peak)
-        # at its largest with a prompt chunk in flight (a recompute after preemption prefills it all), as vLLM sizes
-        # a windowed layer for a request of max_model_len (SlidingWindowSpec.max_memory_usage_bytes)
-        blocks = cfg.units(_cdiv(peak, self.bs), chunk)
-        if blocks > cfg.num_kv_blocks:
+        if cfg.peak_units(r.input_tokens + r.output_tokens - 1) > cfg.num_kv_blocks:
             return "kv_capacity"
         if cfg.max_model_len is not None and r.input_tokens + r.output_tokens > cfg.max_model_len:
             return "max_model_len"

@@ -8,6 +8,7 @@ A replica is the scenario's plan (tp x pp GPUs); the device's other GPUs hold mo
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from math import gcd
 from typing import Any
 
 from ...errors import AisimError
@@ -38,8 +39,7 @@ BLOCK_SIZES: dict[str, tuple[tuple[int, ...] | None, int, str]] = {
 FAILURE_HINTS = {
     "max_model_len": "have input + output tokens over max_model_len {max_model_len} (the model's "
                      "max_position_embeddings): shorten --input-len / --output-len, or choose a longer-context model",
-    "kv_capacity": "need more KV cache than one replica holds (a request of {kv_tokens} tokens at most): raise "
-                   "--gpu-memory-utilization, use more GPUs per replica (--tp) or a larger GPU",
+    "kv_capacity": "need more KV cache than one replica holds ({kv_tokens}): {kv_fix}",
     "max_num_batched_tokens": "have prompts over --max-num-batched-tokens {max_num_batched_tokens} with chunked "
                               "prefill off: raise it, or use --chunked-prefill",
 }
@@ -47,20 +47,22 @@ FAILURE_HINTS = {
 
 @dataclass(frozen=True)
 class KvCapacity:
-    blocks: int                # pool blocks: block_size tokens of one layer group
+    blocks: int                # engine blocks: block_size tokens of one KV group (all layers, without windows)
     tokens: int                # tokens the pool holds in every layer (a full-attention model's capacity)
     bytes_per_token: float
     budget_bytes: float
     weights_bytes: float
     how: str
-    full_groups: int = 1       # layer groups of full attention (1 and no sliding: one group of all layers)
+    full_groups: int = 1       # KV groups of full attention (1 and no sliding: one group of all layers)
     sliding_groups: int = 0
     sliding_window_blocks: int = 0
 
 
 def sliding_layout(sc: Scenario, layers: int, block_size: int) -> tuple[int, int, int]:
-    """(full-attention layers, sliding-window layers, blocks a sliding layer holds per request) of a model with
-    windowed layers (graph.engine.sliding_windows: Mistral's sliding_window, gpt-oss's and Gemma's layer_types,
+    """(full-attention KV groups, sliding-window KV groups, blocks a sliding group holds per request while
+    decoding) of a model with windowed layers, the layers of one type in groups of the gcd of the type counts, one
+    engine block being block_size tokens of one group (transformers' group_layers_by_attn_type, after vLLM's hybrid
+    allocator: groups of one type and equal size), for a model with windowed layers (graph.engine.sliding_windows: Mistral's sliding_window, gpt-oss's and Gemma's layer_types,
     Llama 4's attention_chunk_size), else (1, 0, 0): one group of all layers. Both engines keep a sliding layer's
     cache at the window: vLLM's hybrid KV cache manager (on unless --disable-hybrid-kv-cache-manager,
     vllm/config/scheduler.py SchedulerConfig.disable_hybrid_kv_cache_manager = False) frees the blocks wholly
@@ -71,18 +73,19 @@ def sliding_layout(sc: Scenario, layers: int, block_size: int) -> tuple[int, int
     During a prefill step vLLM gives a windowed layer blocks for the window plus the whole scheduled chunk
     (vllm/v1/kv_cache_interface.py SlidingWindowSpec.max_memory_usage_bytes: "the last sliding_window-1 computed
     tokens plus the newly scheduled tokens") and frees them afterwards: EngineConfig.sliding_chunk_blocks (the
-    chunk's blocks on top of the window's; transformers' ring buffer does not). Known difference: vLLM groups
-    layers into KV groups of equal size (padding the smaller type); here each layer is its own group."""
+    chunk's blocks on top of the window's; transformers' ring buffer does not). Known difference: vLLM pads the
+    smaller type's groups where the counts share no large divisor; here the gcd is exact."""
     from ...graph.engine import sliding_windows, windowed_fraction
 
     windows = sliding_windows(sc.config)
     if not windows:
         return 1, 0, 0
     sliding = round(windowed_fraction(sc.config) * layers)
+    group = gcd(layers - sliding, sliding)
     window = windows["window"]
     per_request = (-(-window // block_size) if sc.runtime.name == "transformers-cb"
                    else -(-(window - 1) // block_size) + 1)
-    return layers - sliding, sliding, per_request
+    return (layers - sliding) // group, sliding // group, per_request
 
 
 def kv_capacity(sc: Scenario, block_size: int, max_batched_tokens: int, utilization: float) -> KvCapacity:
@@ -114,25 +117,25 @@ def kv_capacity(sc: Scenario, block_size: int, max_batched_tokens: int, utilizat
         raise AisimError(f"does not fit: {sc.model} on {where} leaves no room for a KV cache "
                          f"({how} = {budget / 1e9:.2f} GB for KV at {per_token / 1e6:.3f} MB per token); use more "
                          "GPUs (--tp), a smaller --quant or a larger GPU")
-    if sliding:   # one pool block = block_size tokens of one layer
-        return KvCapacity(int(tokens * dims.layers // block_size), blocks * block_size, per_token, budget, weights,
-                          how, full, sliding, window_blocks)
+    if sliding:   # one engine block = block_size tokens of one KV group of dims.layers / (full + sliding) layers
+        return KvCapacity(int(tokens * (full + sliding) // block_size), blocks * block_size, per_token, budget,
+                          weights, how, full, sliding, window_blocks)
     return KvCapacity(blocks, blocks * block_size, per_token, budget, weights, how)
 
 
 def blocks_override(cap: KvCapacity, blocks: int, block_size: int) -> KvCapacity:
     """The capacity with ``blocks`` engine blocks per GPU (vLLM --num-gpu-blocks-override, transformers CB's
-    num_blocks). An engine block holds block_size tokens of one KV group; with windowed layers both engines group
-    layers into groups of one type and equal size (transformers' group_layers_by_attn_type: the gcd of the type
-    counts), so one engine block is that many of the pool's per-layer blocks."""
-    from math import gcd
-
-    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
-        raise AisimError(f"--num-gpu-blocks-override: give a positive number of KV blocks (got {blocks!r})")
-    group = gcd(cap.full_groups, cap.sliding_groups) if cap.sliding_groups else 1
-    layers = cap.full_groups + cap.sliding_groups if cap.sliding_groups else 1
-    return replace(cap, blocks=blocks * group, tokens=blocks * group // layers * block_size,
-                   how=f"--num-gpu-blocks-override {blocks}")
+    num_blocks): block_size tokens of one KV group each (sliding_layout). More than the memory policy leaves is
+    "does not fit", as the engine would run out of memory allocating them."""
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or not 1 <= blocks <= 1_000_000_000:
+        raise AisimError(f"--num-gpu-blocks-override: give a number of KV blocks from 1 to 1e9 (got {blocks!r})")
+    groups = cap.full_groups + cap.sliding_groups
+    need = blocks * block_size * cap.bytes_per_token / groups
+    if need > cap.budget_bytes:
+        raise AisimError(f"does not fit: --num-gpu-blocks-override {blocks} needs {need / 1e9:.2f} GB of KV cache per "
+                         f"GPU, more than the {cap.budget_bytes / 1e9:.2f} GB the memory policy leaves ({cap.how}); "
+                         f"give at most {cap.blocks} blocks")
+    return replace(cap, blocks=blocks, tokens=blocks // groups * block_size, how=f"--num-gpu-blocks-override {blocks}")
 
 
 def engine_config(sc: Scenario, knobs: dict[str, Any]) -> tuple[EngineConfig, KvCapacity]:
@@ -172,14 +175,18 @@ def _check_knobs(runtime: str, values: dict[str, Any]) -> None:
         raise AisimError(f"--block-size: {runtime} takes {text} (got {size})")
 
 
-def failure_summary(run: ServeRun, cfg: EngineConfig) -> str | None:
-    """The failed requests by reason, each with what to do; None when every request completed."""
+def failure_summary(run: ServeRun, cfg: EngineConfig, overridden: bool = False) -> str | None:
+    """The failed requests by reason, each with what to do; None when every request completed. ``overridden``: the
+    KV blocks came from --num-gpu-blocks-override."""
     reasons = run.result.failed_reasons
     if not reasons:
         return None
     longest = cfg.max_request_tokens()
-    fill = {"max_model_len": cfg.max_model_len, "kv_tokens": f"{longest:,}" if longest is not None else "any",
-            "max_num_batched_tokens": cfg.max_num_batched_tokens}
+    fill = {"max_model_len": cfg.max_model_len,
+            "kv_tokens": "no request" if not longest else f"a request of {longest:,} tokens at most",
+            "max_num_batched_tokens": cfg.max_num_batched_tokens,
+            "kv_fix": "raise --num-gpu-blocks-override" if overridden else
+                      "raise --gpu-memory-utilization, use more GPUs per replica (--tp) or a larger GPU"}
     return "; ".join(f"{n} request(s) " + FAILURE_HINTS.get(why, why).format(**fill) for why, n in reasons.items())
 
 
@@ -197,14 +204,15 @@ def serve(sc: Scenario, request: ServeRequest, knobs: dict[str, Any] | None = No
     notes = list(sc.assumptions) + [
         f"engine {sc.runtime.name}: {cfg.num_kv_blocks} KV blocks of {cfg.block_size} tokens "
         f"({cap.tokens:,} tokens, {cap.bytes_per_token / 1e3:.1f} kB per token per GPU) from {cap.how}; "
-        + (f"{cap.sliding_groups} of {cap.full_groups + cap.sliding_groups} layers are windowed and hold at most "
-           f"{cap.sliding_window_blocks} blocks per request (KV blocks counted per layer); " if cap.sliding_groups
-           else "")
+        + (f"{cap.sliding_groups} of its {cap.full_groups + cap.sliding_groups} KV groups (one block: {cfg.block_size} "
+           f"tokens of one group) are windowed and hold a decoding request's last {cap.sliding_window_blocks} "
+           f"block(s){', plus its prompt chunk while it is computed' if cfg.sliding_chunk_blocks else ''}; "
+           if cap.sliding_groups else "")
         + f"max_num_seqs {cfg.max_num_seqs}, max_num_batched_tokens {cfg.max_num_batched_tokens}, chunked prefill "
         f"{'on' if cfg.enable_chunked_prefill else 'off'}, preemption by {cfg.preemption_mode}; {s.source[:160]}...",
         f"step times from aisim's step costs of {sc.model} on {sc.device.name} (aisim.studies.serve.timer: dense "
         f"forward traced at 1..{cfg.max_num_batched_tokens} tokens, {s.attention} attention)"]
-    failures = failure_summary(run, cfg)
+    failures = failure_summary(run, cfg, (knobs or {}).get("num_gpu_blocks_override") is not None)
     if failures:
         notes.append(f"failed: {failures}")
     if request.replicas > 1:
