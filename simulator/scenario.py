@@ -334,7 +334,18 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
                    + ("combined by all-to-all" if plan.ep > plan.tp else "all-reduced over the tensor-parallel GPUs"))
     elif experts and plan.tp > 1:
         out.append(f"MoE: every expert's intermediate dimension split over the {plan.tp} tensor-parallel GPUs "
-                   "(vLLM's FusedMoE without expert parallelism), outputs all-reduced")
+                   "(Megatron's scheme per expert, as vLLM's FusedMoE shards without expert parallelism), outputs "
+                   "all-reduced")
+    from .graph.engine import sliding_windows, windowed_fraction
+
+    windows = sliding_windows(config)
+    if windows:
+        share = windowed_fraction(config)
+        layers = config.get("num_hidden_layers") or config.get("n_layer") or 0
+        which = (f"{round(share * layers)} of its {layers} layers attend" if share < 1 and layers
+                 else "every layer attends")
+        out.append(f"sliding-window attention: {which} over and cache at most the last {windows['window']:,} "
+                   "tokens (the KV cache and those layers' attention are sized by the window)")
     return out
 
 
