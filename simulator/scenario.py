@@ -292,7 +292,10 @@ HF_RUNTIMES = ("eager", "graphs", "transformers-cb", "kernel-sum")    # transfor
 
 def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, config: dict,
                      rt: RuntimeSpec) -> list[str]:
+    from .graph.engine import EXPERT_COUNT_KEYS, sliding_windows, windowed_layers
+
     out, runtime = [], rt.name
+    experts = next((config[k] for k in EXPERT_COUNT_KEYS if config.get(k)), None)
     packed = (config.get("quantization_config") or {}).get("quant_method") == "mxfp4"
     if packed:
         out.append("MoE expert weights in MXFP4 as the checkpoint stores them (4.25 bits per weight, whatever "
@@ -306,11 +309,8 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
                    "with outlier split, 2 host syncs, col32 transform, int8 GEMM, dequantization, fp16 outlier "
                    "matmul; aisim.graph.engine); the LM head stays 16-bit")
     elif quant == "fp8" and dev.gpu.peak_flops_per_s.fp8:
-        from .graph.engine import EXPERT_COUNT_KEYS
-
-        moe = any(config.get(k) for k in EXPERT_COUNT_KEYS)
         fused = "fused_moe" in rt.fusions
-        experts_fp8 = ("" if packed or not moe else "; MoE experts fp8 x fp8 (vLLM's Fp8MoEMethod, use_fp8_w8a8), "
+        experts_fp8 = ("" if packed or not experts else "; MoE experts fp8 x fp8 (vLLM's Fp8MoEMethod, use_fp8_w8a8), "
                        "each after its activation's quantization, on the dense fp8 GEMM curve (no fp8 grouped-GEMM "
                        "table is measured)" if fused
                        else "; MoE expert weights stored fp8 (their grouped GEMMs at the 16-bit rate)")
@@ -323,7 +323,6 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
     elif quant != "none":
         out.append(f"--quant {quant}: linear weights read at {quant} width (weight-only); the dequantization "
                    "inside the GEMM kernel is taken as free")
-    experts = config.get("num_local_experts") or config.get("num_experts") or config.get("n_routed_experts")
     if experts and dtype == "fp16" and runtime in HF_RUNTIMES:
         out.append("MoE in fp16: transformers' grouped_mm experts take bf16 only (torch._grouped_mm), so an HF run "
                    "needs --dtype bf16; the expert GEMMs are costed in fp16 as serving engines' fused MoE kernels "
@@ -336,14 +335,11 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
         out.append(f"MoE: every expert's intermediate dimension split over the {plan.tp} tensor-parallel GPUs "
                    "(Megatron's scheme per expert, as vLLM's FusedMoE shards without expert parallelism), outputs "
                    "all-reduced")
-    from .graph.engine import sliding_windows, windowed_fraction
-
     windows = sliding_windows(config)
     if windows:
-        share = windowed_fraction(config)
         layers = config.get("num_hidden_layers") or config.get("n_layer") or 0
-        which = (f"{round(share * layers)} of its {layers} layers attend" if share < 1 and layers
-                 else "every layer attends")
+        windowed = windowed_layers(config, layers)
+        which = f"{windowed} of its {layers} layers attend" if windowed < layers else "every layer attends"
         out.append(f"sliding-window attention: {which} over and cache at most the last {windows['window']:,} "
                    "tokens (the KV cache and those layers' attention are sized by the window)")
     return out

@@ -388,7 +388,7 @@ def transfer_section() -> list[str]:
         "from the eager_attention harness's contiguous cats: 0.85 / 0.82 of bandwidth on H100 / H200 at 2 GiB), "
         "where the median curve of calibrate's elementwise kernels that priced it before sits at 0.89 / 0.80: the "
         "H200's median is pulled down by its SM-bound norms and softmax, which made the H100's GPU-bound decode "
-        "rows 7-11% slow through the H200's file ""(`h100.jsonl` decode transferred 11.02% before).", "",
+        "rows 7-11% slow through the H200's file (`h100.jsonl` decode transferred 11.02% before).", "",
         render_markdown(*transfer_table()), "",
         f"Decode, {DECODE_MODEL}, `--runtime {DECODE_RUNTIME}`, context {DECODE_CONTEXT}: step time per batch and "
         "the effective bandwidth of the batch-1 step (bytes moved / step time / datasheet bandwidth) on every "

@@ -608,6 +608,11 @@ def windowed_fraction(config: dict) -> float:
     return 1.0 if not types else sum("full" not in str(t) for t in types) / len(types)
 
 
+def windowed_layers(config: dict, layers: int) -> int:
+    """How many of ``layers`` decoder layers (all, or one pipeline stage's) have windowed attention."""
+    return round(windowed_fraction(config) * layers)
+
+
 def _layer_index(scope: str) -> int | None:
     parts = scope.split(".")
     for a, b in zip(parts, parts[1:]):

@@ -75,12 +75,12 @@ def sliding_layout(sc: Scenario, layers: int, block_size: int) -> tuple[int, int
     tokens plus the newly scheduled tokens") and frees them afterwards: EngineConfig.sliding_chunk_blocks (the
     chunk's blocks on top of the window's; transformers' ring buffer does not). Known difference: vLLM pads the
     smaller type's groups where the counts share no large divisor; here the gcd is exact."""
-    from ...graph.engine import sliding_windows, windowed_fraction
+    from ...graph.engine import sliding_windows, windowed_layers
 
     windows = sliding_windows(sc.config)
     if not windows:
         return 1, 0, 0
-    sliding = round(windowed_fraction(sc.config) * layers)
+    sliding = windowed_layers(sc.config, layers)
     group = gcd(layers - sliding, sliding)
     window = windows["window"]
     per_request = (-(-window // block_size) if sc.runtime.name == "transformers-cb"
