@@ -294,6 +294,13 @@ class CalibrationSpec(Spec):
         "host time per predicted op in a DynamicCache decode step (decode) or a forward-backward (train: autograd's "
         "recording and backward engine) over the same in their forward, timed in one loop "
         "(validation/framework_overhead.py bench_framework_phases); absent: 1")
+    eager_framework_arch_scale: dict[str, dict[Literal["forward", "decode", "train"], Positive]] = Field(
+        default_factory=dict, description="per HF model_type and phase ('forward' for forward and prefill steps): "
+        "multiplies eager_framework_scale x eager_phase_scale. The tiny model of that architecture's host time per "
+        "predicted op over the median of the four tiny families that eager_framework_scale is fitted on, in the same "
+        "round (validation/harness/framework_arch.py: width 64, never a judged model; "
+        "validation/scripts/derive_framework_arch.py). A phase not listed takes the architecture's 'forward'; an "
+        "architecture not listed, 1")
     eager_step_host_adds: dict[Literal["forward", "train"], NonNegative] = Field(
         default_factory=dict, description="HF's host work once per model call outside the per-op costs (mask "
         "creation, the model-level Python and output wrappers), in plain adds (eager_add_dispatch_s), before "

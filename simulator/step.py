@@ -175,10 +175,11 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
 
         gpu_s, power_w = apply_power_mode(dev.gpu, cal, sc.power, gpu_s, busy_c, busy_m)
         times = [replace(t, gpu_s=g) for t, g in zip(times, gpu_s.tolist())]
-    cpu_s = cpu_costs(a.ops, list(a.kinds), a.launches, cal, rt, w.phase)
+    model_type = sc.config.get("model_type")
+    cpu_s = cpu_costs(a.ops, list(a.kinds), a.launches, cal, rt, w.phase, model_type)
     syncs = np.array([k == "sync" for k in a.kinds])
     # HF's per-call host work happens once per model call: in the first stage's timeline (pp 1), else added once
-    head_s = step_host_s(cal, rt, w.phase)
+    head_s = step_host_s(cal, rt, w.phase, model_type)
     timeline = simulate(gpu_s, cpu_s, a.repeats, syncs, head_s if plan.pp == 1 else 0.0)
     stage_s = timeline.runtime_s + rt.per_step_overhead_s
     # the GPUs of one pipeline stage (tensor x data parallel) work together; the stages run one after another

@@ -638,7 +638,8 @@ def host_scopes_rows(path: Path = HOST_SCOPES) -> list[dict]:
             a = op_arrays(sc, sc.workload(StepShape(phase="decode", batch=c["batch"], seq=c["context"])))
         finally:
             Path(tmp.name).unlink()
-        cpu = cpu_costs(a.ops, list(a.kinds), a.launches, sc.calibration, sc.runtime, phase="decode")
+        cpu = cpu_costs(a.ops, list(a.kinds), a.launches, sc.calibration, sc.runtime, phase="decode",
+                        model_type=config.get("model_type"))
         launch_ms = first.get((c["model"], c["batch"], c["context"]),
                               min(c["clean"]["launch_median_ms"], c["clean_after"]["launch_median_ms"]))
         # the committed run profiled the cache cleanup between steps too (harness fixed since): 2 copies per layer
@@ -839,7 +840,8 @@ def block_host_ms(model: str) -> float:
 
     sc = scenario(str(CONFIGS / f"{model}.json"), DEVICE, dtype="bf16", runtime=RUNTIME)
     arrays = op_arrays(sc, sc.workload(StepShape(phase="decode", batch=1, seq=128)))
-    cpu = cpu_costs(arrays.ops, list(arrays.kinds), arrays.launches, sc.calibration, sc.runtime)
+    cpu = cpu_costs(arrays.ops, list(arrays.kinds), arrays.launches, sc.calibration, sc.runtime,
+                    phase="decode", model_type=sc.config.get("model_type"))
     scopes = [op.scope.split(".mlp")[0] for op in arrays.ops if ".mlp" in (op.scope or "")]
     last = scopes[-1]
     return 1e3 * sum(c for op, c in zip(arrays.ops, cpu) if (op.scope or "").startswith(last + ".mlp"))

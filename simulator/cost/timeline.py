@@ -28,8 +28,18 @@ class Timeline:
 PHASE_SCALE_KEY = {"decode": "decode", "forward-backward": "train", "train": "train"}
 
 
+def host_scale(cal: CalibrationSpec, phase: str = "forward", model_type: str | None = None) -> float:
+    """What every eager host cost of a ``phase`` step of a ``model_type`` model is multiplied by: the calibrated
+    eager_framework_scale, its eager_phase_scale, and the architecture's own eager_framework_arch_scale (1 where the
+    calibration has none for it)."""
+    key = PHASE_SCALE_KEY.get(phase, "")
+    arch = cal.eager_framework_arch_scale.get(model_type or "", {})
+    return cal.eager_framework_scale * cal.eager_phase_scale.get(key, 1.0) * arch.get(key or "forward",
+                                                                                      arch.get("forward", 1.0))
+
+
 def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
-              runtime: RuntimeSpec, phase: str = "forward") -> np.ndarray:
+              runtime: RuntimeSpec, phase: str = "forward", model_type: str | None = None) -> np.ndarray:
     """CPU seconds to issue each op once.
 
     Eager, with the calibrated split: py_calls * P (Python-level torch calls the op's Python code made) plus K
@@ -40,7 +50,8 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
     host time times its ratio (the table's 'kernel' / 'view' entries for ops it does not list; harness/op_host.py).
     Without the split (older files): one ``eager_dispatch_s`` per aten op. All scaled by the calibrated
     ``eager_framework_scale`` (the HF Python between the ops, measured on tiny non-judged models), times the
-    calibration's ``eager_phase_scale`` for the workload ``phase`` (decode, training) where it has one."""
+    calibration's ``eager_phase_scale`` for the workload ``phase`` (decode, training) where it has one and its
+    ``eager_framework_arch_scale`` for ``model_type`` (host_scale)."""
     if runtime.dispatch == "none":
         return np.zeros(len(kinds))
     if runtime.dispatch == "graphs":
@@ -82,7 +93,7 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
             own = cal.eager_op_dispatch_s.get(op.name) if launches[i] else None
             costs[i] = op.attrs.get("py_calls", 0) * cal.eager_python_call_s + (
                 own if own is not None else per_op * max(launches[i], 1))
-    return costs * (cal.eager_framework_scale * cal.eager_phase_scale.get(PHASE_SCALE_KEY.get(phase, ""), 1.0))
+    return costs * host_scale(cal, phase, model_type)
 
 
 def collective_host_adds(cal: CalibrationSpec, group: int) -> float:
@@ -93,7 +104,8 @@ def collective_host_adds(cal: CalibrationSpec, group: int) -> float:
     return cal.eager_collective_host_adds[below[-1] if below else sizes[0]]
 
 
-def step_host_s(cal: CalibrationSpec, runtime: RuntimeSpec, phase: str = "forward") -> float:
+def step_host_s(cal: CalibrationSpec, runtime: RuntimeSpec, phase: str = "forward",
+                model_type: str | None = None) -> float:
     """CPU seconds of HF's work once per model call outside the ops (``eager_step_host_adds`` plain adds, scaled as
     the per-op costs are); eager dispatch with the per-op host table only, else 0."""
     if (runtime.dispatch != "eager" or cal.eager_add_dispatch_s is None or not cal.eager_op_host_ratio
@@ -101,7 +113,7 @@ def step_host_s(cal: CalibrationSpec, runtime: RuntimeSpec, phase: str = "forwar
         return 0.0
     key = PHASE_SCALE_KEY.get(phase, "")
     adds = cal.eager_step_host_adds.get("train" if key == "train" else "forward", 0.0)
-    return adds * cal.eager_add_dispatch_s * cal.eager_framework_scale * cal.eager_phase_scale.get(key, 1.0)
+    return adds * cal.eager_add_dispatch_s * host_scale(cal, phase, model_type)
 
 
 def simulate(gpu_s: np.ndarray, cpu_s: np.ndarray, repeats: np.ndarray, syncs: np.ndarray,

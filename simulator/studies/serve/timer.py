@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...cost.efficiency import SDPA_QUERY_BLOCK, masked_attention_efficiency
+from ...cost.timeline import host_scale
 from ...graph.engine import sliding_windows, windowed_fraction
 from ...scenario import Scenario
 from ...step import step_cost
@@ -200,7 +201,7 @@ class StepCostTimer:
         py = cal.eager_python_call_s or 0.0
         kernel = (cal.eager_kernel_dispatch_s or cal.eager_dispatch_s) + py
         view = (cal.eager_view_dispatch_s or cal.eager_dispatch_s) + py
-        scale = cal.eager_framework_scale
+        scale = host_scale(cal, "forward", self.sc.config.get("model_type"))
         return self.dims.layers * (s.extra_layer_ops * kernel + s.extra_layer_views * view) * scale
 
     # ---- attention
