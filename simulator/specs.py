@@ -300,7 +300,8 @@ class CalibrationSpec(Spec):
         "predicted op over the median of the four tiny families that eager_framework_scale is fitted on, in the same "
         "round (validation/harness/framework_arch.py: width 64, never a judged model; "
         "validation/scripts/derive_framework_arch.py). A phase not listed takes the architecture's 'forward'; an "
-        "architecture not listed, 1")
+        "architecture not listed, 1. The shipped files set none: measured on one H100 host, the table did not make "
+        "the measured suites better overall (derive_framework_arch --evaluate)")
     eager_step_host_adds: dict[Literal["forward", "train"], NonNegative] = Field(
         default_factory=dict, description="HF's host work once per model call outside the per-op costs (mask "
         "creation, the model-level Python and output wrappers), in plain adds (eager_add_dispatch_s), before "

@@ -410,3 +410,27 @@ def test_train_step_smoke(train_run):
         assert case["tokens_per_step"] == case["batch"] * case["seq"] * case["world"]
     assert cases["tiny-llama/fsdp2x2/bf16-mixed/ckpt/2x32"]["mixed_precision_impl"].startswith("FSDP2")
     assert "autocast" in cases["tiny-llama/ddpx2/bf16-mixed/nockpt/2x32"]["mixed_precision_impl"]
+
+
+def test_framework_arch_smoke_and_derive(tmp_path, isolated_env):
+    """The per-architecture host harness on the CPU (four families and one MoE architecture), then its derivation:
+    per round the four families' median is 1, so their table values straddle 1, and the MoE model has no train
+    phase (no forward-backward)."""
+    from aisim.validation.harness import framework_arch
+    from aisim.validation.scripts import derive_framework_arch as derive
+
+    path = tmp_path / "arch.jsonl"
+    assert framework_arch.main(["--smoke", "--only", "llama,opt,gpt2,bloom,qwen2_moe", "--out", str(path)]) == 0
+    records = read_jsonl(path)
+    check_header(records[0], "framework_arch")
+    timed = [r for r in records if r.get("bench") == "framework_arch"]
+    assert all(r["status"] == "ok" and r["time_s"] > 0 for r in timed), [r.get("error") for r in timed]
+    assert {r["phase"] for r in timed if r["arch"] == "qwen2_moe"} == {"forward", "decode"}
+    ok, configs, headers = derive.read([path])
+    table, per_round = derive.derive(ok, configs, "h100-sxm")
+    assert set(table) == {"llama", "opt", "gpt2", "bloom", "qwen2_moe"} and "train" not in table["qwen2_moe"]
+    for phase in ("forward", "decode", "train"):
+        base = sorted(table[f][phase] for f in ("llama", "opt", "gpt2", "bloom"))
+        assert base[1] <= 1.0 + 1e-9 <= base[2] + 2e-3, (phase, base)
+    with pytest.raises(SystemExit):
+        framework_arch.main(["--smoke", "--only", "nosuch", "--out", str(tmp_path / "x.jsonl")])

@@ -475,3 +475,22 @@ def test_a_refit_calibration_keeps_the_per_op_table_and_collective_adds():
     fitted = fit_overheads([r for r in raw if r.get("bench") in ("overhead", "framework")], default_calibration())
     assert fitted["eager_op_host_ratio"] == default_calibration().eager_op_host_ratio
     assert fitted["eager_collective_host_adds"] == default_calibration().eager_collective_host_adds != {}
+
+
+def test_framework_arch_scale_multiplies_the_host_of_its_architecture_only():
+    """eager_framework_arch_scale: a host-bound eager decode step of a llama model takes (about) twice as long with
+    llama's decode scale at 2; an OPT step and llama's forward (no forward entry: 1) do not move."""
+    import aisim
+    from aisim.specs import load_calibration
+
+    cal = load_calibration("h100-sxm")
+    scaled = cal.model_copy(update={"eager_framework_arch_scale": {"llama": {"decode": 2.0}}})
+
+    def run(model, workload, c):
+        return aisim.estimate(model, "h100", workload=workload, batch=1, seq=128, dtype="fp16", runtime="eager",
+                              calibration=c).runtime_ms
+
+    base, doubled = run("Llama-2-7b-hf", "decode", cal), run("Llama-2-7b-hf", "decode", scaled)
+    assert 1.8 < doubled / base <= 2.05
+    assert run("opt-1.3b", "decode", scaled) == run("opt-1.3b", "decode", cal)
+    assert run("Llama-2-7b-hf", "forward", scaled) == run("Llama-2-7b-hf", "forward", cal)

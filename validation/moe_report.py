@@ -24,8 +24,10 @@ RERUN = Path(__file__).parent / "data" / "moe" / "moe-h100-rerun.jsonl"
 # The first (scored) run, the rerun, and five more runs of the fixed harness (profile off), default experts path
 # only, each on the H100 machine the device lent at the time, 2026-11-26: run3 (its host lines failed: the machine
 # lacked pydantic), run4, run5 (OLMoE and Qwen1.5-MoE only), run6 and run7 (after the per-op host table was
-# committed: its estimates are predictions) with host lines (validation/host.py).
-RUNS = (DATA, RERUN, *(Path(__file__).parent / "data" / "moe" / f"moe-h100-run{i}.jsonl" for i in (3, 4, 5, 6, 7, 8)))
+# committed: its estimates are predictions) with host lines (validation/host.py); run9 on 2026-11-27 13:24 (aisim's
+# MoE estimates unchanged since run8's session; right after the framework_arch harness in the same call).
+RUNS = (DATA, RERUN, *(Path(__file__).parent / "data" / "moe" / f"moe-h100-run{i}.jsonl"
+                       for i in (3, 4, 5, 6, 7, 8, 9)))
 # harness/host_scopes.py right after run6 and run7, on their hosts (a diagnostic: per-scope and per-op host time)
 HOST_SCOPES = Path(__file__).parent / "data" / "kernels" / "host-scopes-h100.jsonl"
 HOST_SCOPES_RUNS = (HOST_SCOPES, *(HOST_SCOPES.with_name(f"host-scopes-h100-run{i}.jsonl") for i in (2, 3)))

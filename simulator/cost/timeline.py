@@ -93,7 +93,11 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
             own = cal.eager_op_dispatch_s.get(op.name) if launches[i] else None
             costs[i] = op.attrs.get("py_calls", 0) * cal.eager_python_call_s + (
                 own if own is not None else per_op * max(launches[i], 1))
-    return costs * host_scale(cal, phase, model_type)
+    scale = host_scale(cal, phase, model_type)
+    # collectives: their host cost was derived against the family-median scale (derive_collective_host), not the
+    # architecture's
+    comm = np.array([k == "comm" for k in kinds], dtype=bool)
+    return costs * np.where(comm, host_scale(cal, phase), scale)
 
 
 def collective_host_adds(cal: CalibrationSpec, group: int) -> float:
