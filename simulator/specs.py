@@ -439,6 +439,12 @@ class ServingSpec(Spec):
                                               "forward (scheduling, batch preparation, sampling, detokenizing)")
     scheduler_overhead_per_seq_s: NonNegative = Field(0.0, description="the part of it that grows with each "
                                                       "running sequence")
+    prefill_slack_tokens: int = Field(0, ge=0, description="room a prompt chunk's KV block allocation leaves "
+                                      "beyond the chunk's tokens (EngineConfig.prefill_slack_tokens)")
+    attention_graph_build_s: NonNegative = Field(
+        0.0, description="host time to build the attention kernel's execution graph for a query and key count the "
+        "engine has not run before (cuDNN SDPA caches one graph per exact shape for the engine's lifetime); added "
+        "to a step once per new attention shape in it, per simulated replica run")
     attention: Literal["varlen", "packed-mask"] = Field(
         "varlen", description="varlen: each sequence attends to its own context (flash varlen / paged kernels); "
         "packed-mask: one SDPA over all the step's queries and keys with a block-diagonal mask (transformers CB)")

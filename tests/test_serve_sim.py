@@ -453,3 +453,43 @@ def test_vllm_windowed_layers_hold_the_prompt_chunk_while_it_is_computed():
     assert result.completed == 2 and (table.tokens_emitted == table.output_tokens).all()
     tight = chunked.model_copy(update={"num_kv_blocks": 14})
     assert run(workload([0.0], [40], [4]), H100_7B, tight)[0].failed_reasons == {"kv_capacity": 1}
+
+
+class BuildingTimer(RecordingTimer):
+    """A LinearStepTimer whose engine builds an attention graph per new (queries, keys) pair, as cuDNN SDPA under
+    transformers CB does (StepCostTimer.graph_build_s / attention_shapes)."""
+
+    graph_build_s = 0.05
+    waiting_power_w = 100.0
+
+    def attention_shapes(self, shape: BatchShape):
+        return ((shape.tokens, round(shape.decode_ctx_tokens + shape.prefill_ctx_tokens)),)
+
+
+def test_attention_graph_is_built_once_per_shape_per_replica_run():
+    """Two waves of identical requests: the second wave's steps repeat the first wave's shapes, so only the first
+    wave pays the build; the same requests spread over time (different shapes) pay it every step."""
+    inner = LinearStepTimer(base_s=5e-3, per_token_s=1e-6)
+    engine = EngineConfig(num_kv_blocks=8, block_size=16, max_num_seqs=4, max_num_batched_tokens=256)
+    timer = BuildingTimer(inner)
+    runs = simulate(workload([0.0] * 8, [32] * 8, [6] * 8), timer, engine)
+    shapes = [(s.tokens, round(s.decode_ctx_tokens + s.prefill_ctx_tokens)) for s in timer.shapes]
+    steps = np.diff([0.0, *runs.replicas[0].step_end_s])
+    plain = np.array([inner.step_time_s(s) for s in timer.shapes])
+    new = np.array([shape not in shapes[:i] for i, shape in enumerate(shapes)])
+    assert new.sum() < len(shapes) and new[0]          # the second wave repeats the first wave's shapes
+    assert np.allclose(steps, plain + 0.05 * new)
+    assert runs.replicas[0].energy_j == pytest.approx(sum(inner.step_energy_j(s) for s in timer.shapes)
+                                                      + 0.05 * new.sum() * 100.0)
+
+
+def test_transformers_cb_prefill_allocation_leaves_room_for_two_tokens():
+    """transformers CB gives a 1024-token prompt 5 blocks of 256 (floor((1024 + 1) / 256) + 1), vLLM's cdiv 4: on
+    160 blocks, 32 such requests run at once, not 40."""
+    wl = workload([0.0] * 64, [1024] * 64, [64] * 64)
+    for slack, expected in ((2, 32), (0, 40)):
+        engine = EngineConfig(num_kv_blocks=160, block_size=256, max_num_seqs=1024, max_num_batched_tokens=65536,
+                              prefill_slack_tokens=slack)
+        timer = RecordingTimer(LinearStepTimer(base_s=1e-3))
+        simulate(wl, timer, engine)
+        assert timer.shapes[0].prefill_seqs == expected

@@ -72,6 +72,10 @@ class EngineConfig(BaseModel):
                                        "holds per request at most (vLLM: cdiv(window - 1, block_size) + 1)")
     sliding_chunk_blocks: bool = Field(False, description="a sliding-window group also holds the blocks of the "
                                        "prompt chunk a step computes, freed once it is computed (vLLM)")
+    prefill_slack_tokens: int = Field(0, ge=0, le=65_536, description="room a prompt chunk's block allocation "
+                                      "leaves beyond the chunk's tokens: transformers CB allocates "
+                                      "floor((tokens - free + 1) / block_size) + 1 blocks when a chunk does not fit "
+                                      "its free slots (2); vLLM cdiv (0)")
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     scheduler_overhead_s: float = Field(0.0, ge=0, le=10.0, description="CPU time per step, added to each step")
 
@@ -286,7 +290,8 @@ class ReplicaScheduler:
             if r.state != PREFILL:
                 continue
             chunk = self._chunk(r, budget)
-            blocks = _cdiv(r.computed + chunk, self.bs)
+            end = r.computed + chunk
+            blocks = r.blocks if end <= r.blocks * self.bs else _cdiv(end + self.cfg.prefill_slack_tokens, self.bs)
             held = self.cfg.units(blocks, chunk)
             need = held - r.units
             preempted_self = False
@@ -337,7 +342,7 @@ class ReplicaScheduler:
             if not cfg.enable_chunked_prefill and budget < wanted <= cfg.max_num_batched_tokens:
                 break
             chunk = min(wanted, budget)
-            blocks = _cdiv(chunk, self.bs)
+            blocks = _cdiv(chunk + self.cfg.prefill_slack_tokens, self.bs)
             need = self.cfg.units(blocks, chunk)
             if need > self.free_blocks:
                 break

@@ -159,6 +159,7 @@ def engine_config(sc: Scenario, knobs: dict[str, Any]) -> tuple[EngineConfig, Kv
         "kv_bytes_per_token": cap.bytes_per_token, "full_groups": cap.full_groups,
         "sliding_groups": cap.sliding_groups, "sliding_window_blocks": cap.sliding_window_blocks,
         "sliding_chunk_blocks": bool(cap.sliding_groups) and sc.runtime.name != "transformers-cb",
+        "prefill_slack_tokens": values["prefill_slack_tokens"],
         "max_model_len": _max_model_len(sc)}, ENGINE_FLAGS)
     return cfg, cap
 

@@ -161,6 +161,32 @@ class StepCostTimer:
         power = cost.energy_j / cost.runtime_s if cost.runtime_s else 0.0
         return max(cost.gpu_busy_s - attention_s, 0.0), cost.cpu_busy_s, power
 
+    # ---- the attention graph cache (runtime serving.attention_graph_build_s)
+    @property
+    def graph_build_s(self) -> float:
+        """Host time of one attention graph build, 0 where the engine has no per-shape build."""
+        return self.serving.attention_graph_build_s if self.serving is not None else 0.0
+
+    @property
+    def waiting_power_w(self) -> float:
+        """The GPU's power while it waits for the host (an attention graph build)."""
+        from ...cost.energy import waiting_power_w
+
+        return waiting_power_w(self.sc.device.gpu, self.sc.calibration)
+
+    def attention_shapes(self, shape: BatchShape) -> tuple[tuple[int, int], ...]:
+        """The (query tokens, key tokens) of the step's attention calls, one per distinct layer kind: the packed
+        batch's keys are every sequence's context (the new tokens included); a sliding-window layer's, at most its
+        window per sequence (windowed)."""
+        q = shape.tokens
+        full = (q, round(shape.decode_ctx_tokens + shape.prefill_ctx_tokens))
+        if not self._window:
+            return (full,)
+        share, window = self._window
+        w = windowed(shape, window)
+        clipped = (q, round(w.decode_ctx_tokens + w.prefill_ctx_tokens))
+        return (clipped,) if share >= 1.0 else (full, clipped)
+
     # ---- the StepTimer protocol
     def step_time_s(self, shape: BatchShape) -> float:
         return self._cost(shape)[0]
