@@ -439,7 +439,7 @@ class ServingSpec(Spec):
                                               "forward (scheduling, batch preparation, sampling, detokenizing)")
     scheduler_overhead_per_seq_s: NonNegative = Field(0.0, description="the part of it that grows with each "
                                                       "running sequence")
-    prefill_slack_tokens: int = Field(0, ge=0, description="room a prompt chunk's KV block allocation leaves "
+    prefill_slack_tokens: int = Field(0, ge=0, le=65_536, description="room a prompt chunk's KV block allocation leaves "
                                       "beyond the chunk's tokens (EngineConfig.prefill_slack_tokens)")
     attention_graph_build_s: NonNegative = Field(
         0.0, description="host time to build the attention kernel's execution graph for a query and key count the "

@@ -468,7 +468,7 @@ class BuildingTimer(RecordingTimer):
 
 def test_attention_graph_is_built_once_per_shape_per_replica_run():
     """Two waves of identical requests: the second wave's steps repeat the first wave's shapes, so only the first
-    wave pays the build; the same requests spread over time (different shapes) pay it every step."""
+    wave pays the build; two replicas each pay their own."""
     inner = LinearStepTimer(base_s=5e-3, per_token_s=1e-6)
     engine = EngineConfig(num_kv_blocks=8, block_size=16, max_num_seqs=4, max_num_batched_tokens=256)
     timer = BuildingTimer(inner)
@@ -481,6 +481,30 @@ def test_attention_graph_is_built_once_per_shape_per_replica_run():
     assert np.allclose(steps, plain + 0.05 * new)
     assert runs.replicas[0].energy_j == pytest.approx(sum(inner.step_energy_j(s) for s in timer.shapes)
                                                       + 0.05 * new.sum() * 100.0)
+    two = BuildingTimer(inner)
+    runs2 = simulate(workload([0.0] * 16, [32] * 16, [6] * 16), two, engine, replicas=2)
+    assert [r.step_end_s for r in runs2.replicas] == [runs.replicas[0].step_end_s] * 2
+
+
+def test_windowed_model_attention_shapes_are_unique_and_clip_to_the_window():
+    """StepCostTimer.attention_shapes for gpt-oss-20b (half its layers windowed at 128): one shape while every
+    context is inside the window, two (full, clipped) beyond it; a replica builds each once."""
+    from aisim.scenario import scenario
+    from aisim.studies.serve.timer import StepCostTimer
+
+    timer = StepCostTimer(scenario("gpt-oss-20b", "h100", dtype="bf16", runtime="transformers-cb"), 256)
+    assert timer.graph_build_s > 0 and timer.waiting_power_w > 0
+    assert timer.attention_shapes(BatchShape(100, 100.0 * 100, 1, 0, 0.0, 100.0)) == ((100, 100),)
+    assert timer.attention_shapes(BatchShape(0, 0.0, 0, 4, 4 * 1000.0)) == ((4, 4000), (4, 4 * 128))
+
+
+def test_prefill_slack_counts_in_the_capacity_check():
+    """A request whose prompt needs the slack's extra block is rejected up front, not left to block the queue."""
+    engine = EngineConfig(num_kv_blocks=4, block_size=256, max_num_seqs=8, max_num_batched_tokens=4096,
+                          prefill_slack_tokens=2)
+    runs = simulate(workload([0.0, 0.0], [1024, 512], [1, 8]), RecordingTimer(LinearStepTimer(base_s=1e-3)), engine)
+    assert [r.reject_reason for r in runs.requests] == ["kv_capacity", None]
+    assert runs.requests[1].finish_s is not None
 
 
 def test_transformers_cb_prefill_allocation_leaves_room_for_two_tokens():

@@ -261,8 +261,9 @@ from a non-contiguous view that PyTorch runs with its generic elementwise kernel
 costed as contiguous copies they made every run 11-22% fast per output token. An H100 profile of the engine's own
 steps (validation/data/profiles/cb-*-profile.txt; `python -m aisim.validation.scripts.derive_cb_host --profiles`)
 puts them at 43 of 105 ms of kernel time in a 64 x 1024 decode step of Llama-3-8B; aisim now costs them on the
-calibration's strided-operand curve. The ~44 ms every step adds on the host is cuDNN building an SDPA graph for
-each new query/key count (the same profile: 42.7-43.7 ms per call with a new key length, 0.4 ms repeated). Left:
+calibration's strided-operand curve. The ~44 ms a step adds on the host when its query/key count is new to the
+engine is cuDNN building an SDPA graph (the same profile: 42.7-43.7 ms per call with a new key length, 0.4 ms
+repeated); a step whose counts recur reuses the graph (aisim serve: once per shape per replica run). Left:
 the Qwen2.5-1.5B offline and 4 req/s runs are short on TTFT (table above): their first 8192-token prefill and first
 one-request decode took 0.3-0.7 s more once per process (not in the Llama-3-8B runs; likely a one-time kernel
 compilation), and the 4 req/s run's decode steps ran up to a third slower than the same shapes at 16 req/s (host

@@ -342,8 +342,6 @@ def tiny_architectures() -> dict[str, dict]:
     return {**TINY, **TINY_MOE, **shrunk}
 
 
-
-
 def with_layers(config: dict, layers: int) -> dict:
     """``config`` with every layer stack ``layers`` deep."""
     from aisim.graph.build import layer_keys

@@ -1,9 +1,15 @@
-"""Derive transformers-cb's per-step host loop time (hardware_specs/runtimes/transformers-cb.yaml,
-serving.scheduler_overhead_s) from the engine run on a 2-layer, 256-wide model whose GPU work is negligible
+"""Derive transformers-cb's per-step host times (hardware_specs/runtimes/transformers-cb.yaml, serving.
+attention_graph_build_s and scheduler_overhead_s).
+
+attention_graph_build_s: cuDNN SDPA called alone with a key count new at each call, less the same call repeated
+(the profile_sdpa_fresh records of the engine profiles, validation/data/profiles/cb-*-profile.jsonl: a
+microbenchmark of one kernel call, not the serving runs).
+scheduler_overhead_s: from the engine run on a 2-layer, 256-wide model whose GPU work is negligible
 (validation/data/serve/cbhost-llama-h100.jsonl, written by validation/harness/serve_cb.py --model cbhost-llama):
 each step's cycle (its recorded time plus the gap to the next step) less aisim's own estimate of that model's
-forward and the profile's batch-preparation terms is the loop's host work. The median over every step of the
-three runs is the calibration. None of the judged serving runs (cb-qwen2.5-1.5b, cb-llama-3-8b) is read.
+forward, the profile's batch-preparation terms and one graph build where the step's shape is new in its run is the
+loop's host work. The median over every step of the three runs is the calibration. None of the judged serving runs
+(cb-qwen2.5-1.5b, cb-llama-3-8b) is read.
 
     python -m aisim.validation.scripts.derive_cb_host [--profiles]
 
@@ -38,6 +44,8 @@ def graph_build_s() -> dict:
         for r in map(json.loads, path.read_text().splitlines() if path.is_file() else []):
             if r.get("type") == "profile_sdpa_fresh":
                 builds[name] = (r["wall_ms"]["K+1 per call"] - r["wall_ms"]["same K"]) / 1e3
+    if not builds:
+        raise SystemExit(f"no profile_sdpa_fresh records in {PROFILES}/cb-*-profile.jsonl")
     return {"per_model_s": builds, "median_s": float(np.median(list(builds.values())))}
 
 

@@ -17,7 +17,7 @@ the named calibration files. --evaluate prints every measured H100 / H200 datase
 without and with the table.
 
 Not shipped. From validation/data/kernels/framework-arch-h100.jsonl (one H100 host, 13 rounds) the table gives llama
-about 0.81, gpt2 1.1 and the MoE architectures 0.87-1.02; it made h100.jsonl and h200.jsonl better (decode 10.6 ->
+about 0.81, gpt2 1.1 and the MoE architectures 0.87-1.03; it made h100.jsonl and h200.jsonl better (decode 10.6 ->
 6.8%, 7.6 -> 6.4%) and the later runs of the same suite, the TP suites and every MoE run worse (MoE decode of the
 scored run 15.3 -> 17.9%): the tiny models' differences between architectures are not the real models' (the
 reruns' hosts differ from each other more than the architectures do), so the file keeps one scale for all.

@@ -95,10 +95,11 @@ class EngineConfig(BaseModel):
 
     def peak_units(self, tokens: int) -> int:
         """Pool blocks a request of ``tokens`` KV tokens (input + output - 1) holds at its largest, with a prompt
-        chunk in flight (a recompute after preemption prefills it all), as vLLM sizes a windowed layer for a request
-        of max_model_len (SlidingWindowSpec.max_memory_usage_bytes)."""
+        chunk in flight (a recompute after preemption prefills it all, with prefill_slack_tokens of room), as vLLM
+        sizes a windowed layer for a request of max_model_len (SlidingWindowSpec.max_memory_usage_bytes)."""
         chunk = min(tokens, self.max_num_batched_tokens, self.long_prefill_token_threshold or tokens)
-        return self.units(_cdiv(tokens, self.block_size), chunk)
+        # a prompt chunk's allocation leaves prefill_slack_tokens of room (a recompute near the end re-prefills all)
+        return self.units(_cdiv(tokens + self.prefill_slack_tokens, self.block_size), chunk)
 
     def max_request_tokens(self) -> int | None:
         """The most KV tokens (input + output - 1) of a request the pool holds alone (peak_units); None when every

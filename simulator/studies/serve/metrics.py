@@ -55,7 +55,9 @@ class ServeResult(BaseModel):
     median_e2el_ms: float
     std_e2el_ms: float
     percentiles: dict[str, float] = Field(description="vLLM keys: p99_ttft_ms, p90_itl_ms, ... (milliseconds)")
-    energy_j: float = Field(description="sum of step energies; idle gaps, CPU overhead and swaps cost none")
+    energy_j: float = Field(description="sum of step energies (the engine's per-step host work at the step's "
+                            "power, attention graph builds at the GPU's waiting power); idle gaps and swaps cost "
+                            "none")
     energy_j_per_output_token: float
     kv_cache_peak_utilization: float = Field(description="peak used / total KV blocks, worst replica")
     num_preemptions: int

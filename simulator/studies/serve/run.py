@@ -212,7 +212,9 @@ def serve(sc: Scenario, request: ServeRequest, knobs: dict[str, Any] | None = No
         + f"max_num_seqs {cfg.max_num_seqs}, max_num_batched_tokens {cfg.max_num_batched_tokens}, chunked prefill "
         f"{'on' if cfg.enable_chunked_prefill else 'off'}, preemption by {cfg.preemption_mode}; {s.source[:160]}...",
         f"step times from aisim's step costs of {sc.model} on {sc.device.name} (aisim.studies.serve.timer: dense "
-        f"forward traced at 1..{cfg.max_num_batched_tokens} tokens, {s.attention} attention)"]
+        f"forward traced at 1..{cfg.max_num_batched_tokens} tokens, {s.attention} attention)"
+        + (f"; the attention kernel's graph is built once per new (queries, keys) shape of a replica's run, "
+           f"{s.attention_graph_build_s * 1e3:.1f} ms each on the host" if s.attention_graph_build_s else "")]
     failures = failure_summary(run, cfg, (knobs or {}).get("num_gpu_blocks_override") is not None)
     if failures:
         notes.append(f"failed: {failures}")

@@ -6,7 +6,8 @@ Time on a replica: a step planned at clock t (with every request that arrived by
 and its tokens are emitted at t + dt. The last term is an engine whose attention kernel builds an execution graph
 per exact shape and keeps it for the engine's lifetime (cuDNN SDPA under transformers CB: the timer's graph_build_s
 and attention_shapes; PyTorch aten/src/ATen/native/cudnn/MHA.cpp, MHAParams holds the sizes and strides,
-MHAGraphCache is a thread_local unordered_map without eviction); a replica's run starts with none built. vLLM v1 can overlap the CPU scheduling of step k+1 with the GPU work of
+MHAGraphCache is a thread_local unordered_map without eviction); a replica's run starts with none built, and the
+GPU waits at its waiting power meanwhile. vLLM v1 can overlap the CPU scheduling of step k+1 with the GPU work of
 step k (--async-scheduling); pass the non-overlapped part as scheduler_overhead_s. An idle replica jumps to its
 next arrival. The first output token comes from the step that finishes the prompt (vllm/v1/core/sched/
 scheduler.py `update_from_output`), each later token from one decode step.
@@ -123,9 +124,10 @@ class _Runner:
             dt = timer.step_time_s(shape) + self.overhead_s + sched.swap_bytes * self.s_per_swap_byte
             if self.build_s:
                 new = [key for key in timer.attention_shapes(shape) if key not in self.built]
-                self.built.update(new)
-                dt += self.build_s * len(new)
-                stats.energy_j += self.build_s * len(new) * self.build_w
+                if new:
+                    self.built.update(new)
+                    dt += self.build_s * len(new)
+                    stats.energy_j += self.build_s * len(new) * self.build_w
             stats.energy_j += timer.step_energy_j(shape)
             stats.in_system_area += sched.in_system() * dt
             stats.batch_seqs_sum += shape.prefill_seqs + shape.decode_seqs

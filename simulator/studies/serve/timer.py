@@ -183,9 +183,9 @@ class StepCostTimer:
         if not self._window:
             return (full,)
         share, window = self._window
-        w = windowed(shape, window)
-        clipped = (q, round(w.decode_ctx_tokens + w.prefill_ctx_tokens))
-        return (clipped,) if share >= 1.0 else (full, clipped)
+        clipped = (q, round(min(shape.decode_ctx_tokens, float(shape.decode_seqs) * window)     # as windowed()
+                            + min(shape.prefill_ctx_tokens, float(shape.prefill_seqs) * window + shape.prefill_tokens)))
+        return (clipped,) if share >= 1.0 or clipped == full else (full, clipped)
 
     # ---- the StepTimer protocol
     def step_time_s(self, shape: BatchShape) -> float:
