@@ -78,7 +78,7 @@ def _estimated_metrics(model: str, device: str, trace: Path) -> dict[str, float]
     sc = scenario(model, device, dtype="bf16", runtime="transformers-cb")
     result = serve(sc, ServeRequest(trace_path=trace, metric_percentiles=[90.0]))[0].result
     flat = result.flat()
-    return {k: flat[k] for k, _ in METRICS}
+    return {**{k: flat[k] for k, _ in METRICS}, "j_per_output_token": result.energy_j_per_output_token}
 
 
 def compare_runs(pattern: str = "cb-*.jsonl") -> list[dict]:
@@ -90,7 +90,8 @@ def compare_runs(pattern: str = "cb-*.jsonl") -> list[dict]:
             header, runs = measured_runs(path)
             device = DEVICES[header["gpu_name"]]
             for r in runs:
-                measured = _measured_metrics(r)
+                measured = {**_measured_metrics(r),
+                            "j_per_output_token": (r.get("energy") or {}).get("j_per_output_token")}
                 estimated = _estimated_metrics(str(MODELS[r["model"]]), device, _trace(r, Path(tmp)))
                 rows.append({"model": r["model"], "device": device, "mode": r["mode"], "rate": r.get("rate_req_s"),
                              "requests": len(r["requests"]), "measured": measured, "estimated": estimated,
@@ -101,13 +102,17 @@ def compare_runs(pattern: str = "cb-*.jsonl") -> list[dict]:
     return rows
 
 
+def _run_name(r: dict) -> str:
+    return r["mode"] + (f" {r['rate']:g} req/s" if r["rate"] else "")
+
+
 def _runs_table(rows: list[dict], with_model: bool = True) -> list[str]:
     """Markdown table of compare_runs rows: each metric measured / aisim / error, with a model column or not."""
     model = ("| Model ", "| :--- ") if with_model else ("", "")
     out = [model[0] + "| Run | n | " + " | ".join(f"{label} (meas / aisim / err)" for _, label in METRICS) + " |",
            model[1] + "| :--- | ---: | " + " | ".join("---:" for _ in METRICS) + " |"]
     for r in rows:
-        run_name = r["mode"] + (f" {r['rate']:g} req/s" if r["rate"] else "")
+        run_name = _run_name(r)
         cells = [f"{r['measured'][k]:.1f} / {r['estimated'][k]:.1f} / {100 * r['error'][k]:+.1f}%" for k, _ in METRICS]
         out.append((f"| {r['model']} " if with_model else "") + f"| {run_name} | {r['requests']} | "
                    + " | ".join(cells) + " |")
@@ -127,6 +132,16 @@ def serve_section(rows: list[dict] | None = None) -> list[str]:
     out += ["", "Goals (serving issue): " + ", ".join(f"{labels[k]} within {goal:g}% ({mape[k]:.1f}%)"
                                                     for k, goal in GOALS_PCT.items())
             + ": " + ("met." if not missed else "missed: " + ", ".join(missed) + ".")]
+    energy = [(r, r["measured"]["j_per_output_token"], r["estimated"]["j_per_output_token"]) for r in rows
+              if r["measured"].get("j_per_output_token")]
+    if energy:
+        out += ["", "Energy per output token, not scored (the runs' NVML energy over the run / output tokens, "
+                "measured / aisim): " + "; ".join(
+                    f"{r['model']} {_run_name(r)} {m:.3f} / {e:.3f} J" for r, m, e in energy)
+                + f" (MAPE {paired_mape_pct([e for _, _, e in energy], [m for _, m, _ in energy]):.1f}%; aisim "
+                f"lower on {sum(e < m for _, m, e in energy)} of {len(energy)} runs). aisim charges a step's forward and the engine's per-step host work at the "
+                "forward's power and an attention graph build at the GPU's waiting power (the calibration's "
+                "active idle), where the GPU idles."]
     return out
 
 
