@@ -207,19 +207,34 @@ def write_plan_csv(result, path) -> None:
             w.writerow(["" if v is None else v for v in _plan_row(c)])
 
 
+def _metric(metrics: dict, key: str):
+    """A latency metric by its SLO name (median_* is also p50_*)."""
+    return metrics.get(key, metrics.get(key.replace("median_", "p50_")))
+
+
+def _metric_label(key: str) -> str:
+    """'p90_ttft_ms' -> 'p90 TTFT ms'."""
+    return " ".join(w.upper() if w in ("ttft", "tpot", "itl", "e2el") else w for w in key.split("_"))
+
+
 def print_plan(result) -> None:
     slo = ", ".join(f"{k} <= {v:g}" for k, v in result.slo.items()) or "none"
     console.print(f"[bold]{result.model}[/] at {result.rate_per_s:g} req/s, SLO {slo}: {result.considered} "
                   f"configurations considered, {result.simulated} simulated")
-    table = Table(title="cheapest configuration per GPU that meets the SLOs", header_style="bold")
-    for col in ("device", "runtime", "tp x replicas", "GPUs", "median TTFT ms", "median TPOT ms", "tok/s/GPU",
-                "$/hour", "$/M out tok", "J/tok", "kWh/day"):
+    table = Table(title="cheapest configuration per GPU that meets the SLOs (latencies: one replica at the rate / "
+                  "replicas)", header_style="bold")
+    # the latency columns are the SLO's own metrics where it names one (p90 TTFT, ...), else the medians
+    ttft = next((k for k in result.slo if "ttft" in k), "median_ttft_ms")
+    tpot = next((k for k in result.slo if "tpot" in k), "median_tpot_ms")
+    for col in ("device", "runtime", "tp x replicas", "max seqs", "GPUs", _metric_label(ttft), _metric_label(tpot),
+                "tok/s/GPU", "$/hour", "$/M out tok", "J/tok", "kWh/day"):
         table.add_column(col, justify="right")
     for c in result.cheapest_per_device.values():
-        table.add_row(c.device, c.runtime, f"{c.tp} x {c.replicas}", str(c.gpus), _fmt(c.metrics.get("median_ttft_ms")),
-                      _fmt(c.metrics.get("median_tpot_ms")), _fmt(c.output_tokens_per_s_per_gpu, 1),
-                      _fmt(c.usd_per_hour), _fmt(c.usd_per_million_output_tokens, 3),
-                      _fmt(c.joules_per_output_token, 3), _fmt(c.kwh_per_day, 1))
+        table.add_row(c.device, c.runtime, f"{c.tp} x {c.replicas}", str(c.max_num_seqs), str(c.gpus),
+                      _fmt(_metric(c.metrics, ttft)), _fmt(_metric(c.metrics, tpot)),
+                      _fmt(c.output_tokens_per_s_per_gpu, 1), _fmt(c.usd_per_hour),
+                      _fmt(c.usd_per_million_output_tokens, 3), _fmt(c.joules_per_output_token, 3),
+                      _fmt(c.kwh_per_day, 1))
     console.print(table)
     for key, why in result.not_feasible.items():
         console.print(f"[red]{key}:[/] {why}")

@@ -185,3 +185,26 @@ def test_slo_text_takes_both_spellings_and_the_printed_form():
     for bad in ("ttft=1000", "p90_ttft_ms<=0", "p90_ttft_ms=fast"):
         with pytest.raises(AisimError, match="--slo"):
             parse_slo(bad)
+
+
+def test_a_saturated_device_reports_the_configuration_needing_the_fewest_gpus():
+    """When no configuration carries the rate within --max-gpus, the bound is the best one's (the default
+    max_num_seqs), not the last one tried (max_num_seqs 8 saturates far lower)."""
+    result = plan_serve(plan_request(**{**SERVE, "devices": ["l4"], "max_gpus": 1}, rate_per_s=2000.0, slo={}))
+    (reason,) = result.not_feasible.values()
+    assert "max_num_seqs 8)" not in reason and "needs at least" in reason
+    gpus = int(reason.split("replicas (")[1].split(" GPUs")[0])
+    eight = plan_serve(plan_request(**{**SERVE, "devices": ["l4"], "max_gpus": 1, "max_num_seqs": [8]},
+                                    rate_per_s=2000.0, slo={}))
+    assert gpus < int(next(iter(eight.not_feasible.values())).split("replicas (")[1].split(" GPUs")[0])
+
+
+def test_plan_serve_refuses_a_system_name_with_the_reason():
+    with pytest.raises(Exception, match="takes GPU names .* without xN"):
+        plan_serve(plan_request(**{**SERVE, "devices": ["h100x8"]}, rate_per_s=1.0, slo={}))
+
+
+def test_training_longer_than_the_model_positions_is_refused_up_front():
+    with pytest.raises(Exception, match="exceeds the model's 2048 positions"):
+        plan_train(plan_train_request(model="opt-125m", tokens=1e9, seq=4096, global_batch=64, devices=["h100"],
+                                      gpus=[8]))

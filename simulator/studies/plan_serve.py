@@ -113,9 +113,28 @@ def parse_slo(text: str) -> dict[str, float]:
 
 
 def _devices(names: list[str]) -> list[str]:
+    """The GPU names to search; 'all': every priced NVIDIA GPU (the runtimes' kernels are NVIDIA's)."""
     if names == ["all"]:
         return [k for k, g in all_hardware().items() if g.vendor == "nvidia" and g.price_usd_per_gpu_hour]
-    return [resolve_gpu(n).name for n in names]
+    out = []
+    for n in names:
+        try:
+            out.append(resolve_gpu(n).name)
+        except AisimError:
+            stem, _, count = n.strip().lower().rpartition("x")
+            if count.isdigit() and stem and _is_gpu(stem):
+                raise AisimError(f"--devices {n!r}: plan serve takes GPU names ({stem}, a100, l4) and searches the "
+                                 "GPU count itself up to --max-gpus; give the GPU without xN") from None
+            raise
+    return out
+
+
+def _is_gpu(name: str) -> bool:
+    try:
+        resolve_gpu(name)
+    except AisimError:
+        return False
+    return True
 
 
 def _slo_value(metrics: dict, key: str) -> float:
@@ -137,6 +156,10 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
     infeasible: dict[str, str] = {}
     notes: set[str] = set()
     model = resolve_model(req.model)[0]   # the resolved name, as `aisim serve` reports it
+    if req.devices == ["all"]:
+        others = sorted(k for k, g in all_hardware().items() if g.vendor != "nvidia" or not g.price_usd_per_gpu_hour)
+        notes.add("--devices all searched the priced NVIDIA GPUs; not searched (name them in --devices, with "
+                  "--price where they have none): " + ", ".join(others))
     for device in _devices(req.devices):
         for runtime in req.runtimes:
             if runtime not in all_runtimes() or all_runtimes()[runtime].serving is None:
@@ -158,6 +181,7 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
 def _search_device(req, device, runtime, percentiles, counts, found, notes, progress) -> str | None:
     gpu = resolve_gpu(device)
     shape_reason, last_reason = "no tensor-parallel degree fits", None   # a simulated tp's reason comes first
+    fewest = None   # the saturated configuration that would need the fewest GPUs: the bound worth reporting
     for tp in (t for t in (1, 2, 4, 8) if t <= req.max_gpus):
         counts["considered"] += len(req.max_num_seqs) * max(req.max_gpus // tp, 1)
         try:
@@ -172,6 +196,10 @@ def _search_device(req, device, runtime, percentiles, counts, found, notes, prog
             knobs = {"max_num_seqs": seqs} if seqs else {}
             try:
                 cand = _min_replicas(req, sc, tp, knobs, percentiles, counts, notes)
+            except Saturated as exc:
+                if fewest is None or exc.gpus < fewest.gpus:
+                    fewest = exc
+                continue
             except AisimError as exc:
                 last_reason = str(exc)
                 continue
@@ -181,7 +209,7 @@ def _search_device(req, device, runtime, percentiles, counts, found, notes, prog
                 found.append(cand)
     mine = [c for c in found if c.device == gpu.name and c.runtime == runtime]
     if not mine:
-        return last_reason or shape_reason
+        return str(fewest) if fewest is not None else (last_reason or shape_reason)
     if not any(c.meets_slo for c in mine):
         best = {k: min(_slo_value(c.metrics, k) for c in mine) for k in req.slo}
         return ("no configuration up to --max-gpus {} meets the SLOs; the best reached: {}".format(
@@ -199,6 +227,14 @@ def _simulate(req, sc, knobs, replicas, percentiles, counts, rate=None):
     return run, cfg
 
 
+class Saturated(AisimError):
+    """Even --max-gpus replicas of one configuration cannot carry the rate (``gpus``: the GPUs it would need)."""
+
+    def __init__(self, message: str, gpus: int):
+        super().__init__(message)
+        self.gpus = gpus
+
+
 def _min_replicas(req, sc, tp, knobs, percentiles, counts, notes) -> Candidate | None:
     """The fewest replicas that meet the SLOs (None when even max_gpus do not), from the saturation bound up."""
     run, cfg = _simulate(req, sc, knobs, 1, percentiles, counts, rate=math.inf)
@@ -209,8 +245,9 @@ def _min_replicas(req, sc, tp, knobs, percentiles, counts, notes) -> Candidate |
     max_replicas = max(req.max_gpus // tp, 1)
     low = max(1, math.ceil(req.rate_per_s / capacity)) if capacity > 0 else max_replicas + 1
     if low > max_replicas:
-        raise AisimError(f"one tp-{tp} replica saturates at {capacity:.2f} req/s: {req.rate_per_s:g} req/s needs at "
-                         f"least {low} replicas ({low * tp} GPUs) > --max-gpus {req.max_gpus}")
+        raise Saturated(f"one tp-{tp} replica (max_num_seqs {cfg.max_num_seqs}) saturates at {capacity:.2f} req/s: "
+                        f"{req.rate_per_s:g} req/s needs at least {low} replicas ({low * tp} GPUs) > --max-gpus "
+                        f"{req.max_gpus}", low * tp)
     best, previous = None, None
     for replicas in range(low, max_replicas + 1):
         run, cfg = _simulate(req, sc, knobs, replicas, percentiles, counts)
@@ -221,7 +258,8 @@ def _min_replicas(req, sc, tp, knobs, percentiles, counts, notes) -> Candidate |
         if best.meets_slo or (previous is not None and not _improved(previous, best, req.slo)):
             break   # more replicas only shorten queues: once the SLO latencies stop falling, none will meet them
         previous = best
-    notes.add(f"{sc.runtime.name}: {sc.runtime.serving.source[:120]}...")
+    notes.add(f"{sc.runtime.name}: engine defaults as serving.source in hardware_specs/runtimes/{sc.runtime.name}.yaml "
+              "cites them")
     return best
 
 

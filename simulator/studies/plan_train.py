@@ -22,6 +22,7 @@ network switches and storage draw nothing here.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,6 +34,7 @@ from ..scenario import Scenario, scenario
 from ..specs import all_systems
 from ..step import step_cost
 from ..workload import MAX_BATCH, MAX_TOKENS, ParallelPlan, Precision, Recompute, StepShape, TrainPlan
+from .single import check_positions
 from .train import PRECISION_DTYPE, TrainRequest, model_flops_per_token, multi_node_device, traced_options, train
 
 J_PER_MWH = 3.6e9
@@ -114,7 +116,8 @@ def plan_train(req: PlanTrainRequest, progress: Callable[[str], None] | None = N
     traced: set = set()
     found: list[TrainCandidate] = []
     infeasible: dict[str, str] = {}
-    model = resolve_model(req.model)[0]   # the resolved name, also where no (device, GPU count) exists
+    model, config = resolve_model(req.model)   # the resolved name, also where no (device, GPU count) exists
+    check_positions(config, SimpleNamespace(phase="forward-backward", seq=req.seq, gen_tokens=0), learned_only=True)
     for name in req.devices:
         for gpus in sorted(set(req.gpus)):
             try:
@@ -131,7 +134,8 @@ def plan_train(req: PlanTrainRequest, progress: Callable[[str], None] | None = N
                 infeasible[f"{dev.gpu.name} x {gpus}"] = _no_plan_reason(req, dev, counts, pruned, *before)
             found += mine
             if progress:
-                progress(f"{dev.gpu.name} x {gpus}: {counts['considered']} candidates, {len(found)} fit")
+                progress(f"{dev.gpu.name} x {gpus}: {counts['considered'] - before[0]['considered']} candidates, "
+                         f"{len(mine)} fit")
     ranked = sorted(found, key=lambda c: (c.time_to_train_s, c.usd or math.inf))
     best: dict[tuple, TrainCandidate] = {}
     cheapest: dict[str, TrainCandidate] = {}

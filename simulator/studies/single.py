@@ -28,11 +28,19 @@ def check_shape(sc: Scenario, w: Workload) -> None:
     if sc.plan.dp > 1 and w.batch % sc.plan.dp:
         raise AisimError(f"data parallel degree {sc.plan.dp} does not divide batch {w.batch}; choose --dp among "
                          f"the divisors of {w.batch}")
-    _check_positions(config, w)
+    check_positions(config, w)
 
 
-def _check_positions(config: dict, w: Workload) -> None:
-    """Refuse a sequence longer than the model's position table (learned positions would index past it)."""
+# model types whose positions are a learned table that a longer sequence would index past (rotary and ALiBi models
+# train past their configured length when their context is extended)
+LEARNED_POSITIONS = frozenset({"opt", "gpt2", "gpt_neo", "gptj", "whisper"})
+
+
+def check_positions(config: dict, w, learned_only: bool = False) -> None:
+    """Refuse a sequence longer than the model's position table; ``w``: a Workload or anything with its phase, seq
+    and gen_tokens. ``learned_only`` (training): only where the positions are a learned table (LEARNED_POSITIONS)."""
+    if learned_only and config.get("model_type") not in LEARNED_POSITIONS:
+        return
     if config.get("is_encoder_decoder"):  # the decoder's table; encode takes a fixed 30 s window
         limit = config.get("max_target_positions")
         if limit and w.phase in ("decode", "prefill", "generate") and w.seq > limit:

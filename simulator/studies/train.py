@@ -29,6 +29,8 @@ both the embedding and the head and loss; energy covers the compute only.
 from __future__ import annotations
 
 
+from types import SimpleNamespace
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import AisimError
@@ -38,6 +40,7 @@ from ..step import op_arrays, step_cost
 from ..units import MS_PER_S
 from ..workload import MAX_BATCH, MAX_TOKENS, StepShape, TrainPlan
 from .common import not_fit_reason
+from .single import check_positions
 
 PRECISION_DTYPE = {"bf16-mixed": "bf16", "16-mixed": "fp16", "bf16-true": "bf16", "16-true": "fp16",
                    "32-true": "fp32"}
@@ -116,6 +119,7 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     plan, par = req.plan, sc.plan
     b, m = micro_batching(req.batch, par.dp, plan)
     shape = StepShape(phase="forward-backward", batch=b * par.dp, seq=req.seq)
+    check_positions(sc.config, SimpleNamespace(phase="forward-backward", seq=req.seq, gen_tokens=0), learned_only=True)
     options = traced_options(plan)
     mb = step_cost(sc, shape, **options)
     w = mb.workload
