@@ -48,7 +48,9 @@ def _default_interconnect(gpu: HardwareSpec, count: int) -> tuple[InterconnectSp
         bw = gpu.nvlink_bw_bytes_per_s / 2 * NVLINK_ACHIEVED_FRACTION
         ic = InterconnectSpec(kind="nvswitch", algorithm="ring", link_bw_bytes_per_s=bw,
                               latency_s=COLLECTIVE_LATENCY_NVLINK_S, source="architecture rule (catalog.py)")
-        return ic, f"no system spec file for {gpu.name}x{count}: assumed an NVSwitch fabric at {bw / 1e9:.0f} GB/s per GPU per direction"
+        fabric = {"nvidia": "an NVSwitch fabric", "amd": "AMD Infinity Fabric links"}.get(gpu.vendor, "a switched GPU fabric")
+        return ic, (f"no system spec file for {gpu.name}x{count}: assumed {fabric} at {bw / 1e9:.0f} GB/s per GPU per "
+                    "direction")
     if gpu.nvlink_kind == "bridge" and gpu.nvlink_bw_bytes_per_s and count == 2:
         bw = gpu.nvlink_bw_bytes_per_s / 2 * NVLINK_ACHIEVED_FRACTION
         ic = InterconnectSpec(kind="nvlink-bridge", algorithm="ring", link_bw_bytes_per_s=bw,

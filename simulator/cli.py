@@ -275,6 +275,14 @@ def serve(
 
     _output_path(per_request, "--per-request")
     (result, run, notes), _ = _run(go)
+    if trace_file is not None:   # the trace gives every request: the load options would be ignored silently
+        ignored = [flag for flag, value, default in (("--num-requests", num_requests, 1000),
+                                                     ("--input-len", input_len, "sharegpt"),
+                                                     ("--output-len", output_len, "sharegpt"),
+                                                     ("--rate", rate, float("inf")), ("--arrival", arrival, "poisson"),
+                                                     ("--seed", seed, 0)) if value != default]
+        if ignored:
+            notes = [*notes, f"--trace gives the requests: {', '.join(ignored)} ignored"]
     if per_request is not None:
         from .studies.serve import write_requests_csv
         _run(write_requests_csv, run.requests, per_request)

@@ -155,10 +155,14 @@ FLAGS = {"phase": "--workload", "audio_s": "--audio-s", "transcript_tokens": "--
 def validation_message(exc: ValidationError) -> str:
     parts = []
     for e in exc.errors():
-        field = ".".join(str(p) for p in e["loc"] if not isinstance(p, int)) or "input"
+        field = ".".join(str(p) for p in e["loc"] if not isinstance(p, int))
+        msg = e["msg"].removeprefix("Value error, ")
+        if not field:    # a check across fields: its message names them
+            parts.append(msg[:300])
+            continue
         field = field.split(".")[0]
         flag = FLAGS.get(field, "--" + field.replace("_", "-"))
-        parts.append(f"{flag}: {e['msg']} (got {e.get('input')!r})"[:300])
+        parts.append(f"{flag}: {msg} (got {e.get('input')!r})"[:300])
     return "; ".join(parts)
 
 

@@ -326,3 +326,23 @@ def test_plan_serve_errors_name_the_flag():
 
     with pytest.raises(AisimError, match=r"^--kv-dtype: .*got 'fp4'"):
         plan_request(model="Meta-Llama-3-8B", devices=["h100"], runtimes=["vllm"], rate_per_s=1.0, kv_dtype="fp4")
+
+
+def test_serve_says_which_gpus_idle_and_which_options_a_trace_replaces(tmp_path):
+    """--replicas 1 on a 2-GPU device: a note says one GPU idles (not the device's --dp default); options a trace
+    replaces are named as ignored."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,input_tokens,output_tokens\n0,100,10\n0.1,200,20\n")
+    r = runner.invoke(app, ["serve", "--model", "opt-125m", "--device", "l4x2", "--replicas", "1", "--trace",
+                            str(trace), "--rate", "50", "--num-requests", "7"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "1 of l4x2's 2 GPUs serve" in text and "--dp not given" not in text
+    assert "--trace gives the requests: --num-requests, --rate ignored" in text
+
+
+def test_a_check_across_training_options_is_one_plain_line():
+    r = runner.invoke(app, ["estimate", "--model", "opt-125m", "--device", "h100x8", "--workload", "train",
+                            "--zero", "3", "--fsdp", "grad-op"])
+    assert r.exit_code != 0
+    assert "zero 3 contradicts fsdp grad-op" in r.output and "Value error" not in r.output and "--input" not in r.output

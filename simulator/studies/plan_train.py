@@ -104,10 +104,17 @@ class PlanTrainResult(BaseModel):
     assumptions: list[str] = Field(default_factory=list)
 
 
+# CLI flags by field name, for one-line errors (aisim plan train)
+PLAN_TRAIN_FLAGS = {"tokens": "--tokens", "seq": "--seq", "global_batch": "--global-batch", "devices": "--devices",
+                    "gpus": "--gpus", "tp": "--tp", "pp": "--pp", "zero": "--zero", "recompute": "--recompute",
+                    "micro_batch": "--micro-batch", "precision": "--precision", "prices": "--price",
+                    "electricity_usd_per_kwh": "--electricity-usd-per-kwh", "pue": "--pue"}
+
+
 def plan_train_request(**fields) -> PlanTrainRequest:
     from .serve import validated
 
-    return validated(PlanTrainRequest, fields)
+    return validated(PlanTrainRequest, fields, PLAN_TRAIN_FLAGS)
 
 
 def plan_train(req: PlanTrainRequest, progress: Callable[[str], None] | None = None) -> PlanTrainResult:

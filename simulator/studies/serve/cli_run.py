@@ -47,6 +47,7 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
     base = build_request(ScenarioRequest, model=model, device=device, dtype=dtype, tp=tp, pp=pp, quant=quant,
                          kv_dtype=kv_dtype, runtime=runtime, calibration=calibration)
     sc = resolve_scenario(base.model_copy(update={"tp": tp or 1}), "prefill")
+    given = replicas is not None
     replicas = replicas or sc.plan.dp
     if replicas < 1 or replicas > 4096:
         raise AisimError("--replicas must be between 1 and 4096")
@@ -69,6 +70,13 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
     finally:
         if bar:
             bar.close()
+    used = replicas * per_replica
+    if given:   # the device's data-parallel default does not apply: say how many GPUs serve instead
+        notes = [n for n in notes if not n.startswith("--dp not given")]
+    if used < sc.device.count:
+        notes.append(f"{used} of {sc.device.name}'s {sc.device.count} GPUs serve ({replicas} replica(s) of tp "
+                     f"{sc.plan.tp} x pp {sc.plan.pp}); the other {sc.device.count - used} idle, not counted in the "
+                     "energy")
     if run.result.completed == 0:
         overridden = knobs.get("num_gpu_blocks_override") is not None
         raise AisimError(f"no request completed: {failure_summary(run, cfg, overridden) or 'none was simulated'}")
