@@ -55,3 +55,14 @@ def test_tgi_reference_rows_cover_every_seed_row():
     assert first.errors[f"{TGI_DEVICES[0]}_decode"] == pytest.approx((20.0 - 28.75) / 28.75)
     assert all(r.errors[f"{TGI_DEVICES[0]}_prefill"] is None for r in rows if r.label[4] != "ok"
                and r.values["prefill_measured"] is None)
+
+
+def test_full_vocabulary_prompt_logits_are_not_reported_as_kv_cache():
+    """tgi-2023 keeps every prompt position's logits: they count in the step's peak as activations, not as KV
+    cache (Llama-3-8B, 64 x 2048: the cache is 64 x 2048 x 131 kB = 17.2 GB at tp 1, half at tp 2)."""
+    from aisim.api import estimate
+
+    for tp, kv_gb in ((1, 17.18), (2, 8.59)):
+        e = estimate("Meta-Llama-3-8B", f"l4x{tp}", workload="prefill", batch=64, seq=2048, dtype="fp16",
+                     runtime="tgi-2023", tp=tp)
+        assert abs(e.memory.kv_cache_gb - kv_gb) < 0.05 and e.memory.activations_gb > 30

@@ -164,7 +164,9 @@ def _trace_once(config: dict, workload: Workload, plan: ParallelPlan, layers: in
         _training_options(model, params, workload)
     with torch.set_grad_enabled(training):
         kept = driver(model, config, workload, batch, tracer, tracing)
-    persistent = tracer.live_bytes
+    # what stays allocated after the step is the cache: the step's logits are consumed by sampling (they count in the
+    # step's peak, as activations), so a full-vocabulary prompt's logits are not reported as KV cache
+    persistent = tracer.live_bytes - _logits_bytes(kept)
     linear = sum(m.weight.numel() for n, m in model.named_modules()
                  if is_linear(m) and not n.endswith("lm_head"))
     forward = [op for op in tracer.ops if op.phase == "forward"]
@@ -200,6 +202,14 @@ def _forward(model, config, w: Workload, batch, tracer, tracing):
         kwargs["labels"] = ids
     with tracing(model, tracer):
         return model(input_ids=ids, **kwargs)
+
+
+def _logits_bytes(kept) -> float:
+    """Bytes of the logits a driver's output holds: a model output's, or the first item of a tuple (the decode
+    driver's (output, cache); _decoder_step's (logits, cache, states))."""
+    out = kept[0] if isinstance(kept, tuple) and kept else kept
+    logits = out if hasattr(out, "element_size") else getattr(out, "logits", None)
+    return float(logits.numel() * logits.element_size()) if hasattr(logits, "element_size") else 0.0
 
 
 def _prefill(model, config, w: Workload, batch, tracer, tracing):
