@@ -462,6 +462,8 @@ def plan_train_cmd(
     console.print(table)
     for key, why in result.not_feasible.items():
         typer.echo(f"{key}: {why}")
+    for a in result.assumptions:
+        console.print(f"[yellow]note:[/] {a}")
 
 
 @app.command("list")

@@ -208,3 +208,15 @@ def test_training_longer_than_the_model_positions_is_refused_up_front():
     with pytest.raises(Exception, match="exceeds the model's 2048 positions"):
         plan_train(plan_train_request(model="opt-125m", tokens=1e9, seq=4096, global_batch=64, devices=["h100"],
                                       gpus=[8]))
+
+
+def test_a_plan_that_fills_the_memory_is_flagged():
+    """A reported training plan above 95% of GPU memory gets a note (aisim counts PyTorch's tensors only)."""
+    from aisim.studies.plan_train import TIGHT_MEMORY_FRACTION, _tight_memory_notes
+
+    result = trained()
+    plans = result.ranked
+    assert not _tight_memory_notes([c for c in plans if c.memory_per_gpu_gb <= 0.9 * c.capacity_gb])
+    full = plans[0].model_copy(update={"memory_per_gpu_gb": plans[0].capacity_gb * (TIGHT_MEMORY_FRACTION + 0.01)})
+    (note,) = _tight_memory_notes([full])
+    assert f"{full.device} x {full.gpus}" in note and "not modelled" in note

@@ -155,7 +155,23 @@ def plan_train(req: PlanTrainRequest, progress: Callable[[str], None] | None = N
                            not_fit=counts["not_fit"], traces=len(traced), ranked=ranked,
                            best_per_gpus=sorted(best.values(), key=lambda c: (c.device, c.gpus)),
                            cheapest_per_device=cheapest, pareto=pareto(ranked), not_feasible=infeasible,
-                           assumptions=_assumptions(req))
+                           assumptions=_assumptions(req) + _tight_memory_notes(ranked[:1] + list(best.values())))
+
+
+TIGHT_MEMORY_FRACTION = 0.95
+
+
+def _tight_memory_notes(cands: list[TrainCandidate]) -> list[str]:
+    """A note where a reported plan fills more than TIGHT_MEMORY_FRACTION of GPU memory: aisim counts the tensors
+    PyTorch allocates, not the CUDA context, NCCL's buffers or the caching allocator's fragmentation."""
+    tight = sorted({f"{c.device} x {c.gpus} ({c.memory_per_gpu_gb:.1f} of {c.capacity_gb:.1f} GB)" for c in cands
+                    if c.memory_per_gpu_gb > TIGHT_MEMORY_FRACTION * c.capacity_gb})
+    if not tight:
+        return []
+    return [f"plans that fill more than {TIGHT_MEMORY_FRACTION:.0%} of GPU memory: {', '.join(tight[:6])}"
+            f"{' ...' if len(tight) > 6 else ''}; the estimate counts the tensors PyTorch allocates, and the CUDA "
+            "context, NCCL's buffers and the caching allocator's fragmentation come on top (not modelled): prefer a "
+            "plan with room, or check it on a GPU"]
 
 
 def _no_plan_reason(req: PlanTrainRequest, dev, counts: dict, pruned: dict, counts_before: dict,
