@@ -156,6 +156,8 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
     infeasible: dict[str, str] = {}
     notes: set[str] = set()
     model = resolve_model(req.model)[0]   # the resolved name, as `aisim serve` reports it
+    notes.add("J/tok and kWh/day: aisim's serving energy is checked only against transformers-cb runs on an H100, "
+              "where it was low on every run (docs/accuracy.md, serving section): read them as a lower bound")
     if req.devices == ["all"]:
         others = sorted(k for k, g in all_hardware().items() if g.vendor != "nvidia" or not g.price_usd_per_gpu_hour)
         notes.add("--devices all searched the priced NVIDIA GPUs; not searched (name them in --devices, with "
