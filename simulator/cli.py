@@ -268,6 +268,10 @@ def serve(
                          calibration=calibration, num_requests=num_requests, input_len=input_len,
                          output_len=output_len, rate=rate, arrival=arrival, seed=seed, trace=trace_file,
                          replicas=replicas, router=router, percentiles=percentiles, progress=not as_json,
+                         ignored=tuple(flag for flag, value, default in (
+                             ("--num-requests", num_requests, 1000), ("--input-len", input_len, "sharegpt"),
+                             ("--output-len", output_len, "sharegpt"), ("--rate", rate, float("inf")),
+                             ("--arrival", arrival, "poisson"), ("--seed", seed, 0)) if value != default),
                          knobs={"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
                                 "block_size": block_size, "gpu_memory_utilization": gpu_memory_utilization,
                                 "num_gpu_blocks_override": num_gpu_blocks_override,
@@ -275,14 +279,6 @@ def serve(
 
     _output_path(per_request, "--per-request")
     (result, run, notes), _ = _run(go)
-    if trace_file is not None:   # the trace gives every request: the load options would be ignored silently
-        ignored = [flag for flag, value, default in (("--num-requests", num_requests, 1000),
-                                                     ("--input-len", input_len, "sharegpt"),
-                                                     ("--output-len", output_len, "sharegpt"),
-                                                     ("--rate", rate, float("inf")), ("--arrival", arrival, "poisson"),
-                                                     ("--seed", seed, 0)) if value != default]
-        if ignored:
-            notes = [*notes, f"--trace gives the requests: {', '.join(ignored)} ignored"]
     if per_request is not None:
         from .studies.serve import write_requests_csv
         _run(write_requests_csv, run.requests, per_request)

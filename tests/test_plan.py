@@ -220,3 +220,11 @@ def test_a_plan_that_fills_the_memory_is_flagged():
     full = plans[0].model_copy(update={"memory_per_gpu_gb": plans[0].capacity_gb * (TIGHT_MEMORY_FRACTION + 0.01)})
     (note,) = _tight_memory_notes([full])
     assert f"{full.device} x {full.gpus}" in note and "not modelled" in note
+
+
+def test_slo_keys_take_every_percentile_spelling_through_the_api_too():
+    from aisim.studies.plan_serve import parse_slo
+
+    assert parse_slo("ttft_p90.0_ms=1000,tpot_p50_ms=50") == {"p90_ttft_ms": 1000.0, "median_tpot_ms": 50.0}
+    req = plan_request(**{**SERVE, "devices": ["h100"]}, rate_per_s=1.0, slo={"ttft_p90_ms": 500, "p50.0_tpot_ms": 9})
+    assert req.slo == {"p90_ttft_ms": 500.0, "median_tpot_ms": 9.0}

@@ -346,3 +346,11 @@ def test_a_check_across_training_options_is_one_plain_line():
                             "--zero", "3", "--fsdp", "grad-op"])
     assert r.exit_code != 0
     assert "zero 3 contradicts fsdp grad-op" in r.output and "Value error" not in r.output and "--input" not in r.output
+
+
+def test_explicit_replicas_keep_the_kv_head_note():
+    r = runner.invoke(app, ["serve", "--model", "Meta-Llama-3-8B", "--device", "h100x32", "--tp", "16", "--runtime",
+                            "vllm", "--replicas", "1", "--num-requests", "20", "--input-len", "64", "--output-len", "8"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "each KV head on 2 GPUs" in text and "--dp not given" not in text and "16 of h100-sxmx32's 32 GPUs" in text

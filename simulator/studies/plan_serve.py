@@ -17,7 +17,7 @@ import math
 import re
 from typing import Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..catalog import gpu_device, resolve_gpu, resolve_model
 from ..errors import AisimError
@@ -25,6 +25,7 @@ from ..plan import check_tp
 from ..scenario import ScenarioRequest, resolve_scenario
 from ..specs import all_hardware, all_runtimes
 from .serve import ServeRequest, validated
+from .serve.metrics import percentile_key
 from .serve.run import failure_summary, serve
 
 SLO_KEY = re.compile(r"^(mean|median|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
@@ -51,6 +52,12 @@ class PlanServeRequest(BaseModel):
     pue: float = Field(1.2, ge=1.0, le=3.0)
     grid_g_co2_per_kwh: float | None = Field(None, ge=0)
     seed: int = 0
+
+    @field_validator("slo")
+    @classmethod
+    def _slo_keys(cls, slo: dict[str, float]) -> dict[str, float]:
+        """Every spelling parse_slo takes (ttft_p90_ms, p90.0_ttft_ms, p50 for median), as the API's callers too."""
+        return parse_slo(",".join(f"{k}={v!r}" for k, v in slo.items())) if slo else slo
 
 
 class Candidate(BaseModel):
@@ -89,6 +96,14 @@ class PlanServeResult(BaseModel):
     assumptions: list[str] = Field(default_factory=list)
 
 
+def _normal_key(key: str) -> str:
+    """The simulation's own name for an SLO metric: p90.0 -> p90 (metrics.percentile_key), p50 -> median."""
+    m = re.match(r"^p(\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$", key)
+    if m:
+        key = percentile_key(float(m.group(1)), m.group(2))
+    return key.replace("p50_", "median_")
+
+
 def parse_slo(text: str) -> dict[str, float]:
     """'ttft_p90_ms=2000,tpot_p50_ms=50' or vLLM-style 'p90_ttft_ms=2000' (or '<=', as the plan prints it) ->
     {'p90_ttft_ms': 2000, ...}."""
@@ -99,7 +114,7 @@ def parse_slo(text: str) -> dict[str, float]:
         m = re.match(r"^(ttft|tpot|itl|e2el)_(mean|median|p\d+(\.\d+)?)_ms$", key)
         if m:
             key = f"{m.group(2)}_{m.group(1)}_ms"
-        key = key.replace("p50_", "median_")
+        key = _normal_key(key)
         if not SLO_KEY.match(key):
             raise AisimError(f"--slo {part!r}: name a latency like ttft_p90_ms, tpot_p50_ms, e2el_p99_ms or "
                              "mean_tpot_ms, then =milliseconds")
@@ -209,9 +224,14 @@ def _search_device(req, device, runtime, percentiles, counts, found, notes, prog
                 progress(f"{device} {runtime} tp {tp} seqs {seqs or 'default'}")
             if cand is not None:
                 found.append(cand)
+            else:
+                last_reason = (f"tp {tp}, max_num_seqs {seqs or 'default'}: no replica count up to --max-gpus "
+                               f"{req.max_gpus} completed the requests")
     mine = [c for c in found if c.device == gpu.name and c.runtime == runtime]
-    if not mine:
-        return str(fewest) if fewest is not None else (last_reason or shape_reason)
+    if not mine:   # a configuration that failed for another reason comes first: the saturation bound is not why
+        if last_reason:
+            return last_reason + (f"; the fewest-GPU saturation bound: {fewest}" if fewest is not None else "")
+        return str(fewest) if fewest is not None else shape_reason
     if not any(c.meets_slo for c in mine):
         best = {k: min(_slo_value(c.metrics, k) for c in mine) for k in req.slo}
         return ("no configuration up to --max-gpus {} meets the SLOs; the best reached: {}".format(
@@ -260,8 +280,8 @@ def _min_replicas(req, sc, tp, knobs, percentiles, counts, notes) -> Candidate |
         if best.meets_slo or (previous is not None and not _improved(previous, best, req.slo)):
             break   # more replicas only shorten queues: once the SLO latencies stop falling, none will meet them
         previous = best
-    notes.add(f"{sc.runtime.name}: engine defaults as serving.source in hardware_specs/runtimes/{sc.runtime.name}.yaml "
-              "cites them")
+    notes.add(f"{sc.runtime.name}: engine defaults as serving.source in its runtime spec cites them "
+              "(hardware_specs/runtimes/ or $AISIM_SPECS_DIR/runtimes/)")
     return best
 
 

@@ -155,7 +155,7 @@ def plan_train(req: PlanTrainRequest, progress: Callable[[str], None] | None = N
                            not_fit=counts["not_fit"], traces=len(traced), ranked=ranked,
                            best_per_gpus=sorted(best.values(), key=lambda c: (c.device, c.gpus)),
                            cheapest_per_device=cheapest, pareto=pareto(ranked), not_feasible=infeasible,
-                           assumptions=_assumptions(req) + _tight_memory_notes(ranked[:1] + list(best.values())))
+                           assumptions=_assumptions(req) + _tight_memory_notes(ranked))
 
 
 TIGHT_MEMORY_FRACTION = 0.95

@@ -28,12 +28,12 @@ def check_shape(sc: Scenario, w: Workload) -> None:
     if sc.plan.dp > 1 and w.batch % sc.plan.dp:
         raise AisimError(f"data parallel degree {sc.plan.dp} does not divide batch {w.batch}; choose --dp among "
                          f"the divisors of {w.batch}")
-    check_positions(config, w)
+    check_positions(config, w, learned_only=w.phase in ("forward-backward", "train"))
 
 
-# model types whose positions are a learned table that a longer sequence would index past (rotary and ALiBi models
-# train past their configured length when their context is extended)
-LEARNED_POSITIONS = frozenset({"opt", "gpt2", "gpt_neo", "gptj", "whisper"})
+# model types whose positions come from a fixed-size table a longer sequence would index past (learned; GPT-J's
+# precomputed sinusoids): rotary and ALiBi models train past their configured length when their context is extended
+LEARNED_POSITIONS = frozenset({"opt", "gpt2", "gpt_neo", "gptj"})
 
 
 def check_positions(config: dict, w, learned_only: bool = False) -> None:

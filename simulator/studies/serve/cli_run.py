@@ -43,7 +43,8 @@ def _percentiles(text: str) -> list[float]:
 def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_requests, input_len, output_len,
               kv_dtype="auto",
               rate, arrival, seed, trace: Path | None, replicas, router, percentiles: str, knobs: dict,
-              progress: bool = False):
+              progress: bool = False, ignored: tuple[str, ...] = ()):
+    """``ignored``: load options the caller was given beside --trace (named in a note: the trace replaces them)."""
     base = build_request(ScenarioRequest, model=model, device=device, dtype=dtype, tp=tp, pp=pp, quant=quant,
                          kv_dtype=kv_dtype, runtime=runtime, calibration=calibration)
     sc = resolve_scenario(base.model_copy(update={"tp": tp or 1}), "prefill")
@@ -71,12 +72,16 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
         if bar:
             bar.close()
     used = replicas * per_replica
-    if given:   # the device's data-parallel default does not apply: say how many GPUs serve instead
-        notes = [n for n in notes if not n.startswith("--dp not given")]
+    if given:   # the device's data-parallel default does not apply (plan.py may append the KV-head note to it)
+        notes = [rest for n in notes
+                 if (rest := n.split("; ", 1)[1] if n.startswith("--dp not given") and "; " in n
+                     else ("" if n.startswith("--dp not given") else n))]
     if used < sc.device.count:
         notes.append(f"{used} of {sc.device.name}'s {sc.device.count} GPUs serve ({replicas} replica(s) of tp "
                      f"{sc.plan.tp} x pp {sc.plan.pp}); the other {sc.device.count - used} idle, not counted in the "
                      "energy")
+    if trace is not None and ignored:
+        notes.append(f"--trace gives the requests: {', '.join(ignored)} ignored")
     if run.result.completed == 0:
         overridden = knobs.get("num_gpu_blocks_override") is not None
         raise AisimError(f"no request completed: {failure_summary(run, cfg, overridden) or 'none was simulated'}")

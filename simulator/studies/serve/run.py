@@ -211,7 +211,8 @@ def serve(sc: Scenario, request: ServeRequest, knobs: dict[str, Any] | None = No
            if cap.sliding_groups else "")
         + f"max_num_seqs {cfg.max_num_seqs}, max_num_batched_tokens {cfg.max_num_batched_tokens}, chunked prefill "
         f"{'on' if cfg.enable_chunked_prefill else 'off'}, preemption by {cfg.preemption_mode} (the engine source lines "
-        f"each setting comes from: serving.source in hardware_specs/runtimes/{sc.runtime.name}.yaml)",
+        f"each setting comes from: serving.source in the {sc.runtime.name} runtime spec, hardware_specs/runtimes/ or "
+        "$AISIM_SPECS_DIR/runtimes/)",
         f"step times from aisim's step costs of {sc.model} on {sc.device.name} (aisim.studies.serve.timer: dense "
         f"forward traced at 1..{cfg.max_num_batched_tokens} tokens, {s.attention} attention)"
         + (f"; the attention kernel's graph is built once per new (queries, keys) shape of a replica's run, "
