@@ -434,3 +434,16 @@ def test_framework_arch_smoke_and_derive(tmp_path, isolated_env):
         assert base[1] <= 1.0 + 1e-9 <= base[2] + 2e-3, (phase, base)
     with pytest.raises(SystemExit):
         framework_arch.main(["--smoke", "--only", "nosuch", "--out", str(tmp_path / "x.jsonl")])
+
+
+def test_build_power_smoke(tmp_path, isolated_env):
+    """The graph-build power harness on the CPU: one record per loop, calls counted (no energy counter here)."""
+    from aisim.validation.harness import build_power
+
+    path = tmp_path / "bp.jsonl"
+    assert build_power.main(["--smoke", "--out", str(path)]) == 0
+    records = read_jsonl(path)
+    check_header(records[0], "build_power")
+    loops = {r["loop"]: r for r in records if r.get("type") == "record"}
+    assert set(loops) == {"build", "repeat", "sleep", "idle"} and all(r["calls"] > 0 for r in loops.values())
+    assert loops["idle"]["wall_ms_per_call"] >= 1e3 * build_power.GAP_S

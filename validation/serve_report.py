@@ -10,6 +10,7 @@ metrics are compared: output throughput, TTFT and TPOT (median and p90). Nothing
 from __future__ import annotations
 
 import json
+import statistics
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -139,10 +140,29 @@ def serve_section(rows: list[dict] | None = None) -> list[str]:
                 "measured / aisim): " + "; ".join(
                     f"{r['model']} {_run_name(r)} {m:.3f} / {e:.3f} J" for r, m, e in energy)
                 + f" (MAPE {paired_mape_pct([e for _, _, e in energy], [m for _, m, _ in energy]):.1f}%; aisim "
-                f"lower on {sum(e < m for _, m, e in energy)} of {len(energy)} runs). aisim charges a step's forward and the engine's per-step host work at the "
-                "forward's power and an attention graph build at the GPU's waiting power (the calibration's "
-                "active idle), where the GPU idles."]
+                f"lower on {sum(e < m for _, m, e in energy)} of {len(energy)} runs). aisim charges a step's "
+                "forward and the engine's per-step host work at the forward's power and an attention graph build at "
+                "the GPU's waiting power (the calibration's active idle). " + build_power_line()]
     return out
+
+
+BUILD_POWER = Path(__file__).parent / "data" / "kernels" / "build-power-h100.jsonl"
+
+
+def build_power_line() -> str:
+    """What the GPU draws while the host builds cuDNN graphs (harness/build_power.py), median over rounds."""
+    if not BUILD_POWER.is_file():
+        return ""
+    lines = [json.loads(x) for x in BUILD_POWER.read_text().splitlines() if x.strip()]
+    header = lines[0]
+    watts = {loop: statistics.median(r["avg_power_w"] for r in lines if r.get("loop") == loop and r.get("avg_power_w"))
+             for loop in ("build", "idle", "repeat")}
+    ms = statistics.median(r["wall_ms_per_call"] for r in lines if r.get("loop") == "build")
+    return (f"Measured ({BUILD_POWER.relative_to(BUILD_POWER.parents[3])}: harness/build_power.py, "
+            f"{header.get('gpu_name')}, {str(header.get('date', ''))[:10]}): while the host builds a graph "
+            f"({ms:.1f} ms a call) the GPU draws {watts['build']:.1f} W, idle {watts['idle']:.1f} W, the cached "
+            f"call back to back {watts['repeat']:.1f} W: the build is idle time, so the shortfall is the steps' "
+            "own power (not established).")
 
 
 def step_mix_rows(pattern: str = "cb-*.jsonl") -> list[dict]:

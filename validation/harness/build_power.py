@@ -62,11 +62,12 @@ def main(argv: list[str] | None = None) -> int:
 
     device, out, budget, measure_host = common.open_run(SCRIPT, args)
     seconds = 0.3 if args.smoke else args.seconds
-    context = (torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION)
-               if device.type == "cuda" else None)
+    def context():   # a fresh one per use: sdpa_kernel's context manager is single-use
+        return (torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION)
+                if device.type == "cuda" else nullcontext())
     loops = _loops(device, torch)
     for name in ("build", "repeat"):      # warm-up: cuDNN's first graph, the allocator
-        with context if context is not None else nullcontext():
+        with context():
             loops[name]()
     for round_ in range(1 if args.smoke else args.rounds):
         for name, call in loops.items():
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                 out.write({"type": "stopped"})
                 return common.close_run(out, measure_host)
             meter = common.EnergyWindow(device)
-            with context if context is not None else nullcontext():
+            with context():
                 meter.start()
                 t0, calls = time.perf_counter(), 0
                 while time.perf_counter() - t0 < seconds:
