@@ -228,3 +228,12 @@ def test_slo_keys_take_every_percentile_spelling_through_the_api_too():
     assert parse_slo("ttft_p90.0_ms=1000,tpot_p50_ms=50") == {"p90_ttft_ms": 1000.0, "median_tpot_ms": 50.0}
     req = plan_request(**{**SERVE, "devices": ["h100"]}, rate_per_s=1.0, slo={"ttft_p90_ms": 500, "p50.0_tpot_ms": 9})
     assert req.slo == {"p90_ttft_ms": 500.0, "median_tpot_ms": 9.0}
+
+
+def test_requests_over_the_context_are_rejected_and_the_plan_serves_the_rest():
+    """Some prompts over opt-125m's 2048 positions: the engine rejects them whatever the plan, so the plan goes on
+    for the others and says how many were rejected (it used to fail the whole device)."""
+    result = plan_serve(plan_request(**{**SERVE, "devices": ["h100"], "input_len": "uniform:100:3000",
+                                        "max_num_seqs": [None]}, rate_per_s=1.0, slo={}))
+    assert result.ranked and not result.not_feasible
+    assert any("over the model's max_model_len 2048 and rejected" in a for a in result.assumptions)

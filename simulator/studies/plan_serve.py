@@ -261,7 +261,12 @@ def _min_replicas(req, sc, tp, knobs, percentiles, counts, notes) -> Candidate |
     """The fewest replicas that meet the SLOs (None when even max_gpus do not), from the saturation bound up."""
     run, cfg = _simulate(req, sc, knobs, 1, percentiles, counts, rate=math.inf)
     sat = run.result
-    if sat.failed:        # requests no replica count can run (over max_model_len or the KV cache): say why, as serve
+    if sat.failed and set(sat.failed_reasons) == {"max_model_len"} and sat.completed:
+        # the engine rejects a request longer than the model's context whatever the plan: plan for the others
+        notes.add(f"{sat.failed_reasons['max_model_len']} of {sat.completed + sat.failed} simulated requests are "
+                  f"over the model's max_model_len {cfg.max_model_len} and rejected, as the engine rejects them; "
+                  "the plan serves the rest")
+    elif sat.failed:      # requests no replica count can run (the KV cache, the batch): say why, as serve
         raise AisimError(f"tp {tp}: {failure_summary(run, cfg)}")
     capacity = sat.request_throughput
     max_replicas = max(req.max_gpus // tp, 1)
@@ -274,7 +279,7 @@ def _min_replicas(req, sc, tp, knobs, percentiles, counts, notes) -> Candidate |
     for replicas in range(low, max_replicas + 1):
         run, cfg = _simulate(req, sc, knobs, replicas, percentiles, counts)
         result = run.result
-        if result.failed:
+        if result.failed and set(result.failed_reasons) != {"max_model_len"}:
             continue
         best = _candidate(req, sc, tp, replicas, cfg.max_num_seqs, result)
         if best.meets_slo or (previous is not None and not _improved(previous, best, req.slo)):
