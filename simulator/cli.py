@@ -229,6 +229,8 @@ def serve(
     dtype: str = typer.Option("bf16", help="fp16|bf16|fp32"),
     tp: Optional[int] = typer.Option(None, help="tensor parallel degree of a replica (default 1)"),
     pp: int = typer.Option(1, help="pipeline parallel degree of a replica"),
+    ep: int = typer.Option(1, "--ep", help="MoE expert parallel degree inside a replica: experts spread over ep of "
+                           "its tp GPUs (vLLM's expert parallelism over the TP group)"),
     quant: str = typer.Option("none", help="weight quantization: none|int8|fp8|int4"),
     kv_dtype: str = typer.Option("auto", "--kv-dtype", help="KV cache dtype: auto (model dtype) | fp16 | bf16 | fp8"),
     runtime: str = typer.Option("transformers-cb", help="engine profile with a serving section: transformers-cb, "
@@ -263,7 +265,7 @@ def serve(
     from .studies.serve.cli_run import run_serve
 
     def go():
-        return run_serve(model=model, device=device, dtype=dtype, tp=tp, pp=pp, quant=quant, kv_dtype=kv_dtype,
+        return run_serve(model=model, device=device, dtype=dtype, tp=tp, pp=pp, ep=ep, quant=quant, kv_dtype=kv_dtype,
                          runtime=runtime,
                          calibration=calibration, num_requests=num_requests, input_len=input_len,
                          output_len=output_len, rate=rate, arrival=arrival, seed=seed, trace=trace_file,

@@ -354,3 +354,14 @@ def test_explicit_replicas_keep_the_kv_head_note():
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
     assert "each KV head on 2 GPUs" in text and "--dp not given" not in text and "16 of h100-sxmx32's 32 GPUs" in text
+
+
+def test_serve_takes_expert_parallelism_inside_a_replica():
+    """--ep spreads a MoE replica's experts over its tp GPUs, as estimate's --ep; a dense model refuses it."""
+    args = ["serve", "--model", "Mixtral-8x7B-v0.1", "--device", "h100x2", "--tp", "2", "--runtime", "vllm",
+            "--num-requests", "20", "--input-len", "128", "--output-len", "16", "--json"]
+    r = runner.invoke(app, [*args, "--ep", "2"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["plan"]["ep"] == 2
+    dense = runner.invoke(app, ["serve", "--model", "opt-125m", "--device", "h100", "--ep", "2", "--num-requests", "20"])
+    assert dense.exit_code != 0 and "mixture-of-experts models only" in dense.output

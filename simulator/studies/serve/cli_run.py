@@ -48,11 +48,12 @@ def _without_dp_note(note: str) -> str:
 
 
 def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_requests, input_len, output_len,
+              ep: int = 1,
               kv_dtype="auto",
               rate, arrival, seed, trace: Path | None, replicas, router, percentiles: str, knobs: dict,
               progress: bool = False, ignored: tuple[str, ...] = ()):
     """``ignored``: load options the caller was given beside --trace (named in a note: the trace replaces them)."""
-    base = build_request(ScenarioRequest, model=model, device=device, dtype=dtype, tp=tp, pp=pp, quant=quant,
+    base = build_request(ScenarioRequest, model=model, device=device, dtype=dtype, tp=tp, pp=pp, ep=ep, quant=quant,
                          kv_dtype=kv_dtype, runtime=runtime, calibration=calibration)
     sc = resolve_scenario(base.model_copy(update={"tp": tp or 1}), "prefill")
     given = replicas is not None
