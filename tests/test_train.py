@@ -254,3 +254,12 @@ def test_options_a_workload_would_ignore_are_refused(tiny):
         estimate(tiny, "h100", workload="decode", batch=2, seq=64, optimizer="sgd")
     sgd = estimate(tiny, "h100", workload="train", batch=2, seq=64, optimizer="sgd")
     assert sgd.memory.optimizer_gb == 0.0 and any("SGD" in a for a in sgd.assumptions)
+
+
+def test_zero_without_data_parallel_ranks_says_it_changes_nothing():
+    from aisim.api import estimate
+    from aisim.workload import TrainPlan
+
+    e = estimate("Meta-Llama-3-8B", "h100x8", workload="train", batch=8, seq=512, dtype="bf16",
+                 train=TrainPlan(precision="bf16-true", zero=3))
+    assert e.plan.dp == 1 and any("with dp 1 it changes nothing" in a for a in e.assumptions)

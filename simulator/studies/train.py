@@ -230,6 +230,9 @@ def _notes(plan: TrainPlan, par, b: int, m: int, optimizer: str = "AdamW") -> li
     out = [f"training: {plan.precision}, ZeRO stage {plan.stage}" + (f" (FSDP {plan.fsdp})" if plan.fsdp != "none"
            else "") + f", recompute {plan.recompute}, micro-batch {b} x {m} per replica, dp {par.dp}, "
            f"{optimizer} {plan.optimizer_impl}"]
+    if plan.stage and par.dp == 1:
+        out.append(f"ZeRO stage {plan.stage} shards over the data-parallel ranks: with dp 1 it changes nothing (give "
+                   "--tp 1 or a smaller --tp so the GPUs left are data parallel)")
     if plan.recompute == "selective":
         out.append("recompute selective (Megatron: the attention core) saves nothing over none with a fused "
                    "attention kernel, which never stores the score matrix: traced as none")
