@@ -171,6 +171,9 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
     infeasible: dict[str, str] = {}
     notes: set[str] = set()
     model = resolve_model(req.model)[0]   # the resolved name, as `aisim serve` reports it
+    notes.add("each configuration's metrics (latencies, request_throughput, duration_s, completed) are one "
+              "replica's simulation at rate / replicas with the router's even share; the deployment's are "
+              "output_tokens_per_s_per_gpu x GPUs and the $ and energy columns")
     notes.add("J/tok and kWh/day: aisim's serving energy is checked only against transformers-cb runs on an H100, "
               "where it was low on every run (docs/accuracy.md, serving section): read them as a lower bound")
     if req.devices == ["all"]:
