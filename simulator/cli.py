@@ -357,6 +357,7 @@ def plan_serve_cmd(
     kv_dtype: str = typer.Option("auto", "--kv-dtype", help="KV cache dtype of every candidate: auto | fp16 | bf16 | "
                                  "fp8"),
     num_requests: int = typer.Option(400, "--num-requests", help="requests per simulation"),
+    arrival: str = typer.Option("poisson", help="poisson or gamma:CV (CV > 1: bursty arrivals), as serve's"),
     price: list[str] = typer.Option([], "--price", help="GPU=USD per GPU-hour (repeatable)"),
     price_file: Optional[Path] = typer.Option(None, "--price-file", help="YAML/JSON mapping GPU -> USD per GPU-hour"),
     electricity: float = typer.Option(0.10, "--electricity-usd-per-kwh"),
@@ -375,7 +376,7 @@ def plan_serve_cmd(
                            runtimes=[r.strip() for r in runtimes.split(",") if r.strip()], rate_per_s=rate,
                            input_len=input_len, output_len=output_len, slo=parse_slo(slo), max_gpus=max_gpus,
                            dtype=dtype, quant=quant, kv_dtype=kv_dtype, num_requests=num_requests,
-                           prices=_prices(price, price_file),
+                           arrival=arrival, prices=_prices(price, price_file),
                            electricity_usd_per_kwh=electricity, pue=pue, grid_g_co2_per_kwh=grid)
         if as_json:
             return plan_serve(req)

@@ -237,3 +237,14 @@ def test_requests_over_the_context_are_rejected_and_the_plan_serves_the_rest():
                                         "max_num_seqs": [None]}, rate_per_s=1.0, slo={}))
     assert result.ranked and not result.not_feasible
     assert any("over the model's max_model_len 2048 and rejected" in a for a in result.assumptions)
+
+
+def test_bursty_arrivals_never_need_fewer_gpus():
+    """gamma:4 arrivals (bursty) at the same mean rate: the cheapest configuration meeting the SLO has at least as
+    many GPUs as under Poisson arrivals; a bad spec is a one-line error before any search."""
+    slo = {"median_tpot_ms": 70.0, "p90_ttft_ms": 150.0}
+    runs = {a: plan_serve(plan_request(**{**SERVE, "devices": ["l4"], "max_num_seqs": [None]}, rate_per_s=8.0,
+                                       slo=slo, arrival=a)) for a in ("poisson", "gamma:4")}
+    assert runs["gamma:4"].min_gpus_per_device.get("l4", math.inf) >= runs["poisson"].min_gpus_per_device["l4"]
+    with pytest.raises(Exception, match="arrival"):
+        plan_request(**SERVE, rate_per_s=1.0, arrival="gamma:x")

@@ -26,6 +26,7 @@ from ..scenario import ScenarioRequest, resolve_scenario
 from ..specs import all_hardware, all_runtimes
 from .serve import ServeRequest, validated
 from .serve.metrics import percentile_key
+from .serve.requests import parse_arrival_cv
 from .serve.run import failure_summary, serve
 
 SLO_KEY = re.compile(r"^(mean|median|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
@@ -41,6 +42,8 @@ class PlanServeRequest(BaseModel):
     input_len: str = "sharegpt"
     output_len: str = "sharegpt"
     num_requests: int = Field(400, ge=20, le=100_000, description="requests per simulation")
+    arrival: str = Field("poisson", description="poisson or gamma:CV: each replica's share of the arrivals (the "
+                         "router's round-robin split of a gamma process is taken as gamma with the same CV)")
     slo: dict[str, float] = Field(default_factory=dict)
     max_gpus: int = Field(8, ge=1, le=100_000)
     max_num_seqs: list[int | None] = Field(default_factory=lambda: [None, 64, 16])
@@ -52,6 +55,12 @@ class PlanServeRequest(BaseModel):
     pue: float = Field(1.2, ge=1.0, le=3.0)
     grid_g_co2_per_kwh: float | None = Field(None, ge=0)
     seed: int = 0
+
+    @field_validator("arrival")
+    @classmethod
+    def _arrival(cls, v: str) -> str:
+        parse_arrival_cv(v)
+        return v
 
     @field_validator("slo")
     @classmethod
@@ -247,7 +256,7 @@ def _simulate(req, sc, knobs, replicas, percentiles, counts, rate=None):
     per_replica = (rate or req.rate_per_s) / replicas
     sreq = validated(ServeRequest, {"num_requests": req.num_requests, "input_len": req.input_len,
                                     "output_len": req.output_len, "rate_per_s": per_replica, "seed": req.seed,
-                                    "metric_percentiles": percentiles})
+                                    "arrival": req.arrival, "metric_percentiles": percentiles})
     run, cfg, _ = serve(sc, sreq, knobs)
     return run, cfg
 
@@ -334,7 +343,7 @@ def pareto(cands: list[Candidate]) -> list[Candidate]:
 
 
 # PlanServeRequest field -> the `aisim plan serve` flag that sets it (errors name the flag)
-PLAN_SERVE_FLAGS = {"devices": "--devices", "runtimes": "--runtimes", "rate_per_s": "--rate",
+PLAN_SERVE_FLAGS = {"arrival": "--arrival", "devices": "--devices", "runtimes": "--runtimes", "rate_per_s": "--rate",
                     "input_len": "--input-len", "output_len": "--output-len", "num_requests": "--num-requests",
                     "slo": "--slo", "max_gpus": "--max-gpus", "dtype": "--dtype", "quant": "--quant",
                     "kv_dtype": "--kv-dtype", "prices": "--price",
