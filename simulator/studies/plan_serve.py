@@ -42,8 +42,10 @@ class PlanServeRequest(BaseModel):
     input_len: str = "sharegpt"
     output_len: str = "sharegpt"
     num_requests: int = Field(400, ge=20, le=100_000, description="requests per simulation")
-    arrival: str = Field("poisson", description="poisson or gamma:CV: each replica's share of the arrivals (the "
-                         "router's round-robin split of a gamma process is taken as gamma with the same CV)")
+    arrival: str = Field("poisson", description="poisson or gamma:CV; each replica's share of the arrivals is "
+                         "simulated with the same process at rate / replicas, as a Poisson stream's always was: "
+                         "conservative, since a round-robin share of a renewal stream sums `replicas` gaps (CV / "
+                         "sqrt(replicas))")
     slo: dict[str, float] = Field(default_factory=dict)
     max_gpus: int = Field(8, ge=1, le=100_000)
     max_num_seqs: list[int | None] = Field(default_factory=lambda: [None, 64, 16])
