@@ -222,8 +222,16 @@ def serve_bench(
         report.print_serve_bench(result)
 
 
+def _given(ctx: typer.Context, *names: str) -> tuple[str, ...]:
+    """The flags of ``names`` that the command line gave (not their defaults). The source is compared by name:
+    typer may carry its own copy of click's ParameterSource enum."""
+    flags = {p.name: p.opts[0] for p in ctx.command.params}
+    return tuple(flags[n] for n in names if getattr(ctx.get_parameter_source(n), "name", None) == "COMMANDLINE")
+
+
 @app.command()
 def serve(
+    ctx: typer.Context,
     model: str = typer.Option(..., "--model", "-m", help="shipped name or config.json path"),
     device: str = typer.Option(..., "--device", "-d", help="GPU, NAMExN or system; GPUs beyond tp x pp hold replicas"),
     dtype: str = typer.Option("bf16", help="fp16|bf16|fp32"),
@@ -270,10 +278,7 @@ def serve(
                          calibration=calibration, num_requests=num_requests, input_len=input_len,
                          output_len=output_len, rate=rate, arrival=arrival, seed=seed, trace=trace_file,
                          replicas=replicas, router=router, percentiles=percentiles, progress=not as_json,
-                         ignored=tuple(flag for flag, value, default in (
-                             ("--num-requests", num_requests, 1000), ("--input-len", input_len, "sharegpt"),
-                             ("--output-len", output_len, "sharegpt"), ("--rate", rate, float("inf")),
-                             ("--arrival", arrival, "poisson"), ("--seed", seed, 0)) if value != default),
+                         ignored=_given(ctx, "num_requests", "input_len", "output_len", "rate", "arrival", "seed"),
                          knobs={"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
                                 "block_size": block_size, "gpu_memory_utilization": gpu_memory_utilization,
                                 "num_gpu_blocks_override": num_gpu_blocks_override,

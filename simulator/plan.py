@@ -29,7 +29,7 @@ def _check_degree(value: int | None, flag: str) -> None:
 
 
 def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp: int | None, pp: int,
-                dp: int | None, tp_scope: str, replicate_kv: bool = False) -> tuple[ParallelPlan, str | None]:
+                dp: int | None, tp_scope: str, replicate_kv: bool = False) -> tuple[ParallelPlan, list[str]]:
     """The given plan, checked; the rest filled in as Megatron and vLLM do. No --tp: tensor parallel over the
     largest number of the GPUs that the model's dimensions divide (KV heads replicated only where --tp asks for
     it: ``replicate_kv``), the rest data parallel. --tp without --dp: data
@@ -66,9 +66,9 @@ def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp
     replicas = check_tp(config, plan.tp, plan.tp_scope, replicate_kv)
     if replicas > 1:
         plan = plan.model_copy(update={"kv_replicas": replicas})
-        note = ((note + "; " if note else "") + f"each of the {plan.tp} GPUs holds one KV head, each KV head on "
-                f"{replicas} GPUs (the engine replicates KV heads when tp exceeds them)")
-    return plan, note
+        return plan, [n for n in (note, f"each of the {plan.tp} GPUs holds one KV head, each KV head on {replicas} "
+                                  "GPUs (the engine replicates KV heads when tp exceeds them)") if n]
+    return plan, [note] if note else []
 
 
 def _divisors(n: int) -> list[int]:

@@ -103,7 +103,7 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
         cal = cal.model_copy(update={"allreduce_cpu_s": dev.interconnect.allreduce_cpu_s})
     tp_scope = "full" if rt.vocab_parallel_head and request.tp_scope == "all" else request.tp_scope
     check_ep_experts(config, request.ep)
-    plan, plan_note = choose_plan(config, dev.count, dev.name, batch, request.tp, request.pp, request.dp, tp_scope,
+    plan, plan_notes = choose_plan(config, dev.count, dev.name, batch, request.tp, request.pp, request.dp, tp_scope,
                                   rt.replicate_kv_heads)
     plan = plan.model_copy(update={"ep": check_ep(config, plan, request.ep)})
     if rt.vendors and dev.gpu.vendor not in rt.vendors:
@@ -111,7 +111,7 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
                          f"{dev.gpu.vendor}: choose another --runtime (aisim list runtimes)")
     power, power_note = resolve_power_mode(dev.gpu, cal, request.power_mode, request.power_limit_w,
                                            request.gpu_clock_mhz)
-    notes = list(dev.assumptions) + [n for n in (catalog.defaults_note(config), plan_note, default_note, cal_note,
+    notes = list(dev.assumptions) + [n for n in (catalog.defaults_note(config), *plan_notes, default_note, cal_note,
                                                  host_note, power_note) if n]
     notes += _precision_notes(dev, request.dtype, request.quant, plan, config, rt)
     notes += _runtime_notes(rt, dev, request.dtype)

@@ -45,21 +45,24 @@ def measured_runs(path: Path) -> tuple[dict, list[dict]]:
     return header, [x for x in lines if x.get("type") == "run" and x.get("status") == "ok"]
 
 
+def _per_request_ms(run_: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Each measured request's TTFT and TPOT (NaN with one output token), from its token timestamps."""
+    reqs = run_["requests"]
+    ttft = np.array([r["tok"][0] - r["sub"] for r in reqs], dtype=float)
+    tpot = np.array([(r["tok"][-1] - r["tok"][0]) / (len(r["tok"]) - 1) if len(r["tok"]) > 1 else np.nan
+                     for r in reqs], dtype=float)
+    return ttft, tpot
+
+
 def _measured_metrics(run_: dict) -> dict[str, float]:
     """vLLM bench-serve definitions over the measured per-request token timestamps."""
-    ttft, tpot, t0, t1, out = [], [], [], [], 0
-    for r in run_["requests"]:
-        toks = r["tok"]
-        ttft.append(toks[0] - r["sub"])
-        if len(toks) > 1:
-            tpot.append((toks[-1] - toks[0]) / (len(toks) - 1))
-        t0.append(r["sub"])
-        t1.append(toks[-1])
-        out += len(toks)
-    duration_s = (max(t1) - min(t0)) / 1e3
-    return {"output_throughput": out / duration_s, "median_ttft_ms": float(np.median(ttft)),
-            "p90_ttft_ms": float(np.percentile(ttft, 90)), "median_tpot_ms": float(np.median(tpot)),
-            "p90_tpot_ms": float(np.percentile(tpot, 90))}
+    reqs = run_["requests"]
+    ttft, tpot = _per_request_ms(run_)
+    tpot = tpot[~np.isnan(tpot)]
+    duration_s = (max(r["tok"][-1] for r in reqs) - min(r["sub"] for r in reqs)) / 1e3
+    return {"output_throughput": sum(len(r["tok"]) for r in reqs) / duration_s,
+            "median_ttft_ms": float(np.median(ttft)), "p90_ttft_ms": float(np.percentile(ttft, 90)),
+            "median_tpot_ms": float(np.median(tpot)), "p90_tpot_ms": float(np.percentile(tpot, 90))}
 
 
 def _trace(run_: dict, folder: Path) -> Path:
@@ -368,9 +371,7 @@ def sliding_window_rows() -> list[dict]:
         served = serve(sc, request, knobs)[0]
         result = served.result
         summary = run_["summary"]
-        measured_ttft = np.array([r["tok"][0] - r["sub"] for r in run_["requests"]])
-        measured_tpot = np.array([(r["tok"][-1] - r["tok"][0]) / (len(r["tok"]) - 1) if len(r["tok"]) > 1
-                                  else np.nan for r in run_["requests"]])
+        measured_ttft, measured_tpot = _per_request_ms(run_)
         rows.append({"model": model, "blocks": blocks, "source": name, "header": header,
                      "measured": {**_measured_metrics(run_), "batch": summary["mean_requests_per_step"]},
                      "estimated": {"output_throughput": result.output_throughput,

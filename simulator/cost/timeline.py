@@ -30,12 +30,17 @@ PHASE_SCALE_KEY = {"decode": "decode", "forward-backward": "train", "train": "tr
 
 def host_scale(cal: CalibrationSpec, phase: str = "forward", model_type: str | None = None) -> float:
     """What every eager host cost of a ``phase`` step of a ``model_type`` model is multiplied by: the calibrated
-    eager_framework_scale, its eager_phase_scale, and the architecture's own eager_framework_arch_scale (1 where the
-    calibration has none for it)."""
+    eager_framework_scale, its eager_phase_scale, and the architecture's own eager_framework_arch_scale
+    (arch_scale)."""
     key = PHASE_SCALE_KEY.get(phase, "")
+    return cal.eager_framework_scale * cal.eager_phase_scale.get(key, 1.0) * arch_scale(cal, phase, model_type)
+
+
+def arch_scale(cal: CalibrationSpec, phase: str = "forward", model_type: str | None = None) -> float:
+    """The calibration's eager_framework_arch_scale of ``model_type`` for ``phase`` (its 'forward' where the phase
+    is not listed; 1 where the architecture is not)."""
     arch = cal.eager_framework_arch_scale.get(model_type or "", {})
-    return cal.eager_framework_scale * cal.eager_phase_scale.get(key, 1.0) * arch.get(key or "forward",
-                                                                                      arch.get("forward", 1.0))
+    return arch.get(PHASE_SCALE_KEY.get(phase, "") or "forward", arch.get("forward", 1.0))
 
 
 def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
@@ -93,11 +98,11 @@ def cpu_costs(ops, kinds: list[str], launches: np.ndarray, cal: CalibrationSpec,
             own = cal.eager_op_dispatch_s.get(op.name) if launches[i] else None
             costs[i] = op.attrs.get("py_calls", 0) * cal.eager_python_call_s + (
                 own if own is not None else per_op * max(launches[i], 1))
-    scale = host_scale(cal, phase, model_type)
-    # collectives: their host cost was derived against the family-median scale (derive_collective_host), not the
-    # architecture's
-    comm = np.array([k == "comm" for k in kinds], dtype=bool)
-    return costs * np.where(comm, host_scale(cal, phase), scale)
+    costs *= host_scale(cal, phase)
+    arch = arch_scale(cal, phase, model_type)
+    if arch != 1.0:   # not the collectives: their host cost was derived against the family-median scale
+        costs[[k != "comm" for k in kinds]] *= arch       # (derive_collective_host)
+    return costs
 
 
 def collective_host_adds(cal: CalibrationSpec, group: int) -> float:

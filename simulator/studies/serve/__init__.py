@@ -22,10 +22,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from aisim.errors import AisimError
 
@@ -40,6 +40,15 @@ __all__ = ["BatchShape", "EngineConfig", "LinearStepTimer", "RequestTable", "Ser
            "validated", "write_requests_csv"]
 
 M = TypeVar("M", bound=BaseModel)
+
+
+def _arrival_spec(spec: str) -> str:
+    parse_arrival_cv(spec)       # a one-line AisimError for a spec it does not take
+    return spec
+
+
+# an arrival process, checked where a request model takes one (ServeRequest, plan serve's request)
+ArrivalSpec = Annotated[str, AfterValidator(_arrival_spec)]
 
 
 def validated(model: type[M], data: dict[str, Any], flags: dict[str, str] | None = None) -> M:
@@ -77,7 +86,7 @@ class ServeRequest(BaseModel):
                                                    "sharegpt")
     output_len: str = Field("sharegpt", description="as input_len")
     rate_per_s: float = Field(math.inf, gt=0, description="mean request rate over all replicas; inf = all at t = 0")
-    arrival: str = Field("poisson", description="poisson or gamma:CV")
+    arrival: ArrivalSpec = Field("poisson", description="poisson or gamma:CV")
     seed: int = Field(0, ge=0, le=2**63 - 1)
     trace_path: Path | None = Field(None, description="CSV or JSONL with arrival_s,input_tokens,output_tokens")
     replicas: int = Field(1, ge=1, le=4096)
@@ -96,12 +105,6 @@ class ServeRequest(BaseModel):
     @classmethod
     def _output_len(cls, v: str) -> str:
         parse_length(v, "output")
-        return v
-
-    @field_validator("arrival")
-    @classmethod
-    def _arrival(cls, v: str) -> str:
-        parse_arrival_cv(v)
         return v
 
     @field_validator("metric_percentiles")

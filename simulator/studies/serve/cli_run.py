@@ -40,13 +40,6 @@ def _percentiles(text: str) -> list[float]:
     return values
 
 
-def _without_dp_note(note: str) -> str:
-    """plan.py's note less its '--dp not given' part (the KV-head replication note may follow it after '; ')."""
-    if not note.startswith("--dp not given"):
-        return note
-    return note.split("; ", 1)[1] if "; " in note else ""
-
-
 def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_requests, input_len, output_len,
               ep: int = 1,
               kv_dtype="auto",
@@ -81,7 +74,7 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
             bar.close()
     used = replicas * per_replica
     if given:   # the device's data-parallel default does not apply
-        notes = [n for n in map(_without_dp_note, notes) if n]
+        notes = [n for n in notes if not n.startswith("--dp not given")]
     if used < sc.device.count:
         notes.append(f"{used} of {sc.device.name}'s {sc.device.count} GPUs serve ({replicas} replica(s) of tp "
                      f"{sc.plan.tp} x pp {sc.plan.pp}); the other {sc.device.count - used} idle, not counted in the "

@@ -104,10 +104,15 @@ def windowed(shape: BatchShape, window: int) -> BatchShape:
     """The batch as a sliding-window layer attends over it: a decoding sequence reads at most ``window`` keys and a
     prefill query at most ``window`` keys plus its chunk's. Known inaccuracy: the step carries context sums, so the
     clip is of the sums (exact when every context is on the same side of the window)."""
+    decode_ctx, prefill_ctx = windowed_contexts(shape, window)
     return BatchShape(shape.prefill_tokens, min(shape.prefill_attn_pairs, float(shape.prefill_tokens) * window),
-                      shape.prefill_seqs, shape.decode_seqs, min(shape.decode_ctx_tokens,
-                                                                 float(shape.decode_seqs) * window),
-                      min(shape.prefill_ctx_tokens, float(shape.prefill_seqs) * window + shape.prefill_tokens))
+                      shape.prefill_seqs, shape.decode_seqs, decode_ctx, prefill_ctx)
+
+
+def windowed_contexts(shape: BatchShape, window: int) -> tuple[float, float]:
+    """(decode, prefill) context sums a sliding-window layer attends over (windowed)."""
+    return (min(shape.decode_ctx_tokens, float(shape.decode_seqs) * window),
+            min(shape.prefill_ctx_tokens, float(shape.prefill_seqs) * window + shape.prefill_tokens))
 
 
 def split_kv_block_n(head_dim: int) -> int:
@@ -183,8 +188,7 @@ class StepCostTimer:
         if not self._window:
             return (full,)
         share, window = self._window
-        clipped = (q, round(min(shape.decode_ctx_tokens, float(shape.decode_seqs) * window)     # as windowed()
-                            + min(shape.prefill_ctx_tokens, float(shape.prefill_seqs) * window + shape.prefill_tokens)))
+        clipped = (q, round(sum(windowed_contexts(shape, window))))
         return (clipped,) if share >= 1.0 or clipped == full else (full, clipped)
 
     # ---- the StepTimer protocol
