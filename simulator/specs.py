@@ -176,6 +176,15 @@ class Curve(Spec):
         return self
 
 
+class WaveTiles(Spec):
+    """The output tile (tile_m x tile_n, ``ctas_per_sm`` resident per SM) whose partial last wave a GEMM of >=
+    ``min_waves`` full waves pays; below that cuBLAS picks smaller tiles and the table's own interpolation stands."""
+    tile_m: Count
+    tile_n: Count
+    ctas_per_sm: Count = 1
+    min_waves: Count = 2
+
+
 class GemmTable(Spec):
     """Measured GEMM efficiency (roofline time / measured time) on a grid of M, N, K (log-interpolated)."""
     m: list[Count]
@@ -330,6 +339,11 @@ class CalibrationSpec(Spec):
                                          "up, nearly idle): the floor during a step")
     allreduce_bus_bw_bytes_per_s: Positive | None = None
     allreduce_latency_s: NonNegative | None = None
+    gemm_wave_tiles: dict[str, WaveTiles] = Field(
+        default_factory=dict, description="per dtype: the output tile of the GEMM kernels cuBLAS runs (its SIMT "
+        "sgemm for fp32), so that a shape between the table's grid points pays its partial last wave over the SMs "
+        "(efficiency.wave_factor; validation/scripts/derive_gemm_waves.py from gemm_layout.py's dense sweeps); "
+        "absent: the table is read as measured")
     grouped_gemm_tables: dict[str, GemmTable] = Field(
         default_factory=dict, description="per dtype: efficiency of the grouped expert GEMM (torch._grouped_mm, one "
         "CUTLASS kernel over all experts) on a grid of rows per expert (m) x N x K, every expert of the grid's E "

@@ -138,3 +138,38 @@ def test_default_rules_hold_what_the_broadcast_ops_microbenchmark_derives():
     assert rules.outer_broadcast_bandwidth_fraction == fractions["outer_broadcast_bandwidth_fraction"]
     # the half softmax to float is one kernel near the copy rate; bfloat16's cast-then-softmax is far slower
     assert every["softmax_to_fp32"]["float16"] > 2 * every["softmax_to_fp32"]["bfloat16"]
+
+
+def test_fp32_gemm_between_grid_points_pays_its_partial_last_wave():
+    """gemm_wave_tiles (128 x 128 tiles, 2 per SM, from 2 full waves, 132 SMs = 264 slots): a grid point keeps its
+    measured value, a shape just past a whole number of waves drops by its fill, a single-wave shape is untouched."""
+    from aisim.cost.efficiency import gemm_efficiency, gemm_table_value, wave_factor, wave_fill
+    from aisim.catalog import resolve_gpu
+    from aisim.specs import WaveTiles, load_calibration
+
+    tiles = WaveTiles(tile_m=128, tile_n=128, ctas_per_sm=2, min_waves=2)
+    assert wave_fill(tiles, 2048, 4224, 132) == 1.0                 # 16 x 33 = 528 tiles = 2 waves of 264
+    assert wave_fill(tiles, 2048, 4352, 132) == pytest.approx(544 / 792)   # 3 waves, the last one 16/264 full
+    assert wave_fill(tiles, 2048, 2176, 132) == 1.0                 # 272 tiles: under 2 waves, cuBLAS retiles
+    cal = load_calibration("h100-sxm")
+    gpu = resolve_gpu("h100-sxm")
+    assert cal.gemm_wave_tiles["fp32"] == tiles and "bf16" not in cal.gemm_wave_tiles
+    table = cal.gemm_tables["fp32"]
+    assert wave_factor(tiles, table, 2048, 8192, 132) == pytest.approx(1.0)       # on the grid
+    flops = 2.0 * 2048 * 4352 * 2048
+    got = gemm_efficiency(cal, "fp32", 2048, 4352, 2048, flops, gpu=gpu)
+    plain = gemm_table_value(table, 2048, 4352, 2048)
+    assert got == pytest.approx(plain * wave_factor(tiles, table, 2048, 4352, 132)) and got < 0.8 * plain
+    assert gemm_efficiency(cal, "bf16", 2048, 4352, 2048, flops, gpu=gpu) == gemm_table_value(
+        cal.gemm_tables["bf16"], 2048, 4352, 2048)
+
+
+def test_shipped_wave_rules_are_what_the_sweeps_derive():
+    from aisim.specs import load_calibration
+    from aisim.validation.scripts import derive_gemm_waves as d
+
+    for name, sweep in (("h100-sxm", d.SWEEP), ("h200", d.KERNELS / "gemm-sweep-h200.jsonl")):
+        result = d.derive(sweep, name)
+        assert load_calibration(name).gemm_wave_tiles == result["gemm_wave_tiles"]
+        plain, best, _ = result["fits"]["fp32"]
+        assert best < 0.6 * plain                                    # the rule explains the fp32 sawtooth

@@ -27,7 +27,7 @@ AISIM_INSTALLED = ensure_aisim("aisim.validation.harness")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from aisim.validation.harness import (broadcast_ops, common, eager_attention, fp8_gemm, gemm_align,  # noqa: E402
+from aisim.validation.harness import (broadcast_ops, common, eager_attention, fp8_gemm, gemm_align, gemm_layout,  # noqa: E402
                                       graph_gemv, graphs_decode, host_scopes, launch_busy, moe_bench, op_host,
                                       serve_cb, train_step)
 
@@ -180,6 +180,21 @@ def test_gemm_align_smoke_pairs_each_odd_shape_with_its_aligned_twin(tmp_path, i
     linear = [(r["m"], r["n"], r["op"]) for r in gemms if r["op"] != "mm"]
     assert len(linear) == 12 and {n for _, n, _ in linear} == {65, 72}
     assert [r["aligned"] for r in gemms if r["op"] == "mm"] == [False, True]
+
+
+def test_gemm_layout_smoke_times_every_variant_of_each_shape(tmp_path, isolated_env):
+    path = tmp_path / "gl.jsonl"
+    assert gemm_layout.main(["--smoke", "--out", str(path)]) == 0
+    records = read_jsonl(path)
+    check_header(records[0], "gemm_layout")
+    grid = [r for r in records if r["type"] == "gemm_layout"]
+    assert all(r["status"] == "ok" and r["median_ms"] > 0 for r in grid)
+    assert {(r["op"], r["layout"]) for r in grid} == set(gemm_layout.VARIANTS) and len(grid) == 4 * 5
+    sweep_path = tmp_path / "gs.jsonl"
+    assert gemm_layout.main(["--smoke", "--sweep", "--out", str(sweep_path)]) == 0
+    sweep = [r for r in read_jsonl(sweep_path) if r["type"] == "gemm_sweep"]
+    assert {r["axis"] for r in sweep} == {"m", "n", "k"} and len(sweep) == 3 * 3 * 2
+    assert all(r["m"] * r["n"] * r["k"] == 32 * 32 * r[r["axis"]] for r in sweep)
 
 
 def test_broadcast_ops_smoke_times_each_kernel_with_its_bytes(tmp_path, isolated_env):

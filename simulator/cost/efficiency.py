@@ -35,7 +35,7 @@ import math
 
 import numpy as np
 
-from ..specs import CalibrationSpec, Curve, GemmTable, HardwareSpec, all_hardware, default_calibration
+from ..specs import CalibrationSpec, Curve, GemmTable, HardwareSpec, WaveTiles, all_hardware, default_calibration
 
 MIN_EFFICIENCY = 1e-6  # guards against a zero or negative point in a calibration file
 
@@ -66,6 +66,26 @@ def gemm_table_value(table: GemmTable, m: int, n: int, k: int) -> float:
             for ki, wk in ((k0, 1 - fk), (k1, fk)):
                 total += wm * wn * wk * eff[mi, ni, ki]
     return max(total, MIN_EFFICIENCY)
+
+
+def wave_fill(tiles: WaveTiles, m: int, n: int, sms: int) -> float:
+    """The fraction of SM slots a GEMM's output tiles fill over its waves (1 below ``tiles.min_waves`` full waves,
+    where cuBLAS picks smaller tiles)."""
+    count = math.ceil(m / tiles.tile_m) * math.ceil(n / tiles.tile_n)
+    slots = sms * tiles.ctas_per_sm
+    if count < tiles.min_waves * slots:
+        return 1.0
+    return count / (math.ceil(count / slots) * slots)
+
+
+def wave_factor(tiles: WaveTiles, table: GemmTable, m: int, n: int, sms: int) -> float:
+    """The shape's wave fill over the fill the table's interpolation carries (its grid neighbours' fills, with the
+    same log2 weights in M and N): a measured grid point keeps its value, a shape between points pays its own
+    partial wave."""
+    (m0, m1, fm), (n0, n1, fn) = _axis(table.m, m), _axis(table.n, n)
+    carried = sum(wm * wn * wave_fill(tiles, table.m[mi], table.n[ni], sms)
+                  for mi, wm in ((m0, 1 - fm), (m1, fm)) for ni, wn in ((n0, 1 - fn), (n1, fn)))
+    return wave_fill(tiles, m, n, sms) / carried
 
 
 def reference_gpu(cal: CalibrationSpec) -> HardwareSpec | None:
@@ -116,6 +136,9 @@ def gemm_efficiency(cal: CalibrationSpec, dtype: str, m: int, n: int, k: int, fl
     table = cal.gemm_tables.get(dtype)
     if table is not None and min(m, n, k) > 0:
         value = gemm_table_value(table, m, n, k)
+        tiles = cal.gemm_wave_tiles.get(dtype)
+        if tiles is not None and gpu is not None and not memory_bound:
+            value *= wave_factor(tiles, table, m, n, gpu.sm_count)
         return transferred_memory_efficiency(cal, value, nbytes, gpu, flops, dtype) if memory_bound else value
     if memory_bound and cal.gemm_memory_efficiency is not None:
         return curve_value(cal.gemm_memory_efficiency, _log_x(nbytes, size_scale(cal, gpu, "bytes")))
