@@ -1,7 +1,7 @@
 """Estimate results: pydantic objects that the API returns and the CLI only renders (stable JSON)."""
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from .workload import ParallelPlan, Workload
 
@@ -18,6 +18,9 @@ class OpCost(BaseModel):
 
 
 class MemoryBreakdown(BaseModel):
+    """Peak memory per GPU as PyTorch's allocator counts it (``total_gb``: torch.cuda.max_memory_allocated), the GPU's
+    memory (``capacity_gb``) and what the process holds outside the allocator (``runtime_reserved_gb``: the CUDA
+    context, and NCCL's buffers with a process group). It fits when ``total_gb <= usable_gb``."""
     weights_gb: float
     activations_gb: float
     kv_cache_gb: float
@@ -26,6 +29,12 @@ class MemoryBreakdown(BaseModel):
     workspace_gb: float
     total_gb: float
     capacity_gb: float
+    runtime_reserved_gb: float = 0.0
+
+    @computed_field
+    @property
+    def usable_gb(self) -> float:
+        return self.capacity_gb - self.runtime_reserved_gb
 
 
 class SpeechPhase(BaseModel):

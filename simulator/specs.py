@@ -266,6 +266,14 @@ class CalibrationSpec(Spec):
     multi_tensor_bandwidth_fraction: dict[int, Fraction] = Field(
         default_factory=dict, description="multi_tensor_apply kernels (the foreach and fused optimizers): fraction "
         "of datasheet bandwidth per element size in bytes; absent: the default rules', else the memory curve")
+    cuda_context_bytes: NonNegative | None = Field(
+        None, description="device memory a PyTorch process holds outside its caching allocator (the CUDA context and "
+        "the kernels it loaded): not PyTorch's to allocate, so a configuration fits when its peak plus this is "
+        "within the GPU's memory (validation/scripts/derive_runtime_memory.py: NVML used less torch reserved in the "
+        "suite runs); absent: the default rules'")
+    nccl_buffer_bytes: NonNegative | None = Field(
+        None, description="NCCL's communicator buffers beside the context once a process group exists (tensor, "
+        "pipeline or data parallel); absent: the default rules'")
     stream_bandwidth_fraction: Fraction | None = Field(
         None, description="fraction of datasheet bandwidth a plain streaming kernel (a large copy or add) reaches, "
         "taken as the same on every HBM GPU: on another GPU than the reference, a memory-bound GEMM-table entry "
@@ -475,6 +483,10 @@ class RuntimeSpec(Spec):
     """A serving/execution engine profile: per-step overheads and efficiency factors, documented."""
     name: str
     description: str
+    framework: Literal["pytorch", "ggml"] = Field(
+        "pytorch", description="what runs the steps: pytorch (a CUDA context and NCCL buffers outside its caching "
+        "allocator, calibration's cuda_context_bytes / nccl_buffer_bytes, count against the GPU's memory) or ggml "
+        "(its own allocator and context, not modelled)")
     dispatch: Literal["eager", "graphs", "none"] = Field(
         description="eager: CPU dispatch per aten op; graphs: per kernel; none: kernel time only (profiler sums)")
     per_step_overhead_s: NonNegative = 0.0

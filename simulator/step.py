@@ -153,7 +153,7 @@ def graph_credit_s(sc: Scenario, cal) -> float:
 def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     from .cost.efficiency import runtime_scales
     from .cost.energy import step_energy_j, waiting_power_w
-    from .cost.memory import breakdown
+    from .cost.memory import breakdown, with_runtime_reserve
     from .cost.ops_time import op_time
     from .cost.timeline import cpu_costs, simulate, step_host_s
 
@@ -190,8 +190,9 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     energy_j = stage_j * plan.pp + waiting_power_w(dev.gpu, cal) * (plan.pp - 1) * stage_s * plan.gpus
     table = tuple(op_rows(a.ops, a.costs, times, a.repeats, stage_s))
     return StepCost(runtime_s, energy_j, energy_j / (runtime_s * plan.gpus) if runtime_s else 0.0, a.flops, a.bytes,
-                    table, a.unknown, expert_memory(kv_memory(static_kv(breakdown(a.graph, w, dev), w, rt, sc.config), w.dtype,
-                                                              sc.kv_dtype), sc, w.dtype), w,
+                    table, a.unknown, with_runtime_reserve(
+                        expert_memory(kv_memory(static_kv(breakdown(a.graph, w, dev), w, rt, sc.config), w.dtype,
+                                                sc.kv_dtype), sc, w.dtype), cal, rt.framework, plan.gpus > 1), w,
                     timeline.gpu_busy_s, timeline.cpu_busy_s)
 
 

@@ -68,7 +68,7 @@ def test_every_reported_training_plan_fits_and_is_ranked():
     assert r.considered == 2 * 2 * 2 * 3 * 2 * 2   # gpus x tp x pp x zero x recompute x micro-batch
     assert r.pruned.get("dominated", 0) > 0
     for c in r.ranked:
-        assert c.memory_per_gpu_gb <= c.capacity_gb
+        assert c.memory_per_gpu_gb <= c.usable_gb < c.capacity_gb   # the CUDA context and NCCL's buffers held
         assert c.tp * c.pp * c.dp == c.gpus and 64 % (c.dp * c.micro_batch) == 0
         assert c.usd == pytest.approx(c.gpus * c.time_to_train_s / 3600 * c.price_usd_per_gpu_hour)
         assert c.energy_mwh > 0 and 0 < c.mfu < 1
@@ -202,6 +202,12 @@ def test_a_saturated_device_reports_the_configuration_needing_the_fewest_gpus():
 def test_plan_serve_refuses_a_system_name_with_the_reason():
     with pytest.raises(Exception, match="takes GPU names .* without xN"):
         plan_serve(plan_request(**{**SERVE, "devices": ["h100x8"]}, rate_per_s=1.0, slo={}))
+
+
+def test_plan_train_refuses_a_gpu_count_in_the_device_name():
+    with pytest.raises(Exception, match="plan train takes GPU names .* count itself \\(--gpus\\)"):
+        plan_train(plan_train_request(model="opt-125m", tokens=1e9, seq=512, global_batch=64, devices=["h100x8"],
+                                      gpus=[8]))
 
 
 def test_training_longer_than_the_model_positions_is_refused_up_front():

@@ -263,3 +263,31 @@ def test_zero_without_data_parallel_ranks_says_it_changes_nothing():
     e = estimate("Meta-Llama-3-8B", "h100x8", workload="train", batch=8, seq=512, dtype="bf16",
                  train=TrainPlan(precision="bf16-true", zero=3))
     assert e.plan.dp == 1 and any("with dp 1 it changes nothing" in a for a in e.assumptions)
+
+
+def test_the_fit_check_counts_the_cuda_context_and_nccls_buffers():
+    """Memory a PyTorch process holds outside its allocator (derive_runtime_memory: NVML used - torch reserved in
+    the suite runs) counts against the GPU: a peak between the usable memory and the capacity does not fit."""
+    from aisim import estimate
+    from aisim.results import MemoryBreakdown
+    from aisim.specs import load_calibration
+    from aisim.studies.common import not_fit_reason
+    from aisim.validation.scripts import derive_runtime_memory as d
+
+    derived = d.derive()
+    for name in ("h100-sxm", "h200", "default"):
+        cal = load_calibration(name)
+        assert (cal.cuda_context_bytes, cal.nccl_buffer_bytes) == (derived[name]["cuda_context_bytes"],
+                                                                   derived[name]["nccl_buffer_bytes"])
+    one = estimate("opt-125m", "h100", workload="decode", batch=1, seq=128, dtype="bf16").memory
+    two = estimate("opt-125m", "h100x2", workload="decode", batch=1, seq=128, dtype="bf16", tp=2).memory
+    assert one.runtime_reserved_gb == pytest.approx(1.31) and two.runtime_reserved_gb == pytest.approx(1.31 + 1.65)
+    ggml = estimate("whisper-medium.en", "gtx-1650-mobile", workload="encode", batch=1, dtype="fp16",
+                    runtime="ggml-cuda").memory
+    assert ggml.runtime_reserved_gb == 0.0 and ggml.usable_gb == ggml.capacity_gb
+    between = one.model_copy(update={"total_gb": one.capacity_gb - 0.5})
+    reason = not_fit_reason(between, "h100-sxm")
+    assert reason.startswith("does not fit") and "84.21 GB usable of the 85.52 GB" in reason
+    assert not_fit_reason(one, "h100-sxm") is None
+    assert MemoryBreakdown(**{**between.model_dump(exclude={"usable_gb"}), "runtime_reserved_gb": 0.0}
+                           ).usable_gb == between.capacity_gb

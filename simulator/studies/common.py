@@ -1,6 +1,7 @@
 """Assembling an Estimate from step costs: tokens, the fit check, the notes every estimate carries."""
 from __future__ import annotations
 
+from ..errors import AisimError
 from ..results import Estimate, MemoryBreakdown, OpCost
 from ..scenario import Scenario, calibration_note
 from ..step import StepCost
@@ -11,12 +12,30 @@ TOP_OPS = 12
 
 
 def not_fit_reason(mem: MemoryBreakdown, gpu_name: str) -> str | None:
-    if mem.total_gb <= mem.capacity_gb:
+    if mem.total_gb <= mem.usable_gb:
         return None
+    room = (f"{mem.usable_gb:.2f} GB usable of the {mem.capacity_gb:.2f} GB of {gpu_name} ({mem.runtime_reserved_gb:.2f} "
+            f"GB held by the CUDA context and, with several GPUs, NCCL)" if mem.runtime_reserved_gb else
+            f"{mem.capacity_gb:.2f} GB capacity of {gpu_name}")
     return (f"does not fit: {mem.total_gb:.2f} GB needed per GPU (weights {mem.weights_gb:.2f}, activations "
             f"{mem.activations_gb:.2f}, KV cache {mem.kv_cache_gb:.2f}, gradients {mem.gradients_gb:.2f}, "
-            f"optimizer {mem.optimizer_gb:.2f}, workspace {mem.workspace_gb:.2f}) > {mem.capacity_gb:.2f} GB "
-            f"capacity of {gpu_name}")
+            f"optimizer {mem.optimizer_gb:.2f}, workspace {mem.workspace_gb:.2f}) > {room}")
+
+
+def refuse_gpu_count(name: str, command: str, where: str) -> None:
+    """A planner's --devices entry written as NAMExN (h100x8): a one-line error saying the planner searches the GPU
+    count itself (``where``: the flag that sets it), where NAME is a GPU."""
+    from ..catalog import resolve_gpu
+
+    stem, _, count = name.strip().lower().rpartition("x")
+    if not (count.isdigit() and stem):
+        return
+    try:
+        resolve_gpu(stem)
+    except AisimError:
+        return
+    raise AisimError(f"--devices {name!r}: {command} takes GPU names ({stem}, a100, l4) and searches the GPU count "
+                     f"itself ({where}); give the GPU without xN")
 
 
 def step_tokens(w: Workload) -> int:

@@ -24,6 +24,7 @@ from ..errors import AisimError
 from ..plan import check_tp
 from ..scenario import ScenarioRequest, resolve_scenario
 from ..specs import all_hardware, all_runtimes
+from .common import refuse_gpu_count
 from .serve import ArrivalSpec, ServeRequest, validated
 from .serve.metrics import percentile_key
 from .serve.run import failure_summary, serve
@@ -140,20 +141,9 @@ def _devices(names: list[str]) -> list[str]:
         try:
             out.append(resolve_gpu(n).name)
         except AisimError:
-            stem, _, count = n.strip().lower().rpartition("x")
-            if count.isdigit() and stem and _is_gpu(stem):
-                raise AisimError(f"--devices {n!r}: plan serve takes GPU names ({stem}, a100, l4) and searches the "
-                                 "GPU count itself up to --max-gpus; give the GPU without xN") from None
+            refuse_gpu_count(n, "plan serve", "up to --max-gpus")
             raise
     return out
-
-
-def _is_gpu(name: str) -> bool:
-    try:
-        resolve_gpu(name)
-    except AisimError:
-        return False
-    return True
 
 
 def _slo_value(metrics: dict, key: str) -> float:

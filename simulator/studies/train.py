@@ -114,7 +114,7 @@ def traced_options(plan: TrainPlan) -> dict:
 
 
 def train(sc: Scenario, req: TrainRequest) -> TrainResult:
-    from ..cost.memory import TRAIN_STATE_BYTES, train_breakdown
+    from ..cost.memory import TRAIN_STATE_BYTES, train_breakdown, with_runtime_reserve
 
     plan, par = req.plan, sc.plan
     b, m = micro_batching(req.batch, par.dp, plan)
@@ -126,7 +126,9 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     graph = op_arrays(sc, w).graph
     in_flight = _in_flight(par.pp, m, plan)
     # a forward that follows a backward of the same step (m > pp) runs beside the accumulated gradients
-    memory = train_breakdown(graph, w, plan, par.dp, sc.device, in_flight, accumulating=m > par.pp)
+    memory = with_runtime_reserve(
+        train_breakdown(graph, w, plan, par.dp, sc.device, in_flight, accumulating=m > par.pp), sc.calibration,
+        sc.runtime.framework, par.tp * par.pp * par.dp > 1)
     notes = list(sc.assumptions) + _notes(plan, par, b, m, {"adamw": "AdamW", "sgd": "SGD"}[sc.optimizer])
     cal = calibration_note(sc)
     notes += [cal] if cal else []
