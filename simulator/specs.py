@@ -185,6 +185,15 @@ class WaveTiles(Spec):
     min_waves: Count = 2
 
 
+class PowerLimitMix(Spec):
+    """A GEMM loop holds the GPU at its power limit by lowering the clocks; between memory-bound kernels a GEMM runs
+    unthrottled and draws more, and the limiter then holds the whole mix near the limit. ``compute_dynamic_ratio``:
+    a compute-bound kernel's power above the waiting power, in a mix, over what its loop drew; ``limit_fraction``:
+    the average a limited step holds, over board power."""
+    compute_dynamic_ratio: Annotated[float, Field(ge=1.0, le=3.0)]
+    limit_fraction: Annotated[float, Field(gt=0.5, le=1.0)]
+
+
 class GemmTable(Spec):
     """Measured GEMM efficiency (roofline time / measured time) on a grid of M, N, K (log-interpolated)."""
     m: list[Count]
@@ -345,6 +354,10 @@ class CalibrationSpec(Spec):
                                              "efficiency: its average power / power limit")
     active_power_w: Positive | None = Field(None, description="power while the GPU runs only tiny kernels (clocked "
                                          "up, nearly idle): the floor during a step")
+    power_limit_mix: PowerLimitMix | None = Field(
+        None, description="how a step's power follows the board's power limit when compute-bound kernels mix with "
+        "memory-bound ones (cost/energy.py limited_busy_power_w; validation/harness/power_mix.py); absent: each "
+        "kernel draws what a loop of it drew")
     allreduce_bus_bw_bytes_per_s: Positive | None = None
     allreduce_latency_s: NonNegative | None = None
     gemm_wave_tiles: dict[str, WaveTiles] = Field(

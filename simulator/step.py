@@ -152,9 +152,9 @@ def graph_credit_s(sc: Scenario, cal) -> float:
 
 def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     from .cost.efficiency import runtime_scales
-    from .cost.energy import step_energy_j, waiting_power_w
+    from .cost.energy import TENSOR_CORE_DTYPES, step_energy_j, waiting_power_w
     from .cost.memory import breakdown, with_runtime_reserve
-    from .cost.ops_time import op_time
+    from .cost.ops_time import compute_dtype, op_time
     from .cost.timeline import cpu_costs, simulate, step_host_s
 
     dev, rt, plan = sc.device, sc.runtime, sc.plan
@@ -184,8 +184,10 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     stage_s = timeline.runtime_s + rt.per_step_overhead_s
     # the GPUs of one pipeline stage (tensor x data parallel) work together; the stages run one after another
     # (no micro-batching): each stage's GPUs wait, at the waiting power, while the other pp - 1 stages run
+    tensor_core = np.array([c.kind in ("gemm", "attention") and compute_dtype(op, w.dtype) in TENSOR_CORE_DTYPES
+                            for op, c in zip(a.ops, a.costs)], dtype=bool)
     stage_j, _ = step_energy_j(dev.gpu, cal, gpu_s, busy_c, busy_m, a.repeats, stage_s, plan.tp * plan.dp,
-                               power_w)
+                               power_w, tensor_core)
     runtime_s = stage_s * plan.pp + (head_s if plan.pp > 1 else 0.0)
     energy_j = stage_j * plan.pp + waiting_power_w(dev.gpu, cal) * (plan.pp - 1) * stage_s * plan.gpus
     table = tuple(op_rows(a.ops, a.costs, times, a.repeats, stage_s))

@@ -173,3 +173,41 @@ def test_shipped_wave_rules_are_what_the_sweeps_derive():
         assert load_calibration(name).gemm_wave_tiles == result["gemm_wave_tiles"]
         plain, best, _ = result["fits"]["fp32"]
         assert best < 0.6 * plain                                    # the rule explains the fp32 sawtooth
+
+
+def test_power_limit_mix_holds_a_mixed_step_near_the_limit_and_leaves_fp32_and_memory_kernels():
+    """limited_busy_energy_j, hand-worked: a tensor-core GEMM at its loop power 680 W and an add at 450 W, 1 ms each,
+    waiting power 125 W: unthrottled 125 + 555 x 1.82 = 1135.1 W; mean (1135.1 + 450) / 2 = 792.55 W, held to
+    0.985 x 700 = 689.5 W. An fp32 GEMM keeps its loop power; without the block every kernel does."""
+    import numpy as np
+
+    from aisim.catalog import resolve_gpu
+    from aisim.cost.energy import limited_busy_energy_j
+    from aisim.specs import PowerLimitMix, load_calibration
+
+    gpu = resolve_gpu("h100-sxm")
+    cal = load_calibration("h100-sxm").model_copy(update={
+        "power_limit_mix": PowerLimitMix(compute_dynamic_ratio=1.82, limit_fraction=0.985), "active_power_w": 125.0})
+    power, t = np.array([680.0, 450.0]), np.array([1e-3, 1e-3])
+    compute, memory = np.array([0.9e-3, 0.1e-3]), np.array([0.2e-3, 0.9e-3])
+    ones = np.ones(2)
+    assert limited_busy_energy_j(gpu, cal, power, t, compute, memory, ones) == pytest.approx(689.5 * 2e-3)
+    fp32 = limited_busy_energy_j(gpu, cal, power, t, compute, memory, ones, np.array([False, False]))
+    assert fp32 == pytest.approx((680.0 + 450.0) * 1e-3)
+    add_only = limited_busy_energy_j(gpu, cal, power[1:], t[1:], compute[1:], memory[1:], ones[1:])
+    assert add_only == pytest.approx(450.0e-3)
+    small = limited_busy_energy_j(gpu, cal, np.array([300.0, 450.0]), t, compute, memory, ones)
+    assert small == pytest.approx((125 + 175 * 1.82 + 450.0) * 1e-3)     # under the limit: the sum stands
+    plain = cal.model_copy(update={"power_limit_mix": None})
+    assert limited_busy_energy_j(gpu, plain, power, t, compute, memory, ones) == pytest.approx(1.13)
+
+
+def test_shipped_power_rule_is_what_the_power_mix_runs_derive():
+    from aisim.specs import load_calibration
+    from aisim.validation.scripts import derive_power_mix as d
+
+    result = d.derive("h100-sxm")
+    h100, h200 = load_calibration("h100-sxm"), load_calibration("h200")
+    assert h100.power_limit_mix == result["mix"] == h200.power_limit_mix
+    assert h100.power_memory_curve == result["curve"] and h200.power_memory_curve is None
+    assert result["mape_after"] < 0.3 * result["mape_before"]

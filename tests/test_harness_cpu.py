@@ -27,9 +27,9 @@ AISIM_INSTALLED = ensure_aisim("aisim.validation.harness")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from aisim.validation.harness import (broadcast_ops, common, eager_attention, fp8_gemm, gemm_align, gemm_layout,  # noqa: E402
-                                      graph_gemv, graphs_decode, host_scopes, launch_busy, moe_bench, op_host,
-                                      serve_cb, train_step)
+from aisim.validation.harness import (broadcast_ops, common, eager_attention, fp8_gemm, gemm_align,  # noqa: E402
+                                      gemm_layout, graph_gemv, graphs_decode, host_scopes, launch_busy, moe_bench,
+                                      op_host, power_mix, serve_cb, train_step)
 
 HARNESS = ROOT / "validation" / "harness"
 
@@ -195,6 +195,17 @@ def test_gemm_layout_smoke_times_every_variant_of_each_shape(tmp_path, isolated_
     sweep = [r for r in read_jsonl(sweep_path) if r["type"] == "gemm_sweep"]
     assert {r["axis"] for r in sweep} == {"m", "n", "k"} and len(sweep) == 3 * 3 * 2
     assert all(r["m"] * r["n"] * r["k"] == 32 * 32 * r[r["axis"]] for r in sweep)
+
+
+def test_power_mix_smoke_runs_every_sequence(tmp_path, isolated_env):
+    path = tmp_path / "pm.jsonl"
+    assert power_mix.main(["--smoke", "--out", str(path)]) == 0
+    records = read_jsonl(path)
+    check_header(records[0], "power_mix")
+    seqs = {r["name"]: r for r in records if r["type"] == "sequence"}
+    assert set(seqs) == set(power_mix.SEQUENCES)
+    assert all(r["iterations"] > 0 and r["ms_per_iteration"] > 0 and r["parts"] == power_mix.SEQUENCES[n]
+               for n, r in seqs.items())
 
 
 def test_broadcast_ops_smoke_times_each_kernel_with_its_bytes(tmp_path, isolated_env):

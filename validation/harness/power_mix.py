@@ -1,0 +1,115 @@
+"""GPU power of mixed kernel sequences against the power of each kernel looped alone.
+
+    python3 -m aisim.validation.harness.power_mix --out OUT/power-mix.jsonl [--seconds 3] [--rounds 2] [--smoke]
+
+aisim prices each kernel's power from calibration loops of one kind of kernel (a GEMM loop, a copy loop) at the
+fraction of peak it achieves, and a step's power is the time-weighted mean of its kernels'. A model step interleaves
+GEMMs with elementwise kernels; if the GPU's power does not follow each kernel (clocks, voltage and temperature
+settle over milliseconds), the elementwise kernels between GEMMs draw more than they do looped alone. This times
+generic loads (bf16, shapes of no judged model), alone and interleaved, each for ``--seconds`` on the NVML energy
+counter, with the kernels' own times from CUDA events:
+- ``gemm``: 8192^3 mm (~1.4 ms on an H100), ``gemm_small``: 4096^3 (~0.2 ms);
+- ``add``: two 128M-element tensors (768 MiB moved, ~0.3 ms), ``add_small``: 8M elements (48 MiB, ~20 us);
+- ``copy``: a 512 MiB clone.
+Sequences: each alone, then [gemm, add], [gemm, add x 3], [gemm_small, add], [gemm_small, add x 3],
+[gemm_small, add_small x 4], [gemm, copy x 2], and (from the third run on) [gemm_small, add x 2], [gemm_small,
+add x 6], [gemm_small, copy x 2], [gemm, add x 12]: GEMM time shares from 11% to 86%. Records: ``{"type": "sequence", "round", "name", "parts": [...],
+"iterations", "ms_per_iteration", "energy_j", "energy_window_s", "avg_power_w", "sm_clock_mhz"}``. A microbenchmark:
+nothing here is a judged case.
+"""
+from __future__ import annotations
+
+import time
+
+from . import common
+from .. import gpu
+
+SCRIPT = "power_mix"
+SEQUENCES = {"gemm": ["gemm"], "gemm_small": ["gemm_small"], "add": ["add"], "add_small": ["add_small"],
+             "copy": ["copy"], "gemm+add": ["gemm", "add"], "gemm+3add": ["gemm", "add", "add", "add"],
+             "gemm_small+add": ["gemm_small", "add"], "gemm_small+3add": ["gemm_small", "add", "add", "add"],
+             "gemm_small+4add_small": ["gemm_small"] + ["add_small"] * 4, "gemm+2copy": ["gemm", "copy", "copy"],
+             "gemm_small+2add": ["gemm_small", "add", "add"], "gemm_small+6add": ["gemm_small"] + ["add"] * 6,
+             "gemm_small+2copy": ["gemm_small", "copy", "copy"], "gemm+12add": ["gemm"] + ["add"] * 12}
+
+
+def loads(device, torch, smoke: bool) -> dict:
+    dt = torch.bfloat16 if device.type == "cuda" else torch.float32
+    big, small = (64, 32) if smoke else (8192, 4096)
+    n_add, n_small, n_copy = (4096, 1024, 8192) if smoke else (128 * 2**20, 8 * 2**20, 256 * 2**20)
+    a, b = torch.randn(big, big, device=device, dtype=dt), torch.randn(big, big, device=device, dtype=dt)
+    c, d = torch.randn(small, small, device=device, dtype=dt), torch.randn(small, small, device=device, dtype=dt)
+    x, y = torch.randn(n_add, device=device, dtype=dt), torch.randn(n_add, device=device, dtype=dt)
+    xs, ys = torch.randn(n_small, device=device, dtype=dt), torch.randn(n_small, device=device, dtype=dt)
+    z = torch.randn(n_copy, device=device, dtype=dt)
+    outs = {"gemm": torch.empty(big, big, device=device, dtype=dt),
+            "gemm_small": torch.empty(small, small, device=device, dtype=dt),
+            "add": torch.empty_like(x), "add_small": torch.empty_like(xs), "copy": torch.empty_like(z)}
+    return {"gemm": lambda: torch.mm(a, b, out=outs["gemm"]),
+            "gemm_small": lambda: torch.mm(c, d, out=outs["gemm_small"]),
+            "add": lambda: torch.add(x, y, out=outs["add"]),
+            "add_small": lambda: torch.add(xs, ys, out=outs["add_small"]),
+            "copy": lambda: outs["copy"].copy_(z)}
+
+
+def run_sequence(parts, fns, device, seconds: float) -> dict:
+    import torch
+
+    calls = [fns[p] for p in parts]
+    for fn in calls:        # warm
+        fn()
+    common.sync(device)
+    meter = common.EnergyWindow(device)
+    meter.start()
+    cuda = device.type == "cuda"
+    start = torch.cuda.Event(enable_timing=True) if cuda else None
+    end = torch.cuda.Event(enable_timing=True) if cuda else None
+    if cuda:
+        start.record()
+    t0, iterations = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(8):
+            for fn in calls:
+                fn()
+        iterations += 8
+        if cuda and iterations % 64 == 0:
+            end.record()
+            end.synchronize()      # keep the queue shallow so the window's work is what the counter sees
+    if cuda:
+        end.record()
+        end.synchronize()
+        elapsed_ms = start.elapsed_time(end)
+    else:
+        elapsed_ms = (time.perf_counter() - t0) * 1e3
+    clock = gpu.sm_clock_mhz(meter.handle) if meter.handle is not None else None
+    energy = meter.stop()
+    return {"iterations": iterations, "ms_per_iteration": round(elapsed_ms / iterations, 5), **energy,
+            "sm_clock_mhz": clock}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = common.harness_parser(__doc__, "tiny loads for 0.2 s each on the CPU (no energy counter)")
+    parser.add_argument("--seconds", type=float, default=3.0, help="window per sequence")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args(argv)
+    import torch
+
+    device, out, budget, measure_host = common.open_run(SCRIPT, args)
+    seconds = 0.2 if args.smoke else args.seconds
+    with torch.inference_mode():
+        fns = loads(device, torch, args.smoke)
+        for round_ in range(1 if args.smoke else args.rounds):
+            for name, parts in SEQUENCES.items():
+                if budget.expired():
+                    out.write({"type": "stopped"})
+                    return common.close_run(out, measure_host)
+                rec = {"type": "sequence", "round": round_, "name": name, "parts": parts,
+                       **run_sequence(parts, fns, device, seconds)}
+                out.write(rec)
+                print(f"{round_} {name}: {rec['ms_per_iteration']:.4f} ms/iter, {rec.get('avg_power_w')} W, "
+                      f"{rec.get('sm_clock_mhz')} MHz", flush=True)
+    return common.close_run(out, measure_host)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
