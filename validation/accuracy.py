@@ -78,20 +78,21 @@ WHY = """\
 - **Energy of GPU-bound fp16/bf16 steps follows the power limit.** Large steps run at the 700 W limit throughout
   (measured 690-700 W). aisim priced each kernel at the power of a loop of that kernel, and the norms, elementwise
   ops and copies between the GEMMs drew 386-450 W by the memory curve: those steps came out 10-25% low. A
-  microbenchmark of mixed sequences (validation/harness/power_mix.py, three H100 machines) shows why: a GEMM loop is
-  held at the limit by its clocks (1260-1335 MHz), but GEMMs between adds run faster and draw more, and the mix sits
-  near the limit (681-700 W where GEMMs take >= 43% of the time, against 569-656 W from the loop powers). The rule
-  fitted to those sequences (`power_limit_mix`: tensor-core compute-bound kernels 1.82x their loop's power above the
-  waiting power, the mean held to 0.985 of board power; python -m aisim.validation.scripts.derive_power_mix, sequence
-  power MAPE 9.3% -> 2.0%), with the memory curve's top from the same loops (a large add at 0.90 of bandwidth:
-  518 W), takes energy per token on h100.jsonl from 17.16% to 10.01% MAPE and on h200.jsonl from 12.63% to 8.26%
-  (the H200 carries the H100's constants: the same die and limit, its own loop powers; its run of the harness was
-  given an H100), tp2-h200.jsonl 23.23% -> 20.01%, tp4-h200.jsonl 27.53% -> 22.03%, whisper-h200.jsonl 23.82% ->
-  15.91%, the serving runs' J/token 29.2% -> 26.0%. The GPU-bound forward
-  and prefill rows are now within -5..+1%. What stays low: host-bound steps (batch 1 x 128 forwards, -25..-40%: the
-  GPU waits between kernels at the active-idle power, 125 W, and draws more than that) and the host-bound bf16
-  training rows, whose times are short. Decode rows whose energy window was dominated by the untimed cache copies
-  between trials are reported n/a (the subtraction implied more than the card's 700 W).
+  microbenchmark (validation/harness/power_mix.py, four H100 machines) shows why: a GEMM loop is held at the limit
+  by its clocks (1260-1335 MHz), but GEMMs between adds, or alone between waits, run unthrottled and draw more; an
+  interleaved mix sits near the limit (681-700 W where GEMMs take >= 43% of the time, against 569-656 W from the loop
+  powers), and a 4096^3 GEMM every 0.4 ms averages 473 W where its loop power and the waiting power give 408 W.
+  Memory-bound kernels between waits draw their loop power (within 2%). The rule fitted to those runs
+  (`power_limit_mix`: tensor-core compute-bound kernels 1.46x their loop's power above the waiting power, the step's
+  average held to 0.9875 of board power; python -m aisim.validation.scripts.derive_power_mix, power MAPE over 26
+  sequences and gapped runs 6.5% -> 2.6%), with the memory curve's top from the same loops (a large add at 0.90 of
+  bandwidth: 515 W), takes energy per token on h100.jsonl from 17.16% to 11.14% MAPE and on h200.jsonl from 12.63%
+  to 8.22% (the H200 carries the H100's constants: the same die and limit, its own loop powers; its run of the
+  harness was given an H100), tp2-h200.jsonl 23.23% -> 19.98%, tp4-h200.jsonl 27.53% -> 22.96%, whisper-h200.jsonl
+  23.82% -> 19.17%, the serving runs' J/token 29.2% -> 26.2%. The GPU-bound 16-bit forward and prefill rows are now
+  within -7..+6% but bloom-560m forward 16 x 1024 (-19% H100, -13% H200). What stays low: host-bound steps (batch 1 x 128 forwards, -25..-40%) and the host-bound bf16 training
+  rows, whose times are short. Decode rows whose energy window was dominated by the untimed cache copies between
+  trials are reported n/a (the subtraction implied more than the card's 700 W).
 - **Tensor-parallel launch-bound rows**: the measured implementation (plain sharded weights, an NCCL all-reduce
   from a forward hook, a barrier before each trial) makes TP=2 slower than TP=1 at batch 1 (Llama-3-8B decode:
   30.9 ms against 19.0 ms). A tight loop of all-reduces costs the host 24-47 us each; inside the model each one

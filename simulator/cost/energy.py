@@ -72,26 +72,27 @@ def op_power_w(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s: np.ndarray, compu
 TENSOR_CORE_DTYPES = ("fp16", "bf16", "tf32", "fp8", "int8")
 
 
-def limited_busy_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, power_w: np.ndarray, gpu_s: np.ndarray,
-                          compute_s: np.ndarray, memory_s: np.ndarray, repeats: np.ndarray,
-                          tensor_core: np.ndarray | None = None) -> float:
-    """Energy of the step's kernels under the board's power limit (``cal.power_limit_mix``): each compute-bound
-    tensor-core kernel's power above the waiting power scaled by ``compute_dynamic_ratio`` (a loop of it is held
-    back by the limit; between memory-bound kernels it runs unthrottled), the kernels' mean power then held to
-    ``limit_fraction`` of board power. fp32 GEMMs (CUDA cores: their loops stay under the limit) keep their loop
-    power. ``tensor_core``: per kernel, whether it runs on tensor cores (default: every kernel). Without the block:
-    each kernel's own loop power."""
+def limited_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, power_w: np.ndarray, gpu_s: np.ndarray,
+                     compute_s: np.ndarray, memory_s: np.ndarray, repeats: np.ndarray, runtime_s: float,
+                     tensor_core: np.ndarray | None = None) -> float:
+    """Energy of one GPU over a step of ``runtime_s``: its kernels, and the waiting power while it waits. Under the
+    board's power limit (``cal.power_limit_mix``) each compute-bound tensor-core kernel's power above the waiting
+    power is scaled by ``compute_dynamic_ratio`` (a loop of it is held back by the limit; between other kernels or
+    waits it runs unthrottled) and the step's average power is held to ``limit_fraction`` of board power. fp32
+    GEMMs (CUDA cores: their loops stay under the limit) keep their loop power. ``tensor_core``: per kernel, whether
+    it runs on tensor cores (default: every kernel). Without the block: each kernel's own loop power."""
+    idle_w = waiting_power_w(gpu, cal)
+    busy_s = float(np.dot(gpu_s, repeats))
+    waiting_j = idle_w * max(runtime_s - busy_s, 0.0)
     mix = cal.power_limit_mix
     if mix is None:
-        return float(np.dot(power_w * gpu_s, repeats))
-    idle_w = waiting_power_w(gpu, cal)
+        return float(np.dot(power_w * gpu_s, repeats)) + waiting_j
     throttled = (compute_s >= memory_s) & (compute_s > 0) & (gpu_s > 0)   # not collectives (no FLOPs)
     if tensor_core is not None:
         throttled &= tensor_core
     unthrottled = np.where(throttled, idle_w + (power_w - idle_w) * mix.compute_dynamic_ratio, power_w)
-    busy_s = float(np.dot(gpu_s, repeats))
-    energy = float(np.dot(unthrottled * gpu_s, repeats))
-    return min(energy, mix.limit_fraction * gpu.board_power_w * busy_s)
+    energy = float(np.dot(unthrottled * gpu_s, repeats)) + waiting_j
+    return min(energy, mix.limit_fraction * gpu.board_power_w * max(runtime_s, busy_s))
 
 
 def step_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s: np.ndarray, compute_s: np.ndarray,
@@ -99,14 +100,12 @@ def step_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s: np.ndarray, co
                   power_w: np.ndarray | None = None, tensor_core: np.ndarray | None = None) -> tuple[float, float]:
     """(energy in J over all GPUs, average power per GPU in W). ``power_w``: per-kernel power where a power mode
     (cost.power) has already set it (the mode's own limit then stands: no mix rule). ``tensor_core``: per kernel,
-    whether it runs on tensor cores (limited_busy_energy_j)."""
-    idle_w = waiting_power_w(gpu, cal)
-    busy_s = float(np.dot(gpu_s, repeats))
+    whether it runs on tensor cores (limited_energy_j)."""
     if power_w is None:
-        busy_j = limited_busy_energy_j(gpu, cal, op_power_w(gpu, cal, gpu_s, compute_s, memory_s), gpu_s,
-                                       compute_s, memory_s, repeats, tensor_core)
+        energy = limited_energy_j(gpu, cal, op_power_w(gpu, cal, gpu_s, compute_s, memory_s), gpu_s, compute_s,
+                                  memory_s, repeats, runtime_s, tensor_core)
     else:
-        busy_j = float(np.dot(power_w * gpu_s, repeats))
-    energy = busy_j + idle_w * max(runtime_s - busy_s, 0.0)
+        busy_s = float(np.dot(gpu_s, repeats))
+        energy = float(np.dot(power_w * gpu_s, repeats)) + waiting_power_w(gpu, cal) * max(runtime_s - busy_s, 0.0)
     avg_w = energy / runtime_s if runtime_s > 0 else 0.0
     return energy * gpus, avg_w

@@ -14,8 +14,11 @@ counter, with the kernels' own times from CUDA events:
 Sequences: each alone, then [gemm, add], [gemm, add x 3], [gemm_small, add], [gemm_small, add x 3],
 [gemm_small, add_small x 4], [gemm, copy x 2], and (from the third run on) [gemm_small, add x 2], [gemm_small,
 add x 6], [gemm_small, copy x 2], [gemm, add x 12]: GEMM time shares from 11% to 86%. Records: ``{"type": "sequence", "round", "name", "parts": [...],
-"iterations", "ms_per_iteration", "energy_j", "energy_window_s", "avg_power_w", "sm_clock_mhz"}``. A microbenchmark:
-nothing here is a judged case.
+"iterations", "ms_per_iteration", "energy_j", "energy_window_s", "avg_power_w", "sm_clock_mhz"}``.
+``--gaps`` instead launches one kernel per period (add_small every 0.04-3 ms, add and gemm_small every 0.4-3 ms) with
+the host spinning in between, as an eager step bound by its host does: ``{"type": "gapped", "round", "part",
+"launches", "period_ms", "wall_s", "energy_j", ..., "avg_power_w"}``. A microbenchmark: nothing here is a judged
+case.
 """
 from __future__ import annotations
 
@@ -87,10 +90,42 @@ def run_sequence(parts, fns, device, seconds: float) -> dict:
             "sm_clock_mhz": clock}
 
 
+# --gaps: one kernel per period, the host spinning between launches (an eager host-bound step's pattern)
+GAPS = {"add_small": (40e-6, 100e-6, 300e-6, 1e-3, 3e-3), "add": (0.5e-3, 1e-3, 3e-3),
+        "gemm_small": (0.4e-3, 1e-3, 3e-3)}
+
+
+def run_gapped(part: str, fns, device, period_s: float, seconds: float) -> dict:
+    """``part`` launched once per ``period_s`` (the host spins until the next launch, never synchronising inside
+    the window): the GPU runs it and waits the rest of the period."""
+    fn = fns[part]
+    fn()
+    common.sync(device)
+    meter = common.EnergyWindow(device)
+    meter.start()
+    t0 = time.perf_counter()
+    launches = 0
+    next_t = t0
+    while next_t - t0 < seconds:
+        fn()
+        launches += 1
+        next_t += period_s
+        while time.perf_counter() < next_t:
+            pass
+    common.sync(device)
+    wall = time.perf_counter() - t0
+    clock = gpu.sm_clock_mhz(meter.handle) if meter.handle is not None else None
+    energy = meter.stop()
+    return {"launches": launches, "period_ms": round(period_s * 1e3, 4), "wall_s": round(wall, 4), **energy,
+            "sm_clock_mhz": clock}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = common.harness_parser(__doc__, "tiny loads for 0.2 s each on the CPU (no energy counter)")
     parser.add_argument("--seconds", type=float, default=3.0, help="window per sequence")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--gaps", action="store_true", help="instead: one kernel per period, the host spinning "
+                        "between launches (GAPS)")
     args = parser.parse_args(argv)
     import torch
 
@@ -98,6 +133,19 @@ def main(argv: list[str] | None = None) -> int:
     seconds = 0.2 if args.smoke else args.seconds
     with torch.inference_mode():
         fns = loads(device, torch, args.smoke)
+        if args.gaps:
+            for round_ in range(1 if args.smoke else args.rounds):
+                for part, periods in GAPS.items():
+                    for period in periods:
+                        if budget.expired():
+                            out.write({"type": "stopped"})
+                            return common.close_run(out, measure_host)
+                        rec = {"type": "gapped", "round": round_, "part": part,
+                               **run_gapped(part, fns, device, period, seconds)}
+                        out.write(rec)
+                        print(f"{round_} {part} every {rec['period_ms']} ms: {rec.get('avg_power_w')} W, "
+                              f"{rec.get('sm_clock_mhz')} MHz", flush=True)
+            return common.close_run(out, measure_host)
         for round_ in range(1 if args.smoke else args.rounds):
             for name, parts in SEQUENCES.items():
                 if budget.expired():
