@@ -30,7 +30,8 @@ SERVING = [
          "            rows.append((model, rate, d, c.tp, c.replicas, c.gpus, round(c.usd_per_hour, 2),\n"
          "                         round(c.usd_per_million_output_tokens, 2), round(c.joules_per_output_token, 2),\n"
          "                         round(c.kwh_per_day, 1)))\n"
-         "for r in results.values():\n    for k, why in r.not_feasible.items():\n        print(f'{r.model} at {r.rate_per_s:g} req/s, {k}: {why}')\n"
+         "for r in results.values():\n    for k, why in r.not_feasible.items():\n"
+         "        print(f'{r.model} at {r.rate_per_s:g} req/s, {k}: {why}')\n"
          "print(f\"{'model':12} {'req/s':>5} {'device':14} tp rep GPUs  $/h  $/Mtok  J/tok kWh/day\")\n"
          "for r in rows:\n"
          "    print(f'{r[0]:12} {r[1]:5.1f} {r[2]:14} {r[3]:2} {r[4]:3} {r[5]:4} {r[6]:5} {r[7]:7} {r[8]:6} {r[9]:7}')"),
@@ -102,7 +103,8 @@ def build(name: str, timeout_s: int = 600) -> Path:
     NotebookClient(nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
     for cell in nb.cells:   # tqdm's "IProgress not found" warning (a transformers import in a kernel without widgets)
         if cell.cell_type == "code":
-            cell.outputs = [o for o in cell.outputs if not (o.get("name") == "stderr" and "TqdmWarning" in o.get("text", ""))]
+            cell.outputs = [o for o in cell.outputs
+                            if not (o.get("name") == "stderr" and "TqdmWarning" in o.get("text", ""))]
     path = HERE / f"{name}.ipynb"
     nbformat.write(nb, path)
     return path

@@ -39,7 +39,7 @@ def print_estimate(e: Estimate, notes: list[str] | None = None) -> None:
             ("  gradients / optimizer / workspace", f"{e.memory.gradients_gb:.2f} / {e.memory.optimizer_gb:.2f} / "
              f"{e.memory.workspace_gb:.2f}"),
             ("  capacity per GPU (GB)", _fmt(e.memory.capacity_gb)),
-            *([("  usable (CUDA context, NCCL held)", f"{e.memory.usable_gb:.2f} ({e.memory.runtime_reserved_gb:.2f})")]
+            *([("  usable (held outside PyTorch)", f"{e.memory.usable_gb:.2f} ({e.memory.runtime_reserved_gb:.2f})")]
               if e.memory.runtime_reserved_gb else []),
             ("fits", "yes" if e.fits else "[bold red]DOES NOT FIT[/]"),
             ("energy (J)", _fmt(e.energy_j)), (f"energy (J/{unit[:-1]})", _fmt(e.energy_j_per_token, 5)),

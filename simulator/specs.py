@@ -356,7 +356,7 @@ class CalibrationSpec(Spec):
                                          "up, nearly idle): the floor during a step")
     power_limit_mix: PowerLimitMix | None = Field(
         None, description="how a step's power follows the board's power limit when compute-bound kernels mix with "
-        "memory-bound ones (cost/energy.py limited_busy_power_w; validation/harness/power_mix.py); absent: each "
+        "memory-bound ones (cost/energy.py limited_energy_j; validation/harness/power_mix.py); absent: each "
         "kernel draws what a loop of it drew")
     allreduce_bus_bw_bytes_per_s: Positive | None = None
     allreduce_latency_s: NonNegative | None = None

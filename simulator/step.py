@@ -187,14 +187,15 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     tensor_core = np.array([c.kind in ("gemm", "attention") and compute_dtype(op, w.dtype) in TENSOR_CORE_DTYPES
                             for op, c in zip(a.ops, a.costs)], dtype=bool)
     stage_j, _ = step_energy_j(dev.gpu, cal, gpu_s, busy_c, busy_m, a.repeats, stage_s, plan.tp * plan.dp,
-                               power_w, tensor_core)
+                               power_w, tensor_core, sc.power.power_limit_w if sc.power is not None else None)
     runtime_s = stage_s * plan.pp + (head_s if plan.pp > 1 else 0.0)
     energy_j = stage_j * plan.pp + waiting_power_w(dev.gpu, cal) * (plan.pp - 1) * stage_s * plan.gpus
     table = tuple(op_rows(a.ops, a.costs, times, a.repeats, stage_s))
     return StepCost(runtime_s, energy_j, energy_j / (runtime_s * plan.gpus) if runtime_s else 0.0, a.flops, a.bytes,
                     table, a.unknown, with_runtime_reserve(
                         expert_memory(kv_memory(static_kv(breakdown(a.graph, w, dev), w, rt, sc.config), w.dtype,
-                                                sc.kv_dtype), sc, w.dtype), cal, rt.framework, plan.gpus > 1), w,
+                                                sc.kv_dtype), sc, w.dtype), cal, rt.framework,
+                        plan.tp * plan.pp > 1 or "comm" in a.kinds), w,
                     timeline.gpu_busy_s, timeline.cpu_busy_s)
 
 

@@ -58,7 +58,7 @@ def test_every_reported_serving_configuration_fits():
     for c in r.ranked:
         sc = scenario("opt-125m", f"{c.device}x{c.tp}" if c.tp > 1 else c.device, dtype="bf16", tp=c.tp)
         mem = step_cost(sc, StepShape(phase="prefill", batch=1, seq=256)).memory
-        assert mem.total_gb <= mem.capacity_gb
+        assert mem.total_gb <= mem.usable_gb
         assert c.meets_slo and c.metrics["median_tpot_ms"] <= 70.0 and c.metrics["p90_ttft_ms"] <= 400.0
 
 
@@ -200,14 +200,15 @@ def test_a_saturated_device_reports_the_configuration_needing_the_fewest_gpus():
 
 
 def test_plan_serve_refuses_a_system_name_with_the_reason():
-    with pytest.raises(Exception, match="takes GPU names .* without xN"):
+    with pytest.raises(Exception, match="is 8 x h100-sxm: plan serve takes GPU names .* give --devices h100-sxm"):
         plan_serve(plan_request(**{**SERVE, "devices": ["h100x8"]}, rate_per_s=1.0, slo={}))
 
 
 def test_plan_train_refuses_a_gpu_count_in_the_device_name():
-    with pytest.raises(Exception, match="plan train takes GPU names .* count itself \\(--gpus\\)"):
-        plan_train(plan_train_request(model="opt-125m", tokens=1e9, seq=512, global_batch=64, devices=["h100x8"],
-                                      gpus=[8]))
+    for name in ("h100x8", "dgx-h100"):
+        with pytest.raises(Exception, match="is 8 x h100-sxm: plan train takes GPU names .* count itself \\(--gpus\\)"):
+            plan_train(plan_train_request(model="opt-125m", tokens=1e9, seq=512, global_batch=64, devices=[name],
+                                          gpus=[8]))
 
 
 def test_training_longer_than_the_model_positions_is_refused_up_front():
@@ -217,13 +218,14 @@ def test_training_longer_than_the_model_positions_is_refused_up_front():
 
 
 def test_a_plan_that_fills_the_memory_is_flagged():
-    """A reported training plan above 95% of GPU memory gets a note (aisim counts PyTorch's tensors only)."""
+    """A reported training plan above 95% of the usable GPU memory gets a note (the allocator's cache is not
+    modelled)."""
     from aisim.studies.plan_train import TIGHT_MEMORY_FRACTION, _tight_memory_notes
 
     result = trained()
     plans = result.ranked
-    assert not _tight_memory_notes([c for c in plans if c.memory_per_gpu_gb <= 0.9 * c.capacity_gb])
-    full = plans[0].model_copy(update={"memory_per_gpu_gb": plans[0].capacity_gb * (TIGHT_MEMORY_FRACTION + 0.01)})
+    assert not _tight_memory_notes([c for c in plans if c.memory_per_gpu_gb <= 0.9 * c.usable_gb])
+    full = plans[0].model_copy(update={"memory_per_gpu_gb": plans[0].usable_gb * (TIGHT_MEMORY_FRACTION + 0.01)})
     (note,) = _tight_memory_notes([full])
     assert f"{full.device} x {full.gpus}" in note and "not modelled" in note
 

@@ -90,8 +90,8 @@ WHY = """\
   to 8.22% (the H200 carries the H100's constants: the same die and limit, its own loop powers; its run of the
   harness was given an H100), tp2-h200.jsonl 23.23% -> 19.98%, tp4-h200.jsonl 27.53% -> 22.96%, whisper-h200.jsonl
   23.82% -> 19.17%, the serving runs' J/token 29.2% -> 26.2%. The GPU-bound 16-bit forward and prefill rows are now
-  within -7..+6% but bloom-560m forward 16 x 1024 (-19% H100, -13% H200). What stays low: host-bound steps (batch 1 x 128 forwards, -25..-40%) and the host-bound bf16 training
-  rows, whose times are short. Decode rows whose energy window was dominated by the untimed cache copies between
+  within -7..+6% but bloom-560m forward 16 x 1024 (-19% H100, -13% H200). What stays low: host-bound steps (batch
+  1 x 128 forwards, -25..-40%) and the host-bound bf16 training rows, whose times are short. Decode rows whose energy window was dominated by the untimed cache copies between
   trials are reported n/a (the subtraction implied more than the card's 700 W).
 - **Tensor-parallel launch-bound rows**: the measured implementation (plain sharded weights, an NCCL all-reduce
   from a forward hook, a barrier before each trial) makes TP=2 slower than TP=1 at batch 1 (Llama-3-8B decode:
@@ -157,8 +157,9 @@ WHY = """\
   SM, from 2 full waves, sweep error 7.6% -> 3.9% on H100, 7.9% -> 3.9% on H200) scales the table by the shape's
   wave fill over the fill its grid neighbours carry. fp32 forward-backward/train on h100.jsonl 12.69% -> 11.57%
   (transferred 10.70% -> 9.77%), h200.jsonl 8.64% -> 7.60%, every other run's about 1 point lower; the fp32 rows
-  are now within -3.5..+2.4% but for gpt2 (-3..-6%) and cs336-small on the fifth H100 run's slow host (-8.9%). 16-bit sweeps have no regular sawtooth (Hopper's kernels pick tiles per shape; the
-  best tile rule takes the bf16 sweep only from 10.2% to 8.4%) and keep the table as measured.
+  are now within -3.5..+2.4% but for gpt2 (-3..-6%) and cs336-small on the fifth H100 run's slow host (-8.9%).
+  16-bit sweeps have no regular sawtooth (Hopper's kernels pick tiles per shape; the best tile rule takes the bf16
+  sweep only from 10.2% to 8.4%) and keep the table as measured.
 """
 
 

@@ -129,7 +129,7 @@ def transferred_memory_efficiency(cal: CalibrationSpec, efficiency: float, nbyte
 
 
 def gemm_efficiency(cal: CalibrationSpec, dtype: str, m: int, n: int, k: int, flops: float, nbytes: float = 0.0,
-                    memory_bound: bool = False, gpu: HardwareSpec | None = None) -> float:
+                    memory_bound: bool = False, gpu: HardwareSpec | None = None, batched: bool = False) -> float:
     """From the M x N x K table where the op has GEMM dimensions (a memory-bound entry read on another GPU than the
     table's: ``transferred_memory_efficiency``); else, below the ridge point, from the memory-bound GEMM curve over
     bytes; else (and for convolutions) from the FLOPs curve."""
@@ -137,7 +137,7 @@ def gemm_efficiency(cal: CalibrationSpec, dtype: str, m: int, n: int, k: int, fl
     if table is not None and min(m, n, k) > 0:
         value = gemm_table_value(table, m, n, k)
         tiles = cal.gemm_wave_tiles.get(dtype)
-        if tiles is not None and gpu is not None and not memory_bound:
+        if tiles is not None and gpu is not None and not memory_bound and not batched:   # rule of 2-D mm sweeps
             value *= wave_factor(tiles, table, m, n, gpu.sm_count)
         return transferred_memory_efficiency(cal, value, nbytes, gpu, flops, dtype) if memory_bound else value
     if memory_bound and cal.gemm_memory_efficiency is not None:

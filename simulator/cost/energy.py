@@ -7,7 +7,9 @@ peak FLOP/s (bandwidth) it achieves divided by the fraction the reference load a
 the reference GEMM's efficiency draws the reference power). The GPU draws P_idle while it waits. P_idle is the
 calibrated power under back-to-back tiny kernels (clocks up, SMs nearly idle) where measured, else idle power. Energy is
 summed over all GPUs used. Where the calibration has measured power curves (GEMM and copy loops at several
-sizes), a kernel's power is read off them at its achieved fraction of peak instead (``_curve_power_w``).
+sizes), a kernel's power is read off them at its achieved fraction of peak instead (``_curve_power_w``). Under the
+board's power limit (the calibration's ``power_limit_mix``) the step's tensor-core compute-bound kernels draw more
+than their loops did and the step's average is held near the limit (``limited_energy_j``).
 Reference: the utilization-based GPU power models of Hong & Kim (ISCA 2010) and AccelWattch (MICRO 2021),
 reduced to two activity factors. Known inaccuracies: clocks and temperature are taken as steady.
 """
@@ -74,13 +76,14 @@ TENSOR_CORE_DTYPES = ("fp16", "bf16", "tf32", "fp8", "int8")
 
 def limited_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, power_w: np.ndarray, gpu_s: np.ndarray,
                      compute_s: np.ndarray, memory_s: np.ndarray, repeats: np.ndarray, runtime_s: float,
-                     tensor_core: np.ndarray | None = None) -> float:
+                     tensor_core: np.ndarray | None = None, limit_w: float | None = None) -> float:
     """Energy of one GPU over a step of ``runtime_s``: its kernels, and the waiting power while it waits. Under the
     board's power limit (``cal.power_limit_mix``) each compute-bound tensor-core kernel's power above the waiting
     power is scaled by ``compute_dynamic_ratio`` (a loop of it is held back by the limit; between other kernels or
     waits it runs unthrottled) and the step's average power is held to ``limit_fraction`` of board power. fp32
     GEMMs (CUDA cores: their loops stay under the limit) keep their loop power. ``tensor_core``: per kernel, whether
-    it runs on tensor cores (default: every kernel). Without the block: each kernel's own loop power."""
+    it runs on tensor cores (default: every kernel). ``limit_w``: a power mode's lower limit (default: board
+    power). Without the block: each kernel's own loop power."""
     idle_w = waiting_power_w(gpu, cal)
     busy_s = float(np.dot(gpu_s, repeats))
     waiting_j = idle_w * max(runtime_s - busy_s, 0.0)
@@ -92,20 +95,19 @@ def limited_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, power_w: np.ndarra
         throttled &= tensor_core
     unthrottled = np.where(throttled, idle_w + (power_w - idle_w) * mix.compute_dynamic_ratio, power_w)
     energy = float(np.dot(unthrottled * gpu_s, repeats)) + waiting_j
-    return min(energy, mix.limit_fraction * gpu.board_power_w * max(runtime_s, busy_s))
+    limit = min(gpu.board_power_w, limit_w) if limit_w else gpu.board_power_w
+    return min(energy, mix.limit_fraction * limit * max(runtime_s, busy_s))
 
 
 def step_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s: np.ndarray, compute_s: np.ndarray,
                   memory_s: np.ndarray, repeats: np.ndarray, runtime_s: float, gpus: int,
-                  power_w: np.ndarray | None = None, tensor_core: np.ndarray | None = None) -> tuple[float, float]:
+                  power_w: np.ndarray | None = None, tensor_core: np.ndarray | None = None,
+                  limit_w: float | None = None) -> tuple[float, float]:
     """(energy in J over all GPUs, average power per GPU in W). ``power_w``: per-kernel power where a power mode
-    (cost.power) has already set it (the mode's own limit then stands: no mix rule). ``tensor_core``: per kernel,
-    whether it runs on tensor cores (limited_energy_j)."""
+    (cost.power) has already set it, ``limit_w`` that mode's power limit; ``tensor_core``: per kernel, whether it
+    runs on tensor cores (limited_energy_j)."""
     if power_w is None:
-        energy = limited_energy_j(gpu, cal, op_power_w(gpu, cal, gpu_s, compute_s, memory_s), gpu_s, compute_s,
-                                  memory_s, repeats, runtime_s, tensor_core)
-    else:
-        busy_s = float(np.dot(gpu_s, repeats))
-        energy = float(np.dot(power_w * gpu_s, repeats)) + waiting_power_w(gpu, cal) * max(runtime_s - busy_s, 0.0)
+        power_w = op_power_w(gpu, cal, gpu_s, compute_s, memory_s)
+    energy = limited_energy_j(gpu, cal, power_w, gpu_s, compute_s, memory_s, repeats, runtime_s, tensor_core, limit_w)
     avg_w = energy / runtime_s if runtime_s > 0 else 0.0
     return energy * gpus, avg_w

@@ -128,7 +128,7 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
             eff = efficiency.batched_gemm_memory_efficiency(cal, cost.bytes, gpu) * memory_scale
         else:
             eff = efficiency.gemm_efficiency(cal, dtype, batch * m, n, k, cost.flops, cost.bytes,
-                                             memory_s > compute_s, gpu)
+                                             memory_s > compute_s, gpu, batched=batch > 1)
             eff *= compute_scale if compute_s >= memory_s else memory_scale
             unaligned = op.attrs.get("unaligned") if aten_kernels else None
             plateau = efficiency.unaligned_gemm_efficiency(cal, gpu, unaligned, batch * m) if unaligned else None

@@ -14,8 +14,9 @@ TOP_OPS = 12
 def not_fit_reason(mem: MemoryBreakdown, gpu_name: str) -> str | None:
     if mem.total_gb <= mem.usable_gb:
         return None
-    room = (f"{mem.usable_gb:.2f} GB usable of the {mem.capacity_gb:.2f} GB of {gpu_name} ({mem.runtime_reserved_gb:.2f} "
-            f"GB held by the CUDA context and, with several GPUs, NCCL)" if mem.runtime_reserved_gb else
+    room = (f"{mem.usable_gb:.2f} GB usable of the {mem.capacity_gb:.2f} GB of {gpu_name} "
+            f"({mem.runtime_reserved_gb:.2f} GB held outside PyTorch's allocator: the CUDA context, and NCCL's "
+            "buffers where GPUs communicate)" if mem.runtime_reserved_gb else
             f"{mem.capacity_gb:.2f} GB capacity of {gpu_name}")
     return (f"does not fit: {mem.total_gb:.2f} GB needed per GPU (weights {mem.weights_gb:.2f}, activations "
             f"{mem.activations_gb:.2f}, KV cache {mem.kv_cache_gb:.2f}, gradients {mem.gradients_gb:.2f}, "
@@ -23,19 +24,27 @@ def not_fit_reason(mem: MemoryBreakdown, gpu_name: str) -> str | None:
 
 
 def refuse_gpu_count(name: str, command: str, where: str) -> None:
-    """A planner's --devices entry written as NAMExN (h100x8): a one-line error saying the planner searches the GPU
-    count itself (``where``: the flag that sets it), where NAME is a GPU."""
-    from ..catalog import resolve_gpu
+    """A planner's --devices entry that names a GPU count (h100x8, or a one-node system such as dgx-h100): a
+    one-line error saying the planner searches the count itself (``where``: the flag that sets it)."""
+    from ..catalog import resolve_device, resolve_gpu
 
+    try:
+        dev = resolve_device(name)
+    except AisimError:
+        dev = None
+    if dev is not None and (dev.system is None or dev.system.network is None) and dev.count > 1:
+        gpu = dev.gpu.name
+        raise AisimError(f"--devices {name!r} is {dev.count} x {gpu}: {command} takes GPU names and searches the GPU "
+                         f"count itself ({where}); give --devices {gpu}")
     stem, _, count = name.strip().lower().rpartition("x")
     if not (count.isdigit() and stem):
         return
     try:
-        resolve_gpu(stem)
+        gpu = resolve_gpu(stem).name
     except AisimError:
         return
-    raise AisimError(f"--devices {name!r}: {command} takes GPU names ({stem}, a100, l4) and searches the GPU count "
-                     f"itself ({where}); give the GPU without xN")
+    raise AisimError(f"--devices {name!r}: {command} takes GPU names and searches the GPU count itself ({where}); "
+                     f"give --devices {gpu}")
 
 
 def step_tokens(w: Workload) -> int:

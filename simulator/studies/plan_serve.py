@@ -138,11 +138,8 @@ def _devices(names: list[str]) -> list[str]:
         return [k for k, g in all_hardware().items() if g.vendor == "nvidia" and g.price_usd_per_gpu_hour]
     out = []
     for n in names:
-        try:
-            out.append(resolve_gpu(n).name)
-        except AisimError:
-            refuse_gpu_count(n, "plan serve", "up to --max-gpus")
-            raise
+        refuse_gpu_count(n, "plan serve", "up to --max-gpus")
+        out.append(resolve_gpu(n).name)
     return out
 
 

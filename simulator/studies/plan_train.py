@@ -189,7 +189,7 @@ def _no_plan_reason(req: PlanTrainRequest, dev, counts: dict, pruned: dict, coun
     not_fit = counts["not_fit"] - counts_before["not_fit"]
     if evaluated:
         return (f"no plan fits in memory: {not_fit} of {evaluated} traced plans exceed the "
-                f"{dev.gpu.memory_bytes / 1e9:.0f} GB per GPU less the CUDA context and NCCL buffers")
+                f"{dev.gpu.memory_bytes / 1e9:.0f} GB per GPU less what the CUDA context and NCCL hold")
     why = {k: n - pruned_before.get(k, 0) for k, n in pruned.items() if n - pruned_before.get(k, 0)}
     text = ", ".join(f"{k} ({n})" for k, n in sorted(why.items(), key=lambda kv: -kv[1]))
     hint = (f"; --global-batch {req.global_batch} must be a multiple of data parallel x micro-batch"

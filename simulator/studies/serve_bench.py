@@ -4,7 +4,8 @@ For each shard count (tensor parallel degree, vocab-parallel LM head as TGI shar
 prefill latency of batch x seq tokens, decode latency per step (the mean of the first and last of the
 decode_len - 1 steps, linear in context) and in total, prefill throughput in requests/s (batch / prefill latency,
 as TGI defines it) and decode throughput in tokens/s (batch / step latency). A batch that does not fit (weights,
-KV cache and activations over capacity, or batch x (seq + decode_len) over max_batch_total_tokens when given) is
+KV cache and activations over the GPU's memory less the CUDA context, or batch x (seq + decode_len) over
+max_batch_total_tokens when given) is
 reported as not fitting with the numbers, where TGI's report shows NaN.
 
 The default ``--runtime tgi-2023`` adds TGI 0.x's own per-step work (its request loop, full-vocabulary prefill

@@ -128,7 +128,7 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     # a forward that follows a backward of the same step (m > pp) runs beside the accumulated gradients
     memory = with_runtime_reserve(
         train_breakdown(graph, w, plan, par.dp, sc.device, in_flight, accumulating=m > par.pp), sc.calibration,
-        sc.runtime.framework, par.tp * par.pp * par.dp > 1)
+        sc.runtime.framework, par.gpus > 1)
     notes = list(sc.assumptions) + _notes(plan, par, b, m, {"adamw": "AdamW", "sgd": "SGD"}[sc.optimizer])
     cal = calibration_note(sc)
     notes += [cal] if cal else []

@@ -12,8 +12,8 @@ counter, with the kernels' own times from CUDA events:
 - ``add``: two 128M-element tensors (768 MiB moved, ~0.3 ms), ``add_small``: 8M elements (48 MiB, ~20 us);
 - ``copy``: a 512 MiB clone.
 Sequences: each alone, then [gemm, add], [gemm, add x 3], [gemm_small, add], [gemm_small, add x 3],
-[gemm_small, add_small x 4], [gemm, copy x 2], and (from the third run on) [gemm_small, add x 2], [gemm_small,
-add x 6], [gemm_small, copy x 2], [gemm, add x 12]: GEMM time shares from 11% to 86%. Records: ``{"type": "sequence", "round", "name", "parts": [...],
+[gemm_small, add_small x 4], [gemm, copy x 2], and (from the third run on) [gemm_small, add x 2],
+[gemm_small, add x 6], [gemm_small, copy x 2], [gemm, add x 12]: GEMM time shares from 11% to 86%. Records: ``{"type": "sequence", "round", "name", "parts": [...],
 "iterations", "ms_per_iteration", "energy_j", "energy_window_s", "avg_power_w", "sm_clock_mhz"}``.
 ``--gaps`` instead launches one kernel per period (add_small every 0.04-3 ms, add and gemm_small every 0.4-3 ms) with
 the host spinning in between, as an eager step bound by its host does: ``{"type": "gapped", "round", "part",

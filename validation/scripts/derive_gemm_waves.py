@@ -122,8 +122,8 @@ def write(calibration: str, result: dict, path: Path) -> Path:
         shown = path
     note = (f"# gemm_wave_tiles: python -m aisim.validation.scripts.derive_gemm_waves {shown} --calibration "
             f"{calibration} --write (validation/harness/gemm_layout.py --sweep on {h.get('gpu_name')}, driver "
-            f"{h.get('driver')}, torch {h.get('torch')}, {str(h.get('date', ''))[:10]}; {fits}; kept where it cuts the error by a "
-            f"third or more)")
+            f"{h.get('driver')}, torch {h.get('torch')}, {str(h.get('date', ''))[:10]}; {fits}; kept where it cuts "
+            "the error by a third or more)")
     line = f"gemm_wave_tiles: {_flow(result['gemm_wave_tiles'])}"
     text = target.read_text()
     text = re.sub(r"^# gemm_wave_tiles:.*\n", "", text, flags=re.M)
@@ -141,8 +141,8 @@ def main(argv=None) -> int:
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args(argv)
     result = derive(Path(args.data), args.calibration)
-    print(f"Layout and bias, time over x @ W.t() (shapes of >= {MIN_ROWS} rows, {', '.join(p.name for p in GRID_FILES)}): "
-          "median [min-max] (n)")
+    grid = ", ".join(p.name for p in GRID_FILES)
+    print(f"Layout and bias (H100), time over x @ W.t() (shapes of >= {MIN_ROWS} rows, {grid}): median [min-max] (n)")
     for (dtype, op, layout), v in sorted(variant_ratios().items()):
         print(f"  {dtype:5s} {op:5s} {layout}: {statistics.median(v):.3f} [{min(v):.2f}-{max(v):.2f}] ({len(v)})")
     print(f"Dense sweeps ({args.data}) against the {args.calibration} table: sweep MAPE, plain -> best wave rule")

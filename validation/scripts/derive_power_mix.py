@@ -1,6 +1,6 @@
 """A calibration's power under its board limit for mixed kernel sequences (``power_limit_mix``) and the top of its
 memory-bound power curve, from the power_mix microbenchmark (validation/harness/power_mix.py; H100:
-validation/data/kernels/power-mix-h100.jsonl and power-mix-h100-run2.jsonl, two machines).
+validation/data/kernels/power-mix-h100.jsonl, -run2, -run3 and power-gaps-h100.jsonl, four H100 machines).
 
     python -m aisim.validation.scripts.derive_power_mix [--calibration h100-sxm] [--write]
 

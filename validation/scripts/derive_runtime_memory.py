@@ -69,10 +69,10 @@ def derive() -> dict[str, dict[str, float]]:
 def write(cal: str, values: dict[str, float]) -> Path:
     path = CAL_DIR / f"{cal}.yaml"
     files = ", ".join(SINGLE.get(cal, SINGLE[DEFAULT_FROM.get(cal, cal)]))
-    note = (f"# cuda_context_bytes, nccl_buffer_bytes: python -m aisim.validation.scripts.derive_runtime_memory --write "
-            f"(NVML used - torch reserved of the suite cases: {files}"
+    note = ("# cuda_context_bytes, nccl_buffer_bytes: python -m aisim.validation.scripts.derive_runtime_memory "
+            f"--write (NVML used - torch reserved of the suite cases: {files}"
             + (f"; NCCL: {', '.join(TP[cal])} tensor-parallel cases less their single-GPU ones" if cal in TP else
-               "; NCCL: the H200 tensor-parallel suites'") + ")")
+               "; NCCL: the H200 tensor-parallel suites") + ")")
     text = path.read_text()
     for key in ("# cuda_context_bytes, nccl_buffer_bytes:", "cuda_context_bytes:", "nccl_buffer_bytes:"):
         text = re.sub(rf"^{re.escape(key)}.*\n", "", text, flags=re.M)

@@ -90,11 +90,13 @@ def sliding_layout(sc: Scenario, layers: int, block_size: int) -> tuple[int, int
 
 def kv_capacity(sc: Scenario, block_size: int, max_batched_tokens: int, utilization: float) -> KvCapacity:
     """KV blocks on one GPU of a replica, by the engine's memory policy (vLLM: a fraction of total memory less
-    weights, activation and CUDA-graph reserves; transformers CB: a fraction of the memory left after loading, less
-    its [1, 1, M, N + M] attention mask)."""
+    weights, activation and CUDA-graph reserves; transformers CB: a fraction of the memory left after loading, which
+    it reads with torch.cuda.mem_get_info, so the CUDA context and NCCL's buffers are not in it, less its
+    [1, 1, M, N + M] attention mask)."""
     s = sc.runtime.serving
     dims = ModelDims.of(sc)
-    weights = step_cost(sc, StepShape(phase="prefill", batch=1, seq=1)).memory.weights_gb * 1e9
+    memory = step_cost(sc, StepShape(phase="prefill", batch=1, seq=1)).memory
+    weights = memory.weights_gb * 1e9
     total = sc.device.gpu.memory_bytes
     per_token = dims.kv_bytes_per_token
     if s.memory_of == "total":
@@ -104,6 +106,7 @@ def kv_capacity(sc: Scenario, block_size: int, max_batched_tokens: int, utilizat
         how = (f"{utilization:g} x {total / 1e9:.1f} GB - weights {weights / 1e9:.2f} GB - activation and CUDA-graph "
                "reserves")
     else:
+        total -= memory.runtime_reserved_gb * 1e9   # transformers requests.py 43-50: free memory by mem_get_info
         budget = (total - weights) * utilization
         mask = dims.element_bytes * max_batched_tokens if s.attention == "packed-mask" else 0.0
         tokens = (budget - mask * max_batched_tokens) / (per_token + mask)
