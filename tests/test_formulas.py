@@ -212,3 +212,15 @@ def test_shipped_power_rule_is_what_the_power_mix_runs_derive():
     assert h100.power_limit_mix == result["mix"] == h200.power_limit_mix
     assert h100.power_memory_curve == result["curve"] and h200.power_memory_curve is None
     assert result["mape_after"] < 0.5 * result["mape_before"]
+
+
+def test_the_boards_own_power_limit_as_a_power_mode_changes_nothing():
+    """--power-limit at the board's power keeps the power-limit rule (it dropped it before: 10% less energy)."""
+    from aisim import estimate
+
+    kw = dict(workload="forward", batch=8, seq=2048, dtype="bf16")
+    plain = estimate("Meta-Llama-3-8B", "h100", **kw)
+    same = estimate("Meta-Llama-3-8B", "h100", power_limit_w=700, **kw)
+    low = estimate("Meta-Llama-3-8B", "h100", power_limit_w=400, **kw)
+    assert same.energy_j == pytest.approx(plain.energy_j) and same.runtime_ms == pytest.approx(plain.runtime_ms)
+    assert low.power_w <= 0.9875 * 400 + 1e-6 and low.runtime_ms > plain.runtime_ms
