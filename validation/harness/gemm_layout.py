@@ -100,24 +100,32 @@ def main(argv=None) -> int:
                 for op, layout in VARIANTS:
                     rec = {"type": "gemm_layout", "round": rnd, "dtype": dtype, "op": op, "m": m, "n": n, "k": k,
                            "layout": layout}
-                    calls = None
-                    try:
-                        calls = layout_calls(op, layout, m, n, k, device, dt, rotation(m, n, k, size))
-                        ms, _ = common.time_calls(calls, device, window_ms=20.0, windows=2 if args.smoke else 5,
-                                                  max_reps=2000)
-                        rec.update(ms=common.rounded(ms, 5), median_ms=round(statistics.median(ms), 5), status="ok")
+                    if time_record(rec, lambda: layout_calls(op, layout, m, n, k, device, dt,
+                                                             rotation(m, n, k, size)),
+                                   device, 20.0, 2 if args.smoke else 5, out):
                         print(f"[gemm_layout] r{rnd} {dtype} {op} {layout} {m}x{n}x{k}: {rec['median_ms']:.4f} ms",
                               flush=True)
-                    except Exception as exc:  # noqa: BLE001 - recorded per case
-                        status, error = common.classify_error(exc)
-                        rec.update(status=status, error=error)
-                        if common.is_fatal_device_error(exc):
-                            out.write(rec)
-                            raise
-                    out.write(rec)
-                    del calls
-                    common.free_memory(collect=False)
     return common.close_run(out, measure_host)
+
+
+def time_record(rec: dict, build, device, window_ms: float, windows: int, out) -> bool:
+    """Time the calls ``build()`` returns into ``rec`` (ms, median_ms, status) or record why it failed, write it
+    (a fatal device error is written, then raised) and free the operands; True when timed."""
+    calls = None
+    try:
+        calls = build()
+        ms, _ = common.time_calls(calls, device, window_ms=window_ms, windows=windows, max_reps=2000)
+        rec.update(ms=common.rounded(ms, 5), median_ms=round(statistics.median(ms), 5), status="ok")
+    except Exception as exc:  # noqa: BLE001 - recorded per case
+        status, error = common.classify_error(exc)
+        rec.update(status=status, error=error)
+        if common.is_fatal_device_error(exc):
+            out.write(rec)
+            raise
+    out.write(rec)
+    calls = None
+    common.free_memory(collect=False)
+    return rec["status"] == "ok"
 
 
 def sweep(args, device, out, budget, dtypes) -> None:
@@ -128,19 +136,8 @@ def sweep(args, device, out, budget, dtypes) -> None:
         for op in ("mm", "addmm"):
             rec = {"type": "gemm_sweep", "dtype": dtype, "axis": axis, "op": op, "m": m, "n": n, "k": k,
                    "layout": "nt"}
-            try:
-                calls = layout_calls(op, "nt", m, n, k, device, dt, rotation(m, n, k, size))
-                ms, _ = common.time_calls(calls, device, window_ms=10.0, windows=2 if args.smoke else 3,
-                                          max_reps=2000)
-                rec.update(ms=common.rounded(ms, 5), median_ms=round(statistics.median(ms), 5), status="ok")
-                del calls
-            except Exception as exc:  # noqa: BLE001 - recorded per case
-                status, error = common.classify_error(exc)
-                rec.update(status=status, error=error)
-                if common.is_fatal_device_error(exc):
-                    out.write(rec)
-                    raise
-            out.write(rec)
+            time_record(rec, lambda: layout_calls(op, "nt", m, n, k, device, dt, rotation(m, n, k, size)), device,
+                        10.0, 2 if args.smoke else 3, out)
         common.free_memory(collect=False)
 
 
