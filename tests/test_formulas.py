@@ -212,6 +212,8 @@ def test_shipped_power_rule_is_what_the_power_mix_runs_derive():
     assert h100.power_limit_mix == result["mix"] == h200.power_limit_mix
     assert h100.power_memory_curve == result["curve"] and h200.power_memory_curve is None
     assert result["mape_after"] < 0.5 * result["mape_before"]
+    before, after, cases = d.check(d.KERNELS / "power-mix-h100-check.jsonl")     # held out: run after the fit
+    assert cases == 26 and after < 0.5 * before
 
 
 def test_the_boards_own_power_limit_as_a_power_mode_changes_nothing():

@@ -85,7 +85,8 @@ WHY = """\
   Memory-bound kernels between waits draw their loop power (within 2%). The rule fitted to those runs
   (`power_limit_mix`: tensor-core compute-bound kernels 1.46x their loop's power above the waiting power, the step's
   average held to 0.9875 of board power; python -m aisim.validation.scripts.derive_power_mix, power MAPE over 26
-  sequences and gapped runs 6.5% -> 2.6%), with the memory curve's top from the same loops (a large add at 0.90 of
+  sequences and gapped runs 6.5% -> 2.6%; on a fifth H100 machine run after the fit, held out, 5.7% -> 2.1%:
+  `--check validation/data/kernels/power-mix-h100-check.jsonl`), with the memory curve's top from the same loops (a large add at 0.90 of
   bandwidth: 515 W), takes energy per token on h100.jsonl from 17.16% to 11.14% MAPE and on h200.jsonl from 12.63%
   to 8.22% (the H200 carries the H100's constants: the same die and limit, its own loop powers; its run of the
   harness was given an H100), tp2-h200.jsonl 23.23% -> 19.98%, tp4-h200.jsonl 27.53% -> 22.96%, whisper-h200.jsonl

@@ -18,6 +18,9 @@ validation/data/kernels/power-mix-h100.jsonl, -run2, -run3 and power-gaps-h100.j
    a fit of power, not of aisim's kernel times. Memory-bound kernels with waits between them draw their loop power
    and then the waiting power (the gapped adds are within 2% of that without any rule).
 
+``--check FILE`` scores a held-out run (validation/data/kernels/power-mix-h100-check.jsonl: a fifth H100 machine, run
+after the fit, one round of each) against the shipped calibration.
+
 Nothing here reads a judged row. --write replaces the curve and the block in the calibration file; --transfer-to h200
 writes the block alone into the H200's file (the same GH100 die and 700 W limit; its run of this harness was given an
 H100 by the device pool, so the H200 carries the H100's constants, stated in its file).
@@ -178,6 +181,26 @@ def derive(calibration: str = "h100-sxm", paths=DATA) -> dict:
             "mape_after": best[0], "rows": rows}
 
 
+def check(path: Path, calibration: str = "h100-sxm") -> tuple[float, float, int]:
+    """(power MAPE of a held-out run with each kernel at its loop power, with the shipped rule, cases): the file's
+    sequences and gapped runs against the calibration as shipped (its curve and block), the kernels at the run's
+    own measured times."""
+    from aisim.catalog import resolve_device
+    from aisim.specs import load_calibration
+
+    shipped = load_calibration(calibration)
+    dev = resolve_device(shipped.device)
+    _, seqs, gapped = load([path])
+    times = measured_times(seqs, kernels(shipped, dev))
+    measured = cases(seqs, gapped)
+
+    def mape(c):
+        return 100.0 * statistics.mean(abs(predicted_w(parts, times, c, dev.gpu, period) / watts - 1.0)
+                                       for parts, period, watts in measured)
+
+    return mape(shipped.model_copy(update={"power_limit_mix": None})), mape(shipped), len(measured)
+
+
 def _flow_curve(curve) -> str:
     return "{x: [" + ", ".join(f"{x:g}" for x in curve.x) + "], efficiency: [" + ", ".join(
         f"{y:g}" for y in curve.efficiency) + "]}"
@@ -226,9 +249,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calibration", default="h100-sxm")
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--check", default=None, help="a held-out power_mix run: its power MAPE under the shipped "
+                        "calibration, without and with the rule (nothing is fitted or written)")
     parser.add_argument("--transfer-to", default=None, help="with --write: also write the mix block into this "
                         "calibration (a GPU with the same die and power limit)")
     args = parser.parse_args(argv)
+    if args.check:
+        before, after, n = check(Path(args.check), args.calibration)
+        print(f"{args.check}: {n} cases, power MAPE at the loop powers {before:.1f}% -> with the shipped rule "
+              f"{after:.1f}%")
+        return 0
     result = derive(args.calibration)
     print(f"power_memory_curve: {_flow_curve(result['curve'])}")
     print(f"power_limit_mix: {result['mix'].model_dump()}")
