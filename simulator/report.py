@@ -5,6 +5,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .results import Estimate
+from .studies.common import reserve_text
 
 console = Console(width=None if Console().is_terminal else 160)  # piped output: wide enough for the tables
 
@@ -39,7 +40,7 @@ def print_estimate(e: Estimate, notes: list[str] | None = None) -> None:
             ("  gradients / optimizer / workspace", f"{e.memory.gradients_gb:.2f} / {e.memory.optimizer_gb:.2f} / "
              f"{e.memory.workspace_gb:.2f}"),
             ("  capacity per GPU (GB)", _fmt(e.memory.capacity_gb)),
-            *([("  usable (held outside PyTorch)", f"{e.memory.usable_gb:.2f} ({e.memory.runtime_reserved_gb:.2f})")]
+            *([("  usable (capacity less " + reserve_text(e.memory) + ")", _fmt(e.memory.usable_gb))]
               if e.memory.runtime_reserved_gb else []),
             ("fits", "yes" if e.fits else "[bold red]DOES NOT FIT[/]"),
             ("energy (J)", _fmt(e.energy_j)), (f"energy (J/{unit[:-1]})", _fmt(e.energy_j_per_token, 5)),

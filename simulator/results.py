@@ -30,6 +30,7 @@ class MemoryBreakdown(BaseModel):
     total_gb: float
     capacity_gb: float
     runtime_reserved_gb: float = 0.0
+    nccl_reserved_gb: float = Field(0.0, description="the part of runtime_reserved_gb that is NCCL's buffers")
 
     @computed_field
     @property

@@ -211,6 +211,12 @@ def test_plan_train_refuses_a_gpu_count_in_the_device_name():
                                           gpus=[8]))
 
 
+def test_plan_train_refuses_an_unknown_device_before_searching():
+    with pytest.raises(Exception, match="unknown device 'nonsense'"):
+        plan_train(plan_train_request(model="opt-125m", tokens=1e9, seq=512, global_batch=64,
+                                      devices=["h100", "nonsense"], gpus=[8]))
+
+
 def test_training_longer_than_the_model_positions_is_refused_up_front():
     with pytest.raises(Exception, match="exceeds the model's 2048 positions"):
         plan_train(plan_train_request(model="opt-125m", tokens=1e9, seq=4096, global_batch=64, devices=["h100"],

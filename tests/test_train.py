@@ -288,6 +288,10 @@ def test_the_fit_check_counts_the_cuda_context_and_nccls_buffers():
     between = one.model_copy(update={"total_gb": one.capacity_gb - 0.5})
     reason = not_fit_reason(between, "h100-sxm")
     assert reason.startswith("does not fit") and "84.21 GB usable of the 85.52 GB" in reason
+    assert "(1.31 GB CUDA context)" in reason and "NCCL" not in reason and "gradients" not in reason
+    assert reason.endswith("or a GPU with more memory")
+    assert "1.31 GB CUDA context + 1.65 GB NCCL buffers" in not_fit_reason(
+        two.model_copy(update={"total_gb": two.capacity_gb}), "h100-sxm")
     assert not_fit_reason(one, "h100-sxm") is None
     assert MemoryBreakdown(**{**between.model_dump(exclude={"usable_gb"}), "runtime_reserved_gb": 0.0}
                            ).usable_gb == between.capacity_gb

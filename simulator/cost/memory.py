@@ -41,7 +41,8 @@ def with_runtime_reserve(mem: MemoryBreakdown, cal: CalibrationSpec, framework: 
     rules = default_calibration()
     context = cal.cuda_context_bytes if cal.cuda_context_bytes is not None else rules.cuda_context_bytes or 0.0
     nccl = cal.nccl_buffer_bytes if cal.nccl_buffer_bytes is not None else rules.nccl_buffer_bytes or 0.0
-    return mem.model_copy(update={"runtime_reserved_gb": (context + (nccl if group else 0.0)) / GB})
+    nccl = nccl if group else 0.0
+    return mem.model_copy(update={"runtime_reserved_gb": (context + nccl) / GB, "nccl_reserved_gb": nccl / GB})
 
 
 def breakdown(graph: Graph, workload: Workload, device: Device) -> MemoryBreakdown:

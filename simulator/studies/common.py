@@ -11,31 +11,45 @@ from ..workload import Workload
 TOP_OPS = 12
 
 
+NOT_FIT_HINT = ("use more GPUs (--tp, --pp), a smaller --batch or --seq, --quant or --kv-dtype fp8, or a GPU with "
+                "more memory")
+
+
+def reserve_text(mem: MemoryBreakdown) -> str:
+    """What the process holds outside PyTorch's allocator, in words: '1.31 GB CUDA context + 1.65 GB NCCL buffers'."""
+    context = mem.runtime_reserved_gb - mem.nccl_reserved_gb
+    return f"{context:.2f} GB CUDA context" + (f" + {mem.nccl_reserved_gb:.2f} GB NCCL buffers"
+                                                if mem.nccl_reserved_gb else "")
+
+
 def not_fit_reason(mem: MemoryBreakdown, gpu_name: str) -> str | None:
     if mem.total_gb <= mem.usable_gb:
         return None
-    room = (f"{mem.usable_gb:.2f} GB usable of the {mem.capacity_gb:.2f} GB of {gpu_name} "
-            f"({mem.runtime_reserved_gb:.2f} GB held outside PyTorch's allocator: the CUDA context, and NCCL's "
-            "buffers where GPUs communicate)" if mem.runtime_reserved_gb else
-            f"{mem.capacity_gb:.2f} GB capacity of {gpu_name}")
-    return (f"does not fit: {mem.total_gb:.2f} GB needed per GPU (weights {mem.weights_gb:.2f}, activations "
-            f"{mem.activations_gb:.2f}, KV cache {mem.kv_cache_gb:.2f}, gradients {mem.gradients_gb:.2f}, "
-            f"optimizer {mem.optimizer_gb:.2f}, workspace {mem.workspace_gb:.2f}) > {room}")
+    room = (f"{mem.usable_gb:.2f} GB usable of the {mem.capacity_gb:.2f} GB of {gpu_name} ({reserve_text(mem)})"
+            if mem.runtime_reserved_gb else f"{mem.capacity_gb:.2f} GB capacity of {gpu_name}")
+    terms = [(name, getattr(mem, f"{key}_gb")) for name, key in (
+        ("weights", "weights"), ("activations", "activations"), ("KV cache", "kv_cache"), ("gradients", "gradients"),
+        ("optimizer", "optimizer"), ("workspace", "workspace"))]
+    parts = ", ".join(f"{name} {gb:.2f}" for name, gb in terms if gb >= 0.005)
+    return f"does not fit: {mem.total_gb:.2f} GB needed per GPU ({parts}) > {room}; {NOT_FIT_HINT}"
 
 
-def refuse_gpu_count(name: str, command: str, where: str) -> None:
-    """A planner's --devices entry that names a GPU count (h100x8, or a one-node system such as dgx-h100): a
-    one-line error saying the planner searches the count itself (``where``: the flag that sets it)."""
+def refuse_gpu_count(name: str, command: str, where: str, multi_node: bool = False) -> None:
+    """A planner's --devices entry that names a GPU count (h100x8, a one-node system such as dgx-h100, or, unless
+    ``multi_node``, a multi-node system): a one-line error saying the planner searches the count itself (``where``:
+    the flag that sets it)."""
     from ..catalog import resolve_device, resolve_gpu
 
     try:
         dev = resolve_device(name)
     except AisimError:
         dev = None
-    if dev is not None and (dev.system is None or dev.system.network is None) and dev.count > 1:
+    networked = dev is not None and dev.system is not None and dev.system.network is not None
+    if dev is not None and (not networked or not multi_node) and (dev.count > 1 or networked):
         gpu = dev.gpu.name
-        raise AisimError(f"--devices {name!r} is {dev.count} x {gpu}: {command} takes GPU names and searches the GPU "
-                         f"count itself ({where}); give --devices {gpu}")
+        what = f"a multi-node system of {gpu}" if networked else f"{dev.count} x {gpu}"
+        raise AisimError(f"--devices {name!r} is {what}: {command} takes GPU names and searches the GPU count itself "
+                         f"({where}); give --devices {gpu}")
     stem, _, count = name.strip().lower().rpartition("x")
     if not (count.isdigit() and stem):
         return

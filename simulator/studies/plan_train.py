@@ -27,7 +27,7 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..catalog import resolve_model
+from ..catalog import resolve_gpu, resolve_model
 from ..errors import AisimError
 from ..plan import check_tp
 from ..scenario import Scenario, scenario
@@ -128,9 +128,10 @@ def plan_train(req: PlanTrainRequest, progress: Callable[[str], None] | None = N
     infeasible: dict[str, str] = {}
     model, config = resolve_model(req.model)   # the resolved name, also where no (device, GPU count) exists
     check_positions(config, SimpleNamespace(phase="forward-backward", seq=req.seq, gen_tokens=0), learned_only=True)
-    for name in req.devices:
+    for name in req.devices:    # every entry checked before the search: a GPU name or a multi-node system
+        refuse_gpu_count(name, "plan train", "--gpus", multi_node=True)
         if not _is_network_system(name):
-            refuse_gpu_count(name, "plan train", "--gpus")
+            resolve_gpu(name)
     for name in req.devices:
         for gpus in sorted(set(req.gpus)):
             try:
@@ -170,7 +171,8 @@ TIGHT_MEMORY_FRACTION = 0.95
 def _tight_memory_notes(cands: list[TrainCandidate]) -> list[str]:
     """A note where a reported plan fills more than TIGHT_MEMORY_FRACTION of the usable GPU memory: aisim counts the
     tensors PyTorch allocates plus the CUDA context and NCCL's buffers, not the caching allocator's cached blocks."""
-    tight = sorted({f"{c.device} x {c.gpus} ({c.memory_per_gpu_gb:.1f} of {c.usable_gb:.1f} GB usable)" for c in cands
+    tight = sorted({f"{c.device} x {c.gpus} {c.tp}.{c.pp}.{c.dp} ZeRO {c.zero} mb {c.micro_batch} "
+                    f"({c.memory_per_gpu_gb:.1f} of {c.usable_gb:.1f} GB usable)" for c in cands
                     if c.memory_per_gpu_gb > TIGHT_MEMORY_FRACTION * c.usable_gb})
     if not tight:
         return []
