@@ -226,3 +226,7 @@ def test_the_boards_own_power_limit_as_a_power_mode_changes_nothing():
     low = estimate("Meta-Llama-3-8B", "h100", power_limit_w=400, **kw)
     assert same.energy_j == pytest.approx(plain.energy_j) and same.runtime_ms == pytest.approx(plain.runtime_ms)
     assert low.power_w <= 0.9875 * 400 + 1e-6 and low.runtime_ms > plain.runtime_ms
+    held = [n for n in plain.assumptions if n.startswith("average power held at 691.2 W")]
+    assert plain.power_w == pytest.approx(691.25) and len(held) == 1
+    decode = estimate("Meta-Llama-3-8B", "h100", workload="decode", batch=1, seq=1024, dtype="bf16")
+    assert not any(n.startswith("average power held") for n in decode.assumptions)

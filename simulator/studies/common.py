@@ -81,7 +81,8 @@ def estimate_from(sc: Scenario, w: Workload, cost: StepCost, memory: MemoryBreak
     tokens = step_tokens(w) if tokens is None else tokens
     runtime_s = cost.runtime_s
     cal = calibration_note(sc)
-    assumptions = list(sc.assumptions) + list(notes) + ([cal] if cal else [])
+    held = power_limit_note(sc, cost) if ok else None
+    assumptions = list(sc.assumptions) + list(notes) + ([cal] if cal else []) + ([held] if held else [])
     rows = list(cost.table if table is None else table)
     return Estimate(
         model=sc.model, device=sc.device.name, workload=w, plan=sc.plan, runtime=sc.runtime.name,
@@ -92,6 +93,19 @@ def estimate_from(sc: Scenario, w: Workload, cost: StepCost, memory: MemoryBreak
         flops=cost.flops, bytes=cost.bytes, top_ops=rows, unknown_ops=list(cost.unknown),
         calibrated=sc.calibration.measured, assumptions=assumptions, not_fit_reason=reason,
         **(_busy_ms(cost) if ok else {}), **({k: v for k, v in extra.items()} if ok else {}))
+
+
+def power_limit_note(sc: Scenario, cost: StepCost) -> str | None:
+    """A note where the step's average power is the power-limit rule's ceiling (cost.energy.limited_energy_j), so a
+    round figure such as 691.2 W does not read as a hard-coded one."""
+    mix = sc.calibration.power_limit_mix
+    if mix is None or not cost.runtime_s or sc.power is not None:
+        return None
+    ceiling = mix.limit_fraction * sc.device.gpu.board_power_w
+    if cost.energy_j / (cost.runtime_s * sc.plan.gpus) < 0.999 * ceiling:
+        return None
+    return (f"average power held at {ceiling:.1f} W, {mix.limit_fraction:g} of the {sc.device.gpu.board_power_w:.0f} W "
+            "board limit: the step's GEMMs would draw more (power_limit_mix, validation/harness/power_mix.py)")
 
 
 def _busy_ms(cost: StepCost) -> dict[str, float]:
