@@ -24,9 +24,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import re
 import statistics
 from pathlib import Path
+
+from .derive_eager_attention import write_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "validation" / "data" / "kernels"
@@ -124,13 +125,7 @@ def write(calibration: str, result: dict, path: Path) -> Path:
             f"{calibration} --write (validation/harness/gemm_layout.py --sweep on {h.get('gpu_name')}, driver "
             f"{h.get('driver')}, torch {h.get('torch')}, {str(h.get('date', ''))[:10]}; {fits}; kept where it cuts "
             "the error by a third or more)")
-    line = f"gemm_wave_tiles: {_flow(result['gemm_wave_tiles'])}"
-    text = target.read_text()
-    text = re.sub(r"^# gemm_wave_tiles:.*\n", "", text, flags=re.M)
-    text = re.sub(r"^gemm_wave_tiles:.*\n", "", text, flags=re.M)
-    if not text.endswith("\n"):
-        text += "\n"
-    target.write_text(text + note + "\n" + line + "\n")
+    write_lines(target, {"gemm_wave_tiles": f"gemm_wave_tiles: {_flow(result['gemm_wave_tiles'])}"}, note)
     return target
 
 

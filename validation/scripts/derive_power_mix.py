@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .derive_eager_attention import write_lines
+
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "validation" / "data" / "kernels"
 DATA = (*(KERNELS / f"power-mix-h100{run}.jsonl" for run in ("", "-run2", "-run3")), KERNELS / "power-gaps-h100.jsonl")
@@ -208,10 +210,9 @@ def _flow_curve(curve) -> str:
 
 def write(calibration: str, result: dict) -> Path:
     path = CAL_DIR / f"{calibration}.yaml"
-    text = path.read_text()
-    text = re.sub(r"^power_memory_curve:\n(?:  .*\n)+", "", text, flags=re.M)
-    for key in ("# power_memory_curve, power_limit_mix:", "power_memory_curve:", "power_limit_mix:"):
-        text = re.sub(rf"^{re.escape(key)}.*\n", "", text, flags=re.M)
+    # calibrate writes the curve as a block: collapse it so that write_lines can replace one line
+    path.write_text(re.sub(r"^power_memory_curve:\n(?:  .*\n)+", "power_memory_curve: null\n", path.read_text(),
+                           flags=re.M))
     h = result["headers"][0]
     mix = result["mix"]
     note = (f"# power_memory_curve, power_limit_mix: python -m aisim.validation.scripts.derive_power_mix --calibration "
@@ -219,29 +220,24 @@ def write(calibration: str, result: dict) -> Path:
             f"{h.get('gpu_name')}, driver {h.get('driver')}, torch {h.get('torch')}, {str(h.get('date', ''))[:10]}; "
             f"the curve is calibrate's plus the add and copy loops; power MAPE over its sequences and gapped runs "
             f"{result['mape_before']:.1f}% -> {result['mape_after']:.1f}%)")
-    if not text.endswith("\n"):
-        text += "\n"
-    text += (f"{note}\npower_memory_curve: {_flow_curve(result['curve'])}\n"
-             f"power_limit_mix: {{compute_dynamic_ratio: {mix.compute_dynamic_ratio:g}, "
-             f"limit_fraction: {mix.limit_fraction:g}}}\n")
-    path.write_text(text)
+    write_lines(path, {"power_memory_curve": f"power_memory_curve: {_flow_curve(result['curve'])}",
+                       "power_limit_mix": _mix_line(mix)}, note)
     return path
+
+
+def _mix_line(mix) -> str:
+    return (f"power_limit_mix: {{compute_dynamic_ratio: {mix.compute_dynamic_ratio:g}, "
+            f"limit_fraction: {mix.limit_fraction:g}}}")
 
 
 def write_transferred(calibration: str, source: str, result: dict) -> Path:
     """The mix block alone, into another GPU's file (the same die and power limit; its own curves stay)."""
     path = CAL_DIR / f"{calibration}.yaml"
-    text = path.read_text()
-    for key in ("# power_limit_mix:", "power_limit_mix:"):
-        text = re.sub(rf"^{re.escape(key)}.*\n", "", text, flags=re.M)
     mix = result["mix"]
     note = (f"# power_limit_mix: python -m aisim.validation.scripts.derive_power_mix --calibration {source} --write "
             f"--transfer-to {calibration} (the {source} power_mix runs: the same GH100 die and 700 W limit; not "
             "measured on this GPU, whose own loop powers stay)")
-    if not text.endswith("\n"):
-        text += "\n"
-    path.write_text(text + f"{note}\npower_limit_mix: {{compute_dynamic_ratio: {mix.compute_dynamic_ratio:g}, "
-                           f"limit_fraction: {mix.limit_fraction:g}}}\n")
+    write_lines(path, {"power_limit_mix": _mix_line(mix)}, note)
     return path
 
 

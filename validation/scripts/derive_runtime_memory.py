@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 from pathlib import Path
+
+from .derive_eager_attention import write_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "validation" / "data"
@@ -73,13 +74,7 @@ def write(cal: str, values: dict[str, float]) -> Path:
             f"--write (NVML used - torch reserved of the suite cases: {files}"
             + (f"; NCCL: {', '.join(TP[cal])} tensor-parallel cases less their single-GPU ones" if cal in TP else
                "; NCCL: the H200 tensor-parallel suites") + ")")
-    text = path.read_text()
-    for key in ("# cuda_context_bytes, nccl_buffer_bytes:", "cuda_context_bytes:", "nccl_buffer_bytes:"):
-        text = re.sub(rf"^{re.escape(key)}.*\n", "", text, flags=re.M)
-    if not text.endswith("\n"):
-        text += "\n"
-    lines = [note] + [f"{k}: {v:.4g}" for k, v in values.items()]
-    path.write_text(text + "\n".join(lines) + "\n")
+    write_lines(path, {k: f"{k}: {v:.4g}" for k, v in values.items()}, note)
     return path
 
 
