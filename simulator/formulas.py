@@ -306,15 +306,26 @@ def _nll(op: Op) -> Cost:
          "aten.index_put", "aten.index_put_", "aten.scatter_add", "aten.scatter", "aten.cat", "aten.stack",
          "aten.constant_pad_nd", "aten.tril", "aten.triu", "aten.arange", "aten.arange.start",
          "aten.arange.start_step", "aten.ones", "aten.zeros", "aten.full", "aten.ones_like", "aten.zeros_like",
-         "aten.full_like", "aten.scalar_tensor", "aten.copy_", "aten.clone", "aten.repeat", "aten.fill_.Scalar",
-         "aten.zero_", "aten.masked_fill_.Scalar",
+         "aten.full_like", "aten.scalar_tensor", "aten.clone", "aten.repeat", "aten.masked_fill_.Scalar",
          "aten.native_dropout", "aten.native_dropout_backward", "aten.new_zeros", "aten.new_ones",
-         "aten.new_full", "aten.diff", "aten.index_copy_", "aten.roll", "aten.flip", "aten.linspace",
+         "aten.new_full", "aten.diff", "aten.roll", "aten.flip", "aten.linspace",
          "aten._index_put_impl_", "aten.bernoulli_.float", "aten.randint", "aten.rand", "aten.randn",
          "aten.unfold_backward", "aten._to_copy", "aten.histc", "aten.floor_divide", "aten.expand_copy", "aten.split_with_sizes_copy", "aten.unbind_copy",
          "repeat_kv.copy", "static_cache.fill_level")   # graph.engine.static_cache_decode
 def _memory_kernel(op: Op) -> Cost:
     return memory_cost(op)
+
+
+@formula("aten.copy_", "aten.fill_.Scalar", "aten.zero_", "aten.index_copy_")
+def _overwrite(op: Op) -> Cost:
+    """In-place writes that do not read what they overwrite: copy_ reads its source and writes its destination
+    (ATen's copy kernel is a TensorIterator with self as output only, aten/src/ATen/native/Copy.cpp); fill_ and
+    zero_ read nothing; index_copy_ reads the index and the source and writes as many elements as the source has,
+    not the whole destination. A 512 MiB copy_ priced as dst + src read + dst written came out 52% slow against
+    validation/data/kernels/power-mix-h100*.jsonl (its copy_ sequence)."""
+    target = op.inputs[-1] if op.name == "aten.index_copy_" and len(op.inputs) > 1 else (
+        op.inputs[0] if op.inputs else op.outputs[0])
+    return Cost(POINTWISE_FLOPS_PER_ELEMENT * target.numel, _bytes(op.inputs[1:]), float(target.nbytes), 1, "memory")
 
 
 @formula("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
