@@ -448,3 +448,31 @@ def test_step_tokens_apply_to_decode_only():
         aisim.estimate(model="opt-125m", device=DEV, seq=64, step_tokens=65)
     with pytest.raises(AisimError, match="step-tokens"):
         aisim.estimate(model="opt-125m", device=DEV, workload="decode", seq=4, step_tokens=5)
+
+
+@pytest.mark.parametrize("script, argv", [
+    ("derive_gemm_waves", ["{missing}"]),
+    ("derive_power_mix", ["--check", "{missing}"]),
+    ("derive_grouped_gemm", ["{missing}", "--gpu", "h100"]),
+    ("derive_fp8_curve", ["{missing}"]),
+    ("fit_masked_attention", []),
+])
+def test_derive_scripts_end_in_one_error_line(tmp_path, script, argv):
+    """A derive script given a missing file (or too few arguments) prints one ``error:`` line and exits 2."""
+    import subprocess
+    import sys
+
+    args = [a.format(missing=tmp_path / "missing.jsonl") for a in argv]
+    proc = subprocess.run([sys.executable, "-m", f"aisim.validation.scripts.{script}", *args], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in proc.stderr
+
+
+def test_derive_scripts_refuse_an_unknown_calibration():
+    from aisim.validation.scripts.derive_power_mix import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--calibration", "h100-typo"])
+    assert exc.value.code == 2

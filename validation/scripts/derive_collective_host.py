@@ -148,4 +148,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from aisim.validation.scripts import run_main
+
+    raise SystemExit(run_main(main))

@@ -38,7 +38,14 @@ def curve(path: Path = DATA) -> tuple[list[float], list[float]]:
     return [round(math.log10(x), 4) for x in xs], [round(statistics.median(by_flops[x]), 4) for x in xs]
 
 
-if __name__ == "__main__":
+def main() -> int:
     x, eff = curve(Path(sys.argv[1]) if len(sys.argv) > 1 else DATA)
     print("  fp8:\n    x:\n" + "".join(f"    - {v}\n" for v in x) + "    efficiency:\n"
           + "".join(f"    - {v}\n" for v in eff), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    from aisim.validation.scripts import run_main
+
+    raise SystemExit(run_main(main))

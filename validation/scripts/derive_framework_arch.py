@@ -30,6 +30,8 @@ import re
 import statistics
 from pathlib import Path
 
+from . import calibration_name, run_main
+
 CAL_DIR = Path(__file__).resolve().parents[2] / "hardware_specs" / "calibration"
 PHASE_KEY = {"forward": "forward", "decode": "decode", "forward-backward": "train"}
 COMMENT = "# eager_framework_arch_scale:"
@@ -120,7 +122,7 @@ def write(calibration: str, table: dict, note: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", type=Path)
-    parser.add_argument("--calibration", default="h100-sxm", help="whose per-op host costs predict the steps")
+    parser.add_argument("--calibration", default="h100-sxm", type=calibration_name, help="whose per-op host costs predict the steps")
     parser.add_argument("--write", default=None, help="comma-separated calibration names to write the table into")
     parser.add_argument("--evaluate", action="store_true",
                         help="print the measured datasets' runtime MAPE without and with the table (minutes)")
@@ -158,4 +160,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -28,6 +28,7 @@ import statistics
 from pathlib import Path
 
 from .derive_eager_attention import write_lines
+from . import calibration_name, run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "validation" / "data" / "kernels"
@@ -132,7 +133,7 @@ def write(calibration: str, result: dict, path: Path) -> Path:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("data", nargs="?", default=str(SWEEP))
-    parser.add_argument("--calibration", default="h100-sxm")
+    parser.add_argument("--calibration", default="h100-sxm", type=calibration_name)
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args(argv)
     result = derive(Path(args.data), args.calibration)
@@ -151,4 +152,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -223,4 +223,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from aisim.validation.scripts import run_main
+
+    raise SystemExit(run_main(main))

@@ -29,6 +29,8 @@ import re
 import statistics
 from pathlib import Path
 
+from . import calibration_name, run_main
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "validation" / "data" / "kernels" / "op-host-h100.jsonl"
 PHASES = ROOT / "validation" / "data" / "kernels" / "framework-phases-h100.jsonl"
@@ -164,7 +166,7 @@ def write_default_table(fit: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calibration", default="h100-sxm")
+    parser.add_argument("--calibration", default="h100-sxm", type=calibration_name)
     parser.add_argument("--data", default=str(DATA))
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--step-adds", action="store_true",
@@ -194,4 +196,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from .derive_eager_attention import write_lines
+from . import calibration_name, run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "validation" / "data" / "kernels"
@@ -243,7 +244,7 @@ def write_transferred(calibration: str, source: str, result: dict) -> Path:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calibration", default="h100-sxm")
+    parser.add_argument("--calibration", default="h100-sxm", type=calibration_name)
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--check", default=None, help="a held-out power_mix run: its power MAPE under the shipped "
                         "calibration, without and with the rule (nothing is fitted or written)")
@@ -271,4 +272,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

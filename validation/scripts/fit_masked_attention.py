@@ -27,8 +27,18 @@ def table(path: str, gpu_name: str) -> dict:
     return {"q": qs, "k": ks, "heads": rows[0]["heads"], "efficiency": [[eff(q, k) for k in ks] for q in qs]}
 
 
-if __name__ == "__main__":
+def main() -> int:
     import yaml
 
+    if len(sys.argv) != 3:
+        raise ValueError("give the data file and a GPU: python -m aisim.validation.scripts.fit_masked_attention "
+                         "DATA.jsonl GPU")
     print(yaml.safe_dump({"masked_attention_table": table(sys.argv[1], sys.argv[2])}, default_flow_style=None,
                          width=120))
+    return 0
+
+
+if __name__ == "__main__":
+    from aisim.validation.scripts import run_main
+
+    raise SystemExit(run_main(main))
