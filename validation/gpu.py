@@ -120,6 +120,29 @@ def power_limit_w(handle) -> float | None:
         return None
 
 
+def power_limits(handle) -> dict | None:
+    """What the board allows, read (nothing is set): the power limit's range and default (W) and the SM clock's
+    range (MHz, the lowest and highest supported graphics clock)."""
+    nv = _nvml()
+    if nv is None or handle is None:
+        return None
+    out = {}
+    try:
+        low, high = nv.nvmlDeviceGetPowerManagementLimitConstraints(handle)
+        out.update(min_power_limit_w=low / MW_PER_W, max_power_limit_w=high / MW_PER_W,
+                   default_power_limit_w=nv.nvmlDeviceGetPowerManagementDefaultLimit(handle) / MW_PER_W)
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        out["max_sm_clock_mhz"] = float(nv.nvmlDeviceGetMaxClockInfo(handle, nv.NVML_CLOCK_SM))
+        memory_mhz = nv.nvmlDeviceGetSupportedMemoryClocks(handle)[0]
+        clocks = nv.nvmlDeviceGetSupportedGraphicsClocks(handle, memory_mhz)
+        out.update(min_sm_clock_mhz=float(min(clocks)), memory_clock_mhz=float(memory_mhz))
+    except Exception:  # noqa: BLE001
+        pass
+    return out or None
+
+
 def driver_version() -> str | None:
     nv = _nvml()
     if nv is None:
@@ -170,6 +193,7 @@ def environment_header(gpus: list[int] | None = None, device_name: str | None = 
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "power_limit_w": power_limit_w(handle),
+        "power_limits": power_limits(handle),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "hostname": socket.gethostname(),
         "python": platform.python_version(),
