@@ -262,6 +262,10 @@ def _check_power(gpu, idle_w: float, limit: float | None, clock: float | None) -
     for value, flag in ((limit, "--power-limit"), (clock, "--gpu-clock")):
         if value is not None and not math.isfinite(value):
             raise AisimError(f"{flag} must be a finite number (got {value})")
+    if limit is not None and gpu.min_power_limit_w is not None and limit < gpu.min_power_limit_w:
+        raise AisimError(f"power limit {limit:g} W is below the lowest {gpu.name} accepts ({gpu.min_power_limit_w:g} "
+                         f"W, nvidia-smi power.min_limit); give --power-limit {gpu.min_power_limit_w:g} to "
+                         f"{gpu.board_power_w:g}")
     if limit is not None and limit <= idle_w:
         raise AisimError(f"power limit {limit:g} W is at or below {gpu.name}'s waiting power ({idle_w:g} W); give a "
                          f"higher --power-limit (board power {gpu.board_power_w:g} W)")

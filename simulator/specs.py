@@ -84,6 +84,8 @@ class HardwareSpec(Spec):
     nvlink_bw_bytes_per_s: NonNegative = Field(0.0, description="total NVLink bandwidth per GPU, both directions; 0 if none")
     nvlink_kind: Literal["none", "bridge", "switch"] = "none"
     power_modes: dict[str, PowerModeSpec] = Field(default_factory=dict)
+    min_power_limit_w: Positive | None = Field(None, description="the lowest power limit the board accepts "
+                                               "(nvidia-smi power.min_limit); cite it in sources")
     price_usd_per_gpu_hour: float | None = Field(None, gt=0, description="a default on-demand cloud price per GPU "
                                                   "hour (planner input; override with --price); cite it in sources")
     sources: dict[str, str]
@@ -97,6 +99,8 @@ class HardwareSpec(Spec):
             needed.add("nvlink_bw_bytes_per_s")
         if self.price_usd_per_gpu_hour is not None:
             needed.add("price_usd_per_gpu_hour")
+        if self.min_power_limit_w is not None:
+            needed.add("min_power_limit_w")
         missing = sorted(needed - set(self.sources))
         if missing:
             raise ValueError(f"hardware spec {self.name!r}: no source given for {missing}")
@@ -192,6 +196,10 @@ class PowerLimitMix(Spec):
     the average a limited step holds, over board power."""
     compute_dynamic_ratio: Annotated[float, Field(ge=1.0, le=3.0)]
     limit_fraction: Annotated[float, Field(gt=0.5, le=1.0)]
+    gemm_loop_clock_mhz: Positive | None = Field(
+        None, description="the SM clock at which the limit holds a 16-bit GEMM loop (NVML, the power_mix gemm and "
+        "gemm_small loops, median): the clock the calibrated times of such GEMMs ran at, from which a --gpu-clock "
+        "cap slows them (cost.power); absent: the boost clock")
 
 
 class GemmTable(Spec):

@@ -169,11 +169,13 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     # less tuned shaders): power follows the activity before the engine's scale
     busy_c = np.array([t.compute_s for t in times]) / min(compute_scale, 1.0)
     busy_m = np.array([t.memory_s for t in times]) / min(memory_scale, 1.0)
+    tensor_core = np.array([c.kind in ("gemm", "attention") and compute_dtype(op, w.dtype) in TENSOR_CORE_DTYPES
+                            for op, c in zip(a.ops, a.costs)], dtype=bool)
     power_w = None
     if sc.power is not None:
         from .cost.power import apply_power_mode
 
-        gpu_s, power_w = apply_power_mode(dev.gpu, cal, sc.power, gpu_s, busy_c, busy_m)
+        gpu_s, power_w = apply_power_mode(dev.gpu, cal, sc.power, gpu_s, busy_c, busy_m, tensor_core)
         times = [replace(t, gpu_s=g) for t, g in zip(times, gpu_s.tolist())]
     model_type = sc.config.get("model_type")
     cpu_s = cpu_costs(a.ops, list(a.kinds), a.launches, cal, rt, w.phase, model_type)
@@ -184,10 +186,9 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     stage_s = timeline.runtime_s + rt.per_step_overhead_s
     # the GPUs of one pipeline stage (tensor x data parallel) work together; the stages run one after another
     # (no micro-batching): each stage's GPUs wait, at the waiting power, while the other pp - 1 stages run
-    tensor_core = np.array([c.kind in ("gemm", "attention") and compute_dtype(op, w.dtype) in TENSOR_CORE_DTYPES
-                            for op, c in zip(a.ops, a.costs)], dtype=bool)
     stage_j, _ = step_energy_j(dev.gpu, cal, gpu_s, busy_c, busy_m, a.repeats, stage_s, plan.tp * plan.dp,
-                               power_w, tensor_core, sc.power.power_limit_w if sc.power is not None else None)
+                               power_w, tensor_core, sc.power.power_limit_w if sc.power is not None else None,
+                               sc.power.gpu_clock_mhz if sc.power is not None else None)
     runtime_s = stage_s * plan.pp + (head_s if plan.pp > 1 else 0.0)
     energy_j = stage_j * plan.pp + waiting_power_w(dev.gpu, cal) * (plan.pp - 1) * stage_s * plan.gpus
     table = tuple(op_rows(a.ops, a.costs, times, a.repeats, stage_s))

@@ -209,7 +209,13 @@ def test_shipped_power_rule_is_what_the_power_mix_runs_derive():
 
     result = d.derive("h100-sxm")
     h100, h200 = load_calibration("h100-sxm"), load_calibration("h200")
-    assert h100.power_limit_mix == result["mix"] == h200.power_limit_mix
+    assert h100.power_limit_mix == result["mix"]
+    assert h200.power_limit_mix.model_dump(exclude={"gemm_loop_clock_mhz"}) == result["mix"].model_dump(
+        exclude={"gemm_loop_clock_mhz"})
+    assert h100.power_limit_mix.gemm_loop_clock_mhz == d.gemm_loop_clock_mhz(d.gpu_files("h100-sxm")) == 1290
+    assert h200.power_limit_mix.gemm_loop_clock_mhz == d.gemm_loop_clock_mhz(d.gpu_files("h200")) == 1455
+    before, after, _ = d.check(d.KERNELS / "power-mix-h200.jsonl", "h200")   # the H200's own run, after the rule
+    assert after < 0.5 * before
     assert h100.power_memory_curve == result["curve"] and h200.power_memory_curve is None
     assert result["mape_after"] < 0.5 * result["mape_before"]
     before, after, cases = d.check(d.KERNELS / "power-mix-h100-check.jsonl")     # held out: run after the fit
@@ -230,6 +236,25 @@ def test_the_boards_own_power_limit_as_a_power_mode_changes_nothing():
     assert plain.power_w == pytest.approx(691.25) and len(held) == 1
     decode = estimate("Meta-Llama-3-8B", "h100", workload="decode", batch=1, seq=1024, dtype="bf16")
     assert not any(n.startswith("average power held") for n in decode.assumptions)
+
+
+def test_a_clock_cap_slows_the_limit_held_gemms_only_below_their_loop_clock():
+    """The power_mix GEMM loops run at 1260-1350 MHz under the H100's 700 W limit (gemm_loop_clock_mhz 1290): a
+    --gpu-clock cap near that clock leaves a GEMM-bound prefill's time as it is (it slowed it by 1980/1335 before)
+    and its power near the loops' (not a cube-law drop from boost); a cap below it slows the GEMMs by the ratio."""
+    from aisim import estimate
+
+    kw = dict(workload="prefill", batch=8, seq=2048, dtype="bf16")
+    plain = estimate("Meta-Llama-3-8B", "h100", **kw)
+    near = estimate("Meta-Llama-3-8B", "h100", gpu_clock_mhz=1335, **kw)
+    low = estimate("Meta-Llama-3-8B", "h100", gpu_clock_mhz=1000, **kw)
+    assert near.runtime_ms == pytest.approx(plain.runtime_ms, rel=1e-6)
+    assert 0.85 * plain.power_w < near.power_w < plain.power_w
+    gemm = next(o for o in plain.top_ops if o.name == "aten.mm")
+    gemm_low = next(o for o in low.top_ops if o.name == "aten.mm")
+    assert gemm_low.time_ms == pytest.approx(gemm.time_ms * 1290 / 1000, rel=0.02)
+    with pytest.raises(Exception, match="below the lowest"):
+        estimate("Meta-Llama-3-8B", "h100", power_limit_w=130, **kw)
 
 
 def test_in_place_overwrites_do_not_read_their_destination():

@@ -22,8 +22,11 @@ validation/data/kernels/power-mix-h100.jsonl, -run2, -run3 and power-gaps-h100.j
 after the fit, one round of each) against the shipped calibration.
 
 Nothing here reads a judged row. --write replaces the curve and the block in the calibration file; --transfer-to h200
-writes the block alone into the H200's file (the same GH100 die and 700 W limit; its run of this harness was given an
-H100 by the device pool, so the H200 carries the H100's constants, stated in its file).
+writes the block alone into the H200's file (the same GH100 die and 700 W limit): the H100's ratio and fraction, and
+the H200's own GEMM loop clock from its run (validation/data/kernels/power-mix-h200.jsonl, measured after the rule
+was committed: `--calibration h200 --check` on it gives power MAPE 5.9% at the loop powers, 2.7% with the rule).
+``gemm_loop_clock_mhz``: the median NVML clock of each GPU's gemm and gemm_small loops (cost.power: a --gpu-clock cap
+slows the GEMMs a limit holds only below it).
 """
 from __future__ import annotations
 
@@ -68,6 +71,24 @@ def load(paths=DATA) -> tuple[list[dict], dict[str, dict], dict[tuple[str, float
     return (headers, {k: {"parts": v["parts"], "power_w": statistics.median(v["power"]),
                           "ms": statistics.median(v["ms"])} for k, v in found.items()},
             {k: statistics.median(v) for k, v in gapped.items()})
+
+
+def gemm_loop_clock_mhz(paths) -> float | None:
+    """Median NVML SM clock of the gemm and gemm_small loops (sequences of one GEMM alone): the clock the board
+    limit holds a 16-bit GEMM loop at; None where no file records one."""
+    clocks = []
+    for path in paths:
+        with open(path) as f:
+            clocks += [r["sm_clock_mhz"] for r in map(json.loads, f) if r.get("type") == "sequence"
+                       and r.get("name") in GEMM_MNK and r.get("sm_clock_mhz")]
+    return float(statistics.median(clocks)) if clocks else None
+
+
+def gpu_files(calibration: str) -> tuple[Path, ...]:
+    """A calibration's own power_mix sequence files (power-mix-<gpu>*.jsonl, held-out checks included: the clock is
+    a reading, not a fit)."""
+    gpu = {"h100-sxm": "h100"}.get(calibration, calibration)
+    return tuple(sorted(KERNELS.glob(f"power-mix-{gpu}*.jsonl")))
 
 
 def memory_points(seqs: dict, gpu, limit_w: float) -> list[tuple[float, float]]:
@@ -180,7 +201,8 @@ def derive(calibration: str = "h100-sxm", paths=DATA) -> dict:
     names = [("+".join(parts) if period is None else f"{parts[0]} every {period * 1e3:g} ms")
              for parts, period, _ in measured]
     rows = {name: (100 * b, 100 * a) for name, b, a in zip(names, errors(cal), errors(fitted))}
-    return {"headers": headers, "curve": curve, "mix": fitted.power_limit_mix, "mape_before": mape(cal),
+    mix = fitted.power_limit_mix.model_copy(update={"gemm_loop_clock_mhz": gemm_loop_clock_mhz(gpu_files(calibration))})
+    return {"headers": headers, "curve": curve, "mix": mix, "mape_before": mape(cal),
             "mape_after": best[0], "rows": rows}
 
 
@@ -227,17 +249,21 @@ def write(calibration: str, result: dict) -> Path:
 
 
 def _mix_line(mix) -> str:
+    clock = f", gemm_loop_clock_mhz: {mix.gemm_loop_clock_mhz:g}" if mix.gemm_loop_clock_mhz else ""
     return (f"power_limit_mix: {{compute_dynamic_ratio: {mix.compute_dynamic_ratio:g}, "
-            f"limit_fraction: {mix.limit_fraction:g}}}")
+            f"limit_fraction: {mix.limit_fraction:g}{clock}}}")
 
 
 def write_transferred(calibration: str, source: str, result: dict) -> Path:
     """The mix block alone, into another GPU's file (the same die and power limit; its own curves stay)."""
     path = CAL_DIR / f"{calibration}.yaml"
-    mix = result["mix"]
+    own = gpu_files(calibration)
+    mix = result["mix"].model_copy(update={"gemm_loop_clock_mhz": gemm_loop_clock_mhz(own)})
+    clock = (f"; gemm_loop_clock_mhz from this GPU's own loops ({', '.join(p.name for p in own)}), whose power the "
+             "transferred ratio and fraction predict (--check)" if own else "")
     note = (f"# power_limit_mix: python -m aisim.validation.scripts.derive_power_mix --calibration {source} --write "
-            f"--transfer-to {calibration} (the {source} power_mix runs: the same GH100 die and 700 W limit; not "
-            "measured on this GPU, whose own loop powers stay)")
+            f"--transfer-to {calibration} (the ratio and fraction from the {source} power_mix runs: the same GH100 die "
+            f"and 700 W limit; this GPU's own loop powers stay{clock})")
     write_lines(path, {"power_limit_mix": _mix_line(mix)}, note)
     return path
 
