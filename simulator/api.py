@@ -213,7 +213,8 @@ def _train(req: EstimateRequest, scenario_fields: dict) -> Estimate:
     plan = req.train or TrainPlan(precision=DTYPE_PRECISION[req.dtype])
     fields = dict(scenario_fields, device=multi_node_device(req.device, req.nodes),
                   dtype=PRECISION_DTYPE[plan.precision])
-    sc = resolve_scenario(ScenarioRequest.model_construct(**fields), "train", req.batch)
+    sharding = (f"ZeRO stage {plan.stage}" if plan.fsdp == "none" else f"FSDP {plan.fsdp}") if plan.stage else None
+    sc = resolve_scenario(ScenarioRequest.model_construct(**fields), "train", req.batch, sharding)
     result = train_estimate(sc, TrainRequest(batch=req.batch, seq=req.seq, plan=plan,
                                              token_budget=req.token_budget))
     return result if req.top_ops is None else result.model_copy(update={"top_ops": result.top_ops[:req.top_ops]})

@@ -29,11 +29,14 @@ def _check_degree(value: int | None, flag: str) -> None:
 
 
 def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp: int | None, pp: int,
-                dp: int | None, tp_scope: str, replicate_kv: bool = False) -> tuple[ParallelPlan, list[str]]:
+                dp: int | None, tp_scope: str, replicate_kv: bool = False, shard_states: str | None = None
+                ) -> tuple[ParallelPlan, list[str]]:
     """The given plan, checked; the rest filled in as Megatron and vLLM do. No --tp: tensor parallel over the
     largest number of the GPUs that the model's dimensions divide (KV heads replicated only where --tp asks for
-    it: ``replicate_kv``), the rest data parallel. --tp without --dp: data
-    parallel replicas = GPUs / (tp x pp). Every default is stated in the output."""
+    it: ``replicate_kv``), the rest data parallel; where a training plan shards its states over the data-parallel
+    ranks (``shard_states``: e.g. "ZeRO stage 3"), data parallel over as many GPUs as divide the batch, as FSDP and
+    DeepSpeed run. --tp without --dp: data parallel replicas = GPUs / (tp x pp). Every default is stated in the
+    output."""
     for value, flag in ((tp, "--tp"), (pp, "--pp"), (dp, "--dp")):
         _check_degree(value, flag)
     note = None
@@ -44,10 +47,14 @@ def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp
                              f"{device_name}")
         free = gpus // (pp * given_dp)
         dims = tp_dims(config, tp_scope)
-        tp = max(t for t in _divisors(free) if all(v % t == 0 for v in dims.values()))
+        fits = [t for t in _divisors(free) if all(v % t == 0 for v in dims.values())]
+        sharded = [t for t in fits if batch is None or batch % (given_dp * (free // t)) == 0] if shard_states else []
+        tp = min(sharded) if sharded else max(fits)
         dp = given_dp * (free // tp)
         if gpus > 1:
-            note = f"default plan for {device_name}: tensor parallel {tp} x pipeline {pp} x data parallel {dp}"
+            note = f"default plan for {device_name}: tensor parallel {tp} x pipeline {pp} x data parallel {dp}" + (
+                f" ({shard_states} shards over the data-parallel ranks: as many as divide the batch)" if sharded
+                else "")
     elif dp is None:
         if gpus % (tp * pp):
             raise AisimError(f"--tp {tp} x --pp {pp} = {tp * pp} does not divide the {gpus} GPUs of {device_name}; "

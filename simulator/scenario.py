@@ -91,9 +91,11 @@ class Scenario(BaseModel):
                                                                  self.kv_dtype)})
 
 
-def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: int | None = None) -> Scenario:
+def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: int | None = None,
+                     shard_states: str | None = None) -> Scenario:
     """Resolve every name once and check that the pieces go together. ``phase`` picks the default runtime
-    (whisper.cpp's for transcribe) and ``batch`` checks the default plan's data parallel degree."""
+    (whisper.cpp's for transcribe) and ``batch`` checks the default plan's data parallel degree; ``shard_states``
+    (a training plan's sharding, e.g. "ZeRO stage 3") makes the default plan data parallel (plan.choose_plan)."""
     name, config = catalog.resolve_model(request.model)
     dev = catalog.resolve_device(request.device)
     rt, default_note = _runtime(request.runtime, phase)
@@ -104,7 +106,7 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     tp_scope = "full" if rt.vocab_parallel_head and request.tp_scope == "all" else request.tp_scope
     check_ep_experts(config, request.ep)
     plan, plan_notes = choose_plan(config, dev.count, dev.name, batch, request.tp, request.pp, request.dp, tp_scope,
-                                  rt.replicate_kv_heads)
+                                  rt.replicate_kv_heads, shard_states)
     plan = plan.model_copy(update={"ep": check_ep(config, plan, request.ep)})
     if rt.vendors and dev.gpu.vendor not in rt.vendors:
         raise AisimError(f"runtime {rt.name} runs on {', '.join(rt.vendors)} GPUs; {dev.gpu.name} is "

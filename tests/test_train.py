@@ -260,9 +260,26 @@ def test_zero_without_data_parallel_ranks_says_it_changes_nothing():
     from aisim.api import estimate
     from aisim.workload import TrainPlan
 
-    e = estimate("Meta-Llama-3-8B", "h100x8", workload="train", batch=8, seq=512, dtype="bf16",
+    e = estimate("Meta-Llama-3-8B", "h100x8", workload="train", batch=8, seq=512, dtype="bf16", tp=8,
                  train=TrainPlan(precision="bf16-true", zero=3))
     assert e.plan.dp == 1 and any("with dp 1 it changes nothing" in a for a in e.assumptions)
+
+
+def test_a_sharded_training_plan_defaults_to_data_parallel():
+    """ZeRO / FSDP shard over the data-parallel ranks: with no --tp the default plan is data parallel over as many
+    GPUs as divide the batch (it was tensor parallel 8, where ZeRO changed nothing); plain DDP keeps the default."""
+    from aisim.api import estimate
+    from aisim.workload import TrainPlan
+
+    kw = dict(workload="train", seq=512, dtype="bf16")
+    zero3 = estimate("Meta-Llama-3-8B", "h100x8", batch=8, train=TrainPlan(precision="bf16-true", zero=3), **kw)
+    assert (zero3.plan.tp, zero3.plan.dp) == (1, 8) and any("shards over the data-parallel" in a
+                                                            for a in zero3.assumptions)
+    fsdp = estimate("Meta-Llama-3-8B", "h100x8", batch=4, train=TrainPlan(precision="bf16-true", fsdp="full"), **kw)
+    assert (fsdp.plan.tp, fsdp.plan.dp) == (2, 4)
+    ddp = estimate("Meta-Llama-3-8B", "h100x8", batch=8, train=TrainPlan(precision="bf16-true"), **kw)
+    assert (ddp.plan.tp, ddp.plan.dp) == (8, 1)
+    assert zero3.memory.total_gb < ddp.memory.total_gb
 
 
 def test_the_fit_check_counts_the_cuda_context_and_nccls_buffers():
