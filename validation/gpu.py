@@ -110,6 +110,24 @@ def sm_clock_mhz(handle) -> float | None:
         return None
 
 
+# nvmlClocksEventReasons bits (nvml.h): why the clocks are below their maximum
+CLOCK_EVENT_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+                       0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake"}
+
+
+def clock_event_reasons(handle) -> int | None:
+    """The bitmask of why the SM clock is below its maximum now (CLOCK_EVENT_REASONS), or None."""
+    nv = _nvml()
+    if nv is None or handle is None:
+        return None
+    for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+        try:
+            return int(getattr(nv, name)(handle))
+        except Exception:  # noqa: BLE001
+            continue
+    return None
+
+
 def power_limit_w(handle) -> float | None:
     nv = _nvml()
     if nv is None or handle is None:
@@ -137,7 +155,7 @@ def power_limits(handle) -> dict | None:
         out["max_sm_clock_mhz"] = float(nv.nvmlDeviceGetMaxClockInfo(handle, nv.NVML_CLOCK_SM))
         memory_mhz = nv.nvmlDeviceGetSupportedMemoryClocks(handle)[0]
         clocks = nv.nvmlDeviceGetSupportedGraphicsClocks(handle, memory_mhz)
-        out.update(min_sm_clock_mhz=float(min(clocks)), memory_clock_mhz=float(memory_mhz))
+        out.update(min_sm_clock_mhz=float(min(clocks)), max_memory_clock_mhz=float(memory_mhz))
     except Exception:  # noqa: BLE001
         pass
     return out or None

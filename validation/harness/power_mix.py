@@ -14,7 +14,9 @@ counter, with the kernels' own times from CUDA events:
 Sequences: each alone, then [gemm, add], [gemm, add x 3], [gemm_small, add], [gemm_small, add x 3],
 [gemm_small, add_small x 4], [gemm, copy x 2], and (from the third run on) [gemm_small, add x 2],
 [gemm_small, add x 6], [gemm_small, copy x 2], [gemm, add x 12]: GEMM time shares from 11% to 86%. Records: ``{"type": "sequence", "round", "name", "parts": [...],
-"iterations", "ms_per_iteration", "energy_j", "energy_window_s", "avg_power_w", "sm_clock_mhz"}``.
+"iterations", "ms_per_iteration", "energy_j", "energy_window_s", "avg_power_w", "sm_clock_mhz" (one reading after
+the window), "busy_sm_clock_mhz" (mean of readings taken while the queue held work; in the runs made after power-mix-h200.jsonl),
+"busy_sm_clock_range_mhz", "busy_clock_samples", "clock_event_reasons" (NVML's, ORed over those readings)}``.
 ``--gaps`` instead launches one kernel per period (add_small every 0.04-3 ms, add and gemm_small every 0.4-3 ms) with
 the host spinning in between, as an eager step bound by its host does: ``{"type": "gapped", "round", "part",
 "launches", "period_ms", "wall_s", "energy_j", ..., "avg_power_w"}``. A microbenchmark: nothing here is a judged
@@ -70,11 +72,15 @@ def run_sequence(parts, fns, device, seconds: float) -> dict:
     if cuda:
         start.record()
     t0, iterations = time.perf_counter(), 0
+    clocks, reasons = [], 0
     while time.perf_counter() - t0 < seconds:
         for _ in range(8):
             for fn in calls:
                 fn()
         iterations += 8
+        if meter.handle is not None and iterations % 16 == 8:   # the queue holds work: a reading of the busy GPU
+            clocks.append(gpu.sm_clock_mhz(meter.handle))
+            reasons |= gpu.clock_event_reasons(meter.handle) or 0
         if cuda and iterations % 64 == 0:
             end.record()
             end.synchronize()      # keep the queue shallow so the window's work is what the counter sees
@@ -86,8 +92,11 @@ def run_sequence(parts, fns, device, seconds: float) -> dict:
         elapsed_ms = (time.perf_counter() - t0) * 1e3
     clock = gpu.sm_clock_mhz(meter.handle) if meter.handle is not None else None
     energy = meter.stop()
+    busy = [c for c in clocks if c]
     return {"iterations": iterations, "ms_per_iteration": round(elapsed_ms / iterations, 5), **energy,
-            "sm_clock_mhz": clock}
+            "sm_clock_mhz": clock, "busy_sm_clock_mhz": round(sum(busy) / len(busy), 1) if busy else None,
+            "busy_sm_clock_range_mhz": [min(busy), max(busy)] if busy else None, "busy_clock_samples": len(busy),
+            "clock_event_reasons": [name for bit, name in gpu.CLOCK_EVENT_REASONS.items() if reasons & bit]}
 
 
 # --gaps: one kernel per period, the host spinning between launches (an eager host-bound step's pattern)
@@ -155,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
                        **run_sequence(parts, fns, device, seconds)}
                 out.write(rec)
                 print(f"{round_} {name}: {rec['ms_per_iteration']:.4f} ms/iter, {rec.get('avg_power_w')} W, "
-                      f"{rec.get('sm_clock_mhz')} MHz", flush=True)
+                      f"{rec.get('sm_clock_mhz')} MHz after, {rec.get('busy_sm_clock_mhz')} MHz busy "
+                      f"{rec.get('busy_sm_clock_range_mhz')} {','.join(rec.get('clock_event_reasons') or [])}",
+                      flush=True)
     return common.close_run(out, measure_host)
 
 
