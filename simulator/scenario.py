@@ -252,8 +252,9 @@ def resolve_power_mode(gpu, cal, mode: str | None, limit_w: float | None,
             (f"power limit {limit:g} W (board {gpu.board_power_w:g} W)" if limit is not None else "") +
             (", " if limit is not None and clock is not None else "") +
             (f"GPU clock capped at {clock:g} MHz (boost {gpu.boost_clock_mhz:g} MHz)" if clock is not None else "") +
-            "; compute-bound kernels slow with the clock, memory-bound ones keep their time until their compute "
-            "floor overtakes (aisim.cost.power)" + (f"; {named.source}" if named else ""))
+            "; compute-bound kernels slow with the clock below the one they ran at (boost, or for GEMMs the board "
+            "limit holds, the clock of their calibration loops), memory-bound ones keep their time until their "
+            "compute floor overtakes (aisim.cost.power)" + (f"; {named.source}" if named else ""))
     return PowerMode(limit, clock), text
 
 

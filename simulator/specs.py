@@ -101,6 +101,9 @@ class HardwareSpec(Spec):
             needed.add("price_usd_per_gpu_hour")
         if self.min_power_limit_w is not None:
             needed.add("min_power_limit_w")
+            if self.min_power_limit_w > self.board_power_w:
+                raise ValueError(f"min_power_limit_w {self.min_power_limit_w:g} W is above board_power_w "
+                                 f"{self.board_power_w:g} W")
         missing = sorted(needed - set(self.sources))
         if missing:
             raise ValueError(f"hardware spec {self.name!r}: no source given for {missing}")
@@ -197,9 +200,9 @@ class PowerLimitMix(Spec):
     compute_dynamic_ratio: Annotated[float, Field(ge=1.0, le=3.0)]
     limit_fraction: Annotated[float, Field(gt=0.5, le=1.0)]
     gemm_loop_clock_mhz: Positive | None = Field(
-        None, description="the SM clock at which the limit holds a 16-bit GEMM loop (NVML, the power_mix gemm and "
-        "gemm_small loops, median): the clock the calibrated times of such GEMMs ran at, from which a --gpu-clock "
-        "cap slows them (cost.power); absent: the boost clock")
+        None, description="the SM clock at which the limit holds a 16-bit GEMM loop (NVML, sampled through the "
+        "power_mix gemm and gemm_small loops, median): about the clock the calibrated times of such GEMMs ran at, "
+        "from which a --gpu-clock cap slows them (cost.power.reference_clock_mhz); absent: the boost clock")
 
 
 class GemmTable(Spec):

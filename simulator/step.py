@@ -171,10 +171,11 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     busy_m = np.array([t.memory_s for t in times]) / min(memory_scale, 1.0)
     tensor_core = np.array([c.kind in ("gemm", "attention") and compute_dtype(op, w.dtype) in TENSOR_CORE_DTYPES
                             for op, c in zip(a.ops, a.costs)], dtype=bool)
-    power_w = None
+    power_w = ratio = None
     if sc.power is not None:
-        from .cost.power import apply_power_mode
+        from .cost.power import apply_power_mode, mix_ratio
 
+        ratio = mix_ratio(dev.gpu, cal, sc.power, gpu_s, busy_c, busy_m, tensor_core)
         gpu_s, power_w = apply_power_mode(dev.gpu, cal, sc.power, gpu_s, busy_c, busy_m, tensor_core)
         times = [replace(t, gpu_s=g) for t, g in zip(times, gpu_s.tolist())]
     model_type = sc.config.get("model_type")
@@ -188,7 +189,7 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     # (no micro-batching): each stage's GPUs wait, at the waiting power, while the other pp - 1 stages run
     stage_j, _ = step_energy_j(dev.gpu, cal, gpu_s, busy_c, busy_m, a.repeats, stage_s, plan.tp * plan.dp,
                                power_w, tensor_core, sc.power.power_limit_w if sc.power is not None else None,
-                               sc.power.gpu_clock_mhz if sc.power is not None else None)
+                               ratio)
     runtime_s = stage_s * plan.pp + (head_s if plan.pp > 1 else 0.0)
     energy_j = stage_j * plan.pp + waiting_power_w(dev.gpu, cal) * (plan.pp - 1) * stage_s * plan.gpus
     table = tuple(op_rows(a.ops, a.costs, times, a.repeats, stage_s))

@@ -77,16 +77,15 @@ TENSOR_CORE_DTYPES = ("fp16", "bf16", "tf32", "fp8", "int8")
 def limited_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, power_w: np.ndarray, gpu_s: np.ndarray,
                      compute_s: np.ndarray, memory_s: np.ndarray, repeats: np.ndarray, runtime_s: float,
                      tensor_core: np.ndarray | None = None, limit_w: float | None = None,
-                     clock_cap_mhz: float | None = None) -> float:
+                     ratio: np.ndarray | None = None) -> float:
     """Energy of one GPU over a step of ``runtime_s``: its kernels, and the waiting power while it waits. Under the
     board's power limit (``cal.power_limit_mix``) each compute-bound tensor-core kernel's power above the waiting
     power is scaled by ``compute_dynamic_ratio`` (a loop of it is held back by the limit; between other kernels or
     waits it runs unthrottled) and the step's average power is held to ``limit_fraction`` of board power. fp32
     GEMMs (CUDA cores: their loops stay under the limit) keep their loop power. ``tensor_core``: per kernel, whether
     it runs on tensor cores (default: every kernel). ``limit_w``: a power mode's lower limit (default: board
-    power). ``clock_cap_mhz``: a power mode's clock cap; a kernel cannot run faster than it, so the ratio is at most
-    (cap / the block's gemm_loop_clock_mhz)^3, the cube law's power at the cap over the loop's (1 at or below the
-    loop's clock). Without the block: each kernel's own loop power."""
+    power). ``ratio``: per kernel, the ratio under a power mode's clock cap (cost.power.mix_ratio; default the
+    block's). Without the block: each kernel's own loop power."""
     idle_w = waiting_power_w(gpu, cal)
     busy_s = float(np.dot(gpu_s, repeats))
     waiting_j = idle_w * max(runtime_s - busy_s, 0.0)
@@ -96,11 +95,7 @@ def limited_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, power_w: np.ndarra
     throttled = (compute_s >= memory_s) & (compute_s > 0) & (gpu_s > 0)   # not collectives (no FLOPs)
     if tensor_core is not None:
         throttled &= tensor_core
-    ratio = mix.compute_dynamic_ratio
-    if clock_cap_mhz is not None and mix.gemm_loop_clock_mhz is not None:
-        from .power import ALPHA_COMPUTE
-
-        ratio = min(ratio, max(1.0, (clock_cap_mhz / mix.gemm_loop_clock_mhz) ** ALPHA_COMPUTE))
+    ratio = mix.compute_dynamic_ratio if ratio is None else ratio
     unthrottled = np.where(throttled, idle_w + (power_w - idle_w) * ratio, power_w)
     energy = float(np.dot(unthrottled * gpu_s, repeats)) + waiting_j
     limit = min(gpu.board_power_w, limit_w) if limit_w else gpu.board_power_w
@@ -110,13 +105,13 @@ def limited_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, power_w: np.ndarra
 def step_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s: np.ndarray, compute_s: np.ndarray,
                   memory_s: np.ndarray, repeats: np.ndarray, runtime_s: float, gpus: int,
                   power_w: np.ndarray | None = None, tensor_core: np.ndarray | None = None,
-                  limit_w: float | None = None, clock_cap_mhz: float | None = None) -> tuple[float, float]:
+                  limit_w: float | None = None, ratio: np.ndarray | None = None) -> tuple[float, float]:
     """(energy in J over all GPUs, average power per GPU in W). ``power_w``: per-kernel power where a power mode
     (cost.power) has already set it, ``limit_w`` that mode's power limit; ``tensor_core``: per kernel, whether it
-    runs on tensor cores, ``clock_cap_mhz`` a mode's clock cap (limited_energy_j)."""
+    runs on tensor cores, ``ratio`` the limit rule's per-kernel ratio under a clock cap (limited_energy_j)."""
     if power_w is None:
         power_w = op_power_w(gpu, cal, gpu_s, compute_s, memory_s)
     energy = limited_energy_j(gpu, cal, power_w, gpu_s, compute_s, memory_s, repeats, runtime_s, tensor_core, limit_w,
-                              clock_cap_mhz)
+                              ratio)
     avg_w = energy / runtime_s if runtime_s > 0 else 0.0
     return energy * gpus, avg_w

@@ -1,20 +1,24 @@
 """Power modes: a GPU clock cap and/or a board power limit, applied kernel by kernel.
 
-A kernel's dynamic power (above the waiting power) scales as (f / f_boost)^alpha with the core clock f:
-alpha = 3 for compute-bound kernels (P = C V^2 f with the voltage following the clock over the DVFS range) and
-1 for memory-bound ones (their DRAM power does not follow the core clock; only the core's switching does).
-The clock is the lower of the cap and the boost clock; where the kernel would still draw more than the power
-limit, the clock drops until it does not: f = f_cap * ((limit - idle) / (P(f_cap) - idle))^(1/alpha).
-A kernel's time grows by f_boost / f on its compute floor only: a memory-bound kernel keeps its time until its
-compute floor, slowed, overtakes its memory floor. Rules, not measurements (docs/model.md "Power modes"):
-the cube law is the textbook DVFS approximation (e.g. Mei, Wang, Chu, "A survey and measurement study of GPU
-DVFS on energy conservation", Digital Communications and Networks 2017); memory clocks are taken as fixed.
+A kernel's dynamic power (above the waiting power) scales as (f / f_ref)^alpha with the core clock f, from the
+clock f_ref its calibrated time and power belong to (below): alpha = 3 for compute-bound kernels (P = C V^2 f with
+the voltage following the clock over the DVFS range) and 1 for memory-bound ones (their DRAM power does not follow
+the core clock; only the core's switching does). The clock is the lower of the cap and f_ref; where the kernel
+would still draw more than the power limit, the clock drops until it does not: f = f * ((limit - idle) /
+(P(f) - idle))^(1/alpha). A kernel's time grows by f_ref / f on its compute floor only: a memory-bound kernel keeps
+its time until its compute floor, slowed, overtakes its memory floor. Rules, not measurements (docs/model.md "Power
+modes"): the cube law is the textbook DVFS approximation (e.g. Mei, Wang, Chu, "A survey and measurement study of
+GPU DVFS on energy conservation", Digital Communications and Networks 2017); memory clocks are taken as fixed.
 
-The clock a kernel's calibrated time and power belong to is the boost clock, except for the kernels whose loops the
-board limit holds: a 16-bit GEMM loop drawing the board's power runs at the calibration's
-``power_limit_mix.gemm_loop_clock_mhz`` (NVML, validation/harness/power_mix.py: 1260-1350 MHz on H100, 1440-1470 MHz
-on H200, against 1980 MHz boost). Such a kernel is slowed by a clock cap only below that clock, and its power scales
-from there: ``--gpu-clock 1335`` barely changes an H100 prefill whose GEMMs already run near 1335 MHz.
+f_ref is the boost clock, except for the compute-bound tensor-core kernels (GEMMs, attention) whose loops the board
+limit holds: a loop drawing the board's power runs below boost, at about the calibration's
+``power_limit_mix.gemm_loop_clock_mhz`` (the SM clock sampled through the power_mix GEMM loops,
+validation/harness/power_mix.py: 1443 MHz on H100, 1567 MHz on H200, against 1980 MHz boost; NVML reports
+sw_power_cap) and never below the clock its achieved FLOP/s needs (u x boost, u its fraction of the datasheet peak:
+no cap makes a kernel beat the peak at its clock). Between loop powers of HELD_BAND x board power f_ref moves from
+boost to that clock. A cap above f_ref leaves such a kernel as it is: ``--gpu-clock 1500`` does not slow an H100
+prefill whose GEMMs already run near 1443 MHz. In a mix, the kernels the limit rule lets draw more than their loops
+(cost.energy.limited_energy_j) cannot draw more than the cap allows: ``mix_ratio``.
 """
 from __future__ import annotations
 
@@ -26,9 +30,10 @@ from ..specs import CalibrationSpec, HardwareSpec
 
 ALPHA_COMPUTE = 3.0
 ALPHA_MEMORY = 1.0
-# a compute-bound tensor-core kernel whose loop power is within this of board power is held by the limit: the
-# power_mix GEMM loops drew 0.98-1.01 (H100) and 0.97 (H200) of it, aisim's loop power for them 0.98 / 0.99
-HELD_POWER_FRACTION = 0.95
+# loop power / board power over which a compute-bound tensor-core kernel goes from running at boost to being held by
+# the limit: the power_mix GEMM loops that NVML reported held (sw_power_cap) drew 0.97-1.01 of board power, aisim's
+# loop power for them is 0.98 (H100) / 0.99 (H200); a GEMM drawing 0.90 of it is taken as unthrottled
+HELD_BAND = (0.90, 0.97)
 
 
 @dataclass(frozen=True)
@@ -37,26 +42,48 @@ class PowerMode:
     gpu_clock_mhz: float | None = None
 
 
-def held_kernels(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s: np.ndarray, compute_s: np.ndarray,
-                 memory_s: np.ndarray, tensor_core: np.ndarray | None = None) -> np.ndarray:
-    """Per kernel: whether a loop of it is held at the board limit (compute-bound, on tensor cores, its loop power
-    within HELD_POWER_FRACTION of board power), where the calibration knows the clock it is held at."""
+def reference_clock_mhz(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s: np.ndarray, compute_s: np.ndarray,
+                        memory_s: np.ndarray, tensor_core: np.ndarray | None = None) -> np.ndarray:
+    """Per kernel, the clock its calibrated time and power belong to (module docstring): boost, or for a
+    compute-bound tensor-core kernel whose loop the limit holds, max(gemm_loop_clock_mhz, u x boost), blended
+    over HELD_BAND of its loop power; boost everywhere where the calibration has no loop clock."""
     from .energy import op_power_w
 
+    boost = gpu.boost_clock_mhz
     mix = cal.power_limit_mix
+    ref = np.full(len(gpu_s), float(boost))
     if mix is None or mix.gemm_loop_clock_mhz is None:
-        return np.zeros(len(gpu_s), dtype=bool)
-    held = (compute_s >= memory_s) & (compute_s > 0) & (gpu_s > 0)
+        return ref
+    candidate = (compute_s >= memory_s) & (compute_s > 0) & (gpu_s > 0)
     if tensor_core is not None:
-        held &= tensor_core
-    return held & (op_power_w(gpu, cal, gpu_s, compute_s, memory_s) >= HELD_POWER_FRACTION * gpu.board_power_w)
+        candidate &= tensor_core
+    low, high = HELD_BAND
+    share = op_power_w(gpu, cal, gpu_s, compute_s, memory_s) / gpu.board_power_w
+    weight = np.where(candidate, np.clip((share - low) / (high - low), 0.0, 1.0), 0.0)
+    achieved = np.where(gpu_s > 0, compute_s / np.where(gpu_s > 0, gpu_s, 1.0), 0.0).clip(0, 1)
+    held = np.minimum(np.maximum(min(mix.gemm_loop_clock_mhz, boost), achieved * boost), boost)
+    return ref + weight * (held - ref)
+
+
+def mix_ratio(gpu: HardwareSpec, cal: CalibrationSpec, mode: "PowerMode | None", gpu_s: np.ndarray,
+              compute_s: np.ndarray, memory_s: np.ndarray, tensor_core: np.ndarray | None = None
+              ) -> np.ndarray | None:
+    """Per kernel, the power limit rule's ratio (power_limit_mix.compute_dynamic_ratio: a kernel that a loop holds
+    at the limit draws more between other kernels, at a higher clock) under a clock cap: at most the cube law's
+    (cap / f_ref)^3, and 1 where the cap is at or below f_ref. None without a cap or a mix block (the block's own
+    ratio)."""
+    mix = cal.power_limit_mix
+    if mix is None or mode is None or mode.gpu_clock_mhz is None:
+        return None
+    ref = reference_clock_mhz(gpu, cal, gpu_s, compute_s, memory_s, tensor_core)
+    return np.minimum(mix.compute_dynamic_ratio, np.maximum(1.0, (mode.gpu_clock_mhz / ref) ** ALPHA_COMPUTE))
 
 
 def apply_power_mode(gpu: HardwareSpec, cal: CalibrationSpec, mode: PowerMode, gpu_s: np.ndarray,
                      compute_s: np.ndarray, memory_s: np.ndarray, tensor_core: np.ndarray | None = None
                      ) -> tuple[np.ndarray, np.ndarray]:
     """(kernel seconds, kernel watts) per op under ``mode``; ``tensor_core``: per kernel, whether it runs on tensor
-    cores (held_kernels; default: every kernel)."""
+    cores (reference_clock_mhz; default: every kernel)."""
     from .energy import op_power_w, waiting_power_w
 
     boost = gpu.boost_clock_mhz
@@ -64,9 +91,7 @@ def apply_power_mode(gpu: HardwareSpec, cal: CalibrationSpec, mode: PowerMode, g
     full_w = op_power_w(gpu, cal, gpu_s, compute_s, memory_s)
     compute_bound = compute_s >= memory_s
     alpha = np.where(compute_bound, ALPHA_COMPUTE, ALPHA_MEMORY)
-    # the clock each kernel's calibrated time and power belong to
-    ref = np.where(held_kernels(gpu, cal, gpu_s, compute_s, memory_s, tensor_core),
-                   min(cal.power_limit_mix.gemm_loop_clock_mhz, boost) if cal.power_limit_mix else boost, boost)
+    ref = reference_clock_mhz(gpu, cal, gpu_s, compute_s, memory_s, tensor_core)
     f_cap = min(mode.gpu_clock_mhz or boost, boost)
     dynamic_w = np.maximum(full_w - idle_w, 0.0)
     clock = np.minimum(ref, f_cap)

@@ -122,7 +122,8 @@ def write(calibration: str, table: dict, note: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", type=Path)
-    parser.add_argument("--calibration", default="h100-sxm", type=calibration_name, help="whose per-op host costs predict the steps")
+    parser.add_argument("--calibration", default="h100-sxm", type=calibration_name,
+                        help="whose per-op host costs predict the steps")
     parser.add_argument("--write", default=None, help="comma-separated calibration names to write the table into")
     parser.add_argument("--evaluate", action="store_true",
                         help="print the measured datasets' runtime MAPE without and with the table (minutes)")

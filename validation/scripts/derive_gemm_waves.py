@@ -44,7 +44,13 @@ def _records(path: Path, kind: str) -> tuple[dict, list[dict]]:
     with open(path) as f:
         lines = [r for r in map(json.loads, f) if isinstance(r, dict)]
     header = next((r for r in lines if r.get("type") == "header"), {})
-    return header, [r for r in lines if r.get("type") == kind and r.get("status") == "ok"]
+    records = [r for r in lines if r.get("type") == kind and r.get("status") == "ok"]
+    if not records:    # nothing to fit: --write would otherwise replace the shipped rule with none
+        from aisim.errors import AisimError
+
+        raise AisimError(f"{path}: no {kind} records; pass a file written by validation/harness/gemm_layout.py"
+                         + (" --sweep" if kind == "gemm_sweep" else ""))
+    return header, records
 
 
 def sweep_points(path: Path, cal, gpu) -> dict[str, list[tuple[int, int, float, float]]]:

@@ -25,8 +25,9 @@ Nothing here reads a judged row. --write replaces the curve and the block in the
 writes the block alone into the H200's file (the same GH100 die and 700 W limit): the H100's ratio and fraction, and
 the H200's own GEMM loop clock from its run (validation/data/kernels/power-mix-h200.jsonl, measured after the rule
 was committed: `--calibration h200 --check` on it gives power MAPE 5.9% at the loop powers, 2.7% with the rule).
-``gemm_loop_clock_mhz``: the median NVML clock of each GPU's gemm and gemm_small loops (cost.power: a --gpu-clock cap
-slows the GEMMs a limit holds only below it).
+``gemm_loop_clock_mhz``: the median SM clock sampled through each GPU's gemm and gemm_small loops
+(power-mix-h100-clocks.jsonl, power-mix-h200-clocks.jsonl; cost.power: a --gpu-clock cap slows the GEMMs a limit
+holds only below it).
 """
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from .derive_eager_attention import write_lines
+from aisim.errors import AisimError
+
 from . import calibration_name, run_main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,21 +77,24 @@ def load(paths=DATA) -> tuple[list[dict], dict[str, dict], dict[tuple[str, float
 
 
 def gemm_loop_clock_mhz(paths) -> float | None:
-    """Median NVML SM clock of the gemm and gemm_small loops (sequences of one GEMM alone): the clock the board
-    limit holds a 16-bit GEMM loop at; None where no file records one."""
+    """The clock the board limit holds a 16-bit GEMM loop at: the median over the gemm and gemm_small loops of the
+    SM clock sampled while the loop ran (busy_sm_clock_mhz; the runs that record it), None where none does. The
+    older runs' single reading after the window (sm_clock_mhz) is not used: it read 1245-1350 MHz on H100 where the
+    samples through the window average 1438-1448 MHz."""
     clocks = []
     for path in paths:
         with open(path) as f:
-            clocks += [r["sm_clock_mhz"] for r in map(json.loads, f) if r.get("type") == "sequence"
-                       and r.get("name") in GEMM_MNK and r.get("sm_clock_mhz")]
-    return float(statistics.median(clocks)) if clocks else None
+            clocks += [r["busy_sm_clock_mhz"] for r in map(json.loads, f) if r.get("type") == "sequence"
+                       and r.get("name") in GEMM_MNK and r.get("busy_sm_clock_mhz")]
+    return round(float(statistics.median(clocks))) if clocks else None
 
 
 def gpu_files(calibration: str) -> tuple[Path, ...]:
-    """A calibration's own power_mix sequence files (power-mix-<gpu>*.jsonl, held-out checks included: the clock is
-    a reading, not a fit)."""
+    """A calibration's own power_mix sequence files (power-mix-<gpu>.jsonl, -runN, -check, -clocks; held-out runs
+    included: the clock is a reading, not a fit)."""
     gpu = {"h100-sxm": "h100"}.get(calibration, calibration)
-    return tuple(sorted(KERNELS.glob(f"power-mix-{gpu}*.jsonl")))
+    pattern = re.compile(rf"power-mix-{re.escape(gpu)}(-run\d+|-check|-clocks)?\.jsonl")
+    return tuple(sorted(p for p in KERNELS.glob(f"power-mix-{gpu}*.jsonl") if pattern.fullmatch(p.name)))
 
 
 def memory_points(seqs: dict, gpu, limit_w: float) -> list[tuple[float, float]]:
@@ -274,14 +280,18 @@ def main(argv=None) -> int:
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--check", default=None, help="a held-out power_mix run: its power MAPE under the shipped "
                         "calibration, without and with the rule (nothing is fitted or written)")
-    parser.add_argument("--transfer-to", default=None, help="with --write: also write the mix block into this "
-                        "calibration (a GPU with the same die and power limit)")
+    parser.add_argument("--transfer-to", default=None, type=calibration_name,
+                        help="with --write: also write the mix block into this calibration (a GPU with the same die "
+                        "and power limit)")
     args = parser.parse_args(argv)
     if args.check:
         before, after, n = check(Path(args.check), args.calibration)
         print(f"{args.check}: {n} cases, power MAPE at the loop powers {before:.1f}% -> with the shipped rule "
               f"{after:.1f}%")
         return 0
+    if args.calibration != "h100-sxm":
+        raise AisimError(f"the power_mix fit files are the H100's (DATA); --calibration {args.calibration} takes its "
+                         "block with --calibration h100-sxm --write --transfer-to " + args.calibration)
     result = derive(args.calibration)
     print(f"power_memory_curve: {_flow_curve(result['curve'])}")
     print(f"power_limit_mix: {result['mix'].model_dump()}")
