@@ -205,6 +205,10 @@ def _check_workload_options(req: EstimateRequest) -> None:
                          "no optimizer); drop --optimizer or use --workload train")
 
 
+# the runtimes a training step runs under (the others are inference engines: CUDA graphs, paged KV, ggml)
+TRAIN_RUNTIMES = ("eager", "kernel-sum")
+
+
 def _train(req: EstimateRequest, scenario_fields: dict) -> Estimate:
     """One optimizer step of the training plan (aisim.studies.train): precision sets the traced dtype."""
     from .studies.train import (DTYPE_PRECISION, PRECISION_DTYPE, TrainRequest, multi_node_device,
@@ -215,6 +219,11 @@ def _train(req: EstimateRequest, scenario_fields: dict) -> Estimate:
                   dtype=PRECISION_DTYPE[plan.precision])
     sharding = (f"ZeRO stage {plan.stage}" if plan.fsdp == "none" else f"FSDP {plan.fsdp}") if plan.stage else None
     sc = resolve_scenario(ScenarioRequest.model_construct(**fields), "train", req.batch, sharding)
+    if sc.runtime.name not in TRAIN_RUNTIMES:
+        from .errors import AisimError
+
+        raise AisimError(f"--runtime {sc.runtime.name} is an inference runtime: a training step runs in eager "
+                         f"PyTorch ({', '.join(TRAIN_RUNTIMES)}); drop --runtime")
     result = train_estimate(sc, TrainRequest(batch=req.batch, seq=req.seq, plan=plan,
                                              token_budget=req.token_budget))
     return result if req.top_ops is None else result.model_copy(update={"top_ops": result.top_ops[:req.top_ops]})

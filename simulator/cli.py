@@ -61,7 +61,8 @@ def estimate(
     gen: int = typer.Option(128, help="generate: new tokens"),
     dtype: str = typer.Option("fp16", help="fp32|tf32|fp16|bf16"),
     tp: Optional[int] = typer.Option(None, help="tensor parallel degree (default: the most GPUs of the device "
-                                     "that divide the model's heads and widths, the rest data parallel)"),
+                                     "that divide the model's heads and widths, the rest data parallel; "
+                                     "training with --zero 1-3 or --fsdp: data parallel first)"),
     pp: int = typer.Option(1, help="pipeline parallel degree"),
     dp: Optional[int] = typer.Option(None, help="data parallel degree (default: GPUs / (tp x pp))"),
     tp_scope: str = typer.Option("all", help="all (attention+MLP) | full (+ vocab-parallel LM head) | mlp | attention"),

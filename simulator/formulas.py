@@ -180,8 +180,15 @@ def _grouped_mm(op: Op) -> Cost:
     """Grouped GEMM over experts: input (S, K) sorted by expert, weight (E_local, K, N), offsets (E_local,).
     FLOPs 2 * S_local * N * K; bytes: the rows in and out plus the weights of the experts that the step's
     tokens touch (expected_distinct_experts), not the whole (E, K, N) tensor. Without routing attrs (a traced
-    graph not expanded by graph.engine) every expert is read."""
+    graph not expanded by graph.engine) every expert is read. Backward's weight gradient, (K, S) @ (S, N) grouped
+    along S into (E, K, N): 2 * K * S * N, its operands read and the (E, K, N) gradient written."""
     a, w = op.inputs[0], op.inputs[1]
+    out = op.outputs[0] if op.outputs else a
+    if len(a.shape) == 2 and len(w.shape) == 2 and len(out.shape) == 3:
+        # the weight gradient in backward: (K, S) @ (S, N) grouped along S into (E, K, N); every routed row once
+        k_dim, rows, n = a.shape[0], a.shape[1], w.shape[1]
+        return Cost(2.0 * k_dim * rows * n, a.nbytes + w.nbytes + sum(t.nbytes for t in op.inputs[2:]),
+                    float(out.nbytes), 1, "gemm")
     n, k = w.shape[-1], w.shape[-2]
     if "moe" in op.attrs:
         rows, touched = routed_rows(op)
@@ -192,7 +199,6 @@ def _grouped_mm(op: Op) -> Cost:
     if "moe" in op.attrs and "weight_element_bytes" in op.attrs["moe"]:    # experts stored quantized (MXFP4)
         expert_bytes = w.numel / max(w.shape[0], 1) * op.attrs["moe"]["weight_element_bytes"]
     offs = sum(t.nbytes for t in op.inputs[2:])
-    out = op.outputs[0] if op.outputs else a
     elem_out = out.nbytes / max(out.numel, 1)      # 16-bit under fp8 W8A8 inputs
     # (S_local, K) @ (K, N) per expert: 2 * S_local * N * K
     return Cost(2.0 * rows * n * k, rows * k * elem_a + touched * expert_bytes + offs,
@@ -303,7 +309,8 @@ def _nll(op: Op) -> Cost:
 
 
 @formula("aten.embedding_dense_backward", "aten.nll_loss_backward", "aten.slice_backward", "aten.select_backward",
-         "aten.index_put", "aten.index_put_", "aten.scatter_add", "aten.scatter", "aten.cat", "aten.stack",
+         "aten.index_put", "aten.index_put_", "aten.scatter_add", "aten.scatter", "aten.scatter.src", "aten.cat",
+         "aten.stack",
          "aten.constant_pad_nd", "aten.tril", "aten.triu", "aten.arange", "aten.arange.start",
          "aten.arange.start_step", "aten.ones", "aten.zeros", "aten.full", "aten.ones_like", "aten.zeros_like",
          "aten.full_like", "aten.scalar_tensor", "aten.clone", "aten.repeat", "aten.masked_fill_.Scalar",

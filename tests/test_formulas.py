@@ -301,3 +301,21 @@ def test_copy_time_matches_the_measured_copy_loop():
     cal = load_calibration("h100-sxm")
     est_ms = kernels(cal, resolve_device(cal.device))["copy"][0] * 1e3
     assert len(ms) >= 3 and est_ms == pytest.approx(statistics.median(ms), rel=0.05)
+
+
+def test_grouped_mm_weight_gradient_counts_each_routed_row_once():
+    """Backward's weight gradient of a grouped GEMM, (K, S) @ (S, N) grouped along S into (E, K, N), is 2 K S N
+    FLOPs (it was priced as S rows of an (S, N) 'weight': 100x too many for Mixtral training); a MoE
+    forward-backward costs about 3 forwards in its expert GEMMs."""
+    x, g, out = T(2048, 4096, dtype="bf16"), T(4096, 1024, dtype="bf16"), T(64, 2048, 1024, dtype="bf16")
+    c = op_cost(op("aten._grouped_mm", [x, g, T(64, dtype="int32")], [out]))
+    assert c.flops == 2.0 * 2048 * 4096 * 1024 and c.bytes_written == out.nbytes
+    from aisim import estimate
+
+    kw = dict(batch=1, seq=1024, dtype="bf16", top_ops=None)
+    fwd = next(o for o in estimate("OLMoE-1B-7B-0924", "h100", workload="prefill", **kw).top_ops
+               if o.name == "aten._grouped_mm")
+    fb = estimate("OLMoE-1B-7B-0924", "h100", workload="forward-backward", **kw)
+    bwd = next(o for o in fb.top_ops if o.name == "aten._grouped_mm")
+    assert 2.5 * fwd.flops < bwd.flops < 3.5 * fwd.flops
+    assert not any("aten.scatter.src" in u for u in fb.unknown_ops)

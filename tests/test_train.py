@@ -312,3 +312,13 @@ def test_the_fit_check_counts_the_cuda_context_and_nccls_buffers():
     assert not_fit_reason(one, "h100-sxm") is None
     assert MemoryBreakdown(**{**between.model_dump(exclude={"usable_gb"}), "runtime_reserved_gb": 0.0}
                            ).usable_gb == between.capacity_gb
+
+
+def test_training_refuses_inference_runtimes_and_its_hint_names_training_options():
+    from aisim.api import estimate
+    from aisim.errors import AisimError
+
+    with pytest.raises(AisimError, match="inference runtime"):
+        estimate("Meta-Llama-3-8B", "h100", workload="train", batch=8, seq=512, dtype="bf16", runtime="vllm")
+    e = estimate("Meta-Llama-3-8B", "h100", workload="train", batch=8, seq=2048, dtype="bf16")
+    assert not e.fits and "--recompute full" in e.not_fit_reason and "--kv-dtype" not in e.not_fit_reason

@@ -13,6 +13,9 @@ TOP_OPS = 12
 
 NOT_FIT_HINT = ("use more GPUs (--tp, --pp), a smaller --batch or --seq, --quant or --kv-dtype fp8, or a GPU with "
                 "more memory")
+# a training step: --quant and --kv-dtype are refused there
+TRAIN_NOT_FIT_HINT = ("use more GPUs (--tp, --pp, data parallel with --zero 1-3), a smaller --micro-batch or --seq, "
+                      "--recompute full, or a GPU with more memory")
 
 
 def reserve_text(mem: MemoryBreakdown) -> str:
@@ -22,7 +25,7 @@ def reserve_text(mem: MemoryBreakdown) -> str:
                                                 if mem.nccl_reserved_gb else "")
 
 
-def not_fit_reason(mem: MemoryBreakdown, gpu_name: str) -> str | None:
+def not_fit_reason(mem: MemoryBreakdown, gpu_name: str, hint: str = NOT_FIT_HINT) -> str | None:
     if mem.total_gb <= mem.usable_gb:
         return None
     room = (f"{mem.usable_gb:.2f} GB usable of the {mem.capacity_gb:.2f} GB of {gpu_name} ({reserve_text(mem)})"
@@ -31,7 +34,7 @@ def not_fit_reason(mem: MemoryBreakdown, gpu_name: str) -> str | None:
         ("weights", "weights"), ("activations", "activations"), ("KV cache", "kv_cache"), ("gradients", "gradients"),
         ("optimizer", "optimizer"), ("workspace", "workspace"))]
     parts = ", ".join(f"{name} {gb:.2f}" for name, gb in terms if gb >= 0.005)
-    return f"does not fit: {mem.total_gb:.2f} GB needed per GPU ({parts}) > {room}; {NOT_FIT_HINT}"
+    return f"does not fit: {mem.total_gb:.2f} GB needed per GPU ({parts}) > {room}; {hint}"
 
 
 def refuse_gpu_count(name: str, command: str, where: str, multi_node: bool = False) -> None:
