@@ -319,3 +319,12 @@ def test_grouped_mm_weight_gradient_counts_each_routed_row_once():
     bwd = next(o for o in fb.top_ops if o.name == "aten._grouped_mm")
     assert 2.5 * fwd.flops < bwd.flops < 3.5 * fwd.flops
     assert not any("aten.scatter.src" in u for u in fb.unknown_ops)
+
+
+def test_a_clock_cap_at_the_boost_clock_changes_nothing():
+    from aisim import estimate
+
+    kw = dict(workload="forward", batch=8, seq=2048, dtype="bf16")
+    plain = estimate("Meta-Llama-3-8B", "h100", **kw)
+    boost = estimate("Meta-Llama-3-8B", "h100", gpu_clock_mhz=1980, **kw)
+    assert boost.runtime_ms == pytest.approx(plain.runtime_ms) and boost.energy_j == pytest.approx(plain.energy_j)

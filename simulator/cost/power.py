@@ -70,10 +70,10 @@ def mix_ratio(gpu: HardwareSpec, cal: CalibrationSpec, mode: "PowerMode | None",
               ) -> np.ndarray | None:
     """Per kernel, the power limit rule's ratio (power_limit_mix.compute_dynamic_ratio: a kernel that a loop holds
     at the limit draws more between other kernels, at a higher clock) under a clock cap: at most the cube law's
-    (cap / f_ref)^3, and 1 where the cap is at or below f_ref. None without a cap or a mix block (the block's own
-    ratio)."""
+    (cap / f_ref)^3, and 1 where the cap is at or below f_ref. None without a cap below boost or without a mix
+    block (the block's own ratio: a cap at the boost clock changes nothing)."""
     mix = cal.power_limit_mix
-    if mix is None or mode is None or mode.gpu_clock_mhz is None:
+    if mix is None or mode is None or mode.gpu_clock_mhz is None or mode.gpu_clock_mhz >= gpu.boost_clock_mhz:
         return None
     ref = reference_clock_mhz(gpu, cal, gpu_s, compute_s, memory_s, tensor_core)
     return np.minimum(mix.compute_dynamic_ratio, np.maximum(1.0, (mode.gpu_clock_mhz / ref) ** ALPHA_COMPUTE))
