@@ -1220,54 +1220,71 @@ def _profile_lines(rows: list[GraphsRow]) -> list[str]:
             "fill-level add_ is its own kernel."]
 
 
-FP8_DATA = Path(__file__).parent / "data" / "kernels" / "fp8-gemm-h100.jsonl"
+FP8_DATA = tuple(Path(__file__).parent / "data" / "kernels" / name
+                 for name in ("fp8-gemm-h100.jsonl", "fp8-gemm-smallm-h100.jsonl"))
 FP8_CASE = {"model": "Meta-Llama-3-8B", "workload": "prefill", "batch": 8, "seq": 2048, "dtype": "bf16"}
+FP8_DECODE = {"model": "Meta-Llama-3-8B", "workload": "decode", "seq": 1024, "dtype": "bf16", "runtime": "vllm"}
 
 
-def fp8_lines(path: Path = FP8_DATA) -> list[str]:
+def fp8_lines(paths: tuple[Path, ...] = FP8_DATA) -> list[str]:
     """fp8 W8A8 GEMMs on an H100: the torch._scaled_mm microbenchmark (tensor-wise scales, as vLLM's
-    Fp8LinearMethod) beside bf16 on the same shapes, aisim's time for each (the calibration's fp8 curve is derived
-    from these records: in sample), and a prefill under --quant fp8 on H100 and on A100 (no fp8 tensor cores)."""
+    Fp8LinearMethod) beside bf16 on the same shapes, aisim's time for each (the calibration's fp8 curves are derived
+    from these records: in sample), a prefill under --quant fp8 on H100 and on A100 (no fp8 tensor cores), and the
+    decode steps of vllm in bf16 and fp8."""
     from aisim.api import estimate
     from aisim.cost.efficiency import gemm_efficiency
     from aisim.specs import all_hardware, load_calibration
 
-    if not path.exists():
+    paths = tuple(p for p in paths if p.exists())
+    if not paths:
         return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    header = records[0]
-    cases = {(r["kernel"], r["m"], r["k"], r["n"]): r for r in records
-             if r.get("type") == "case" and r.get("status") == "ok"}
     gpu, cal = all_hardware()["h100-sxm"], load_calibration("h100-sxm")
-    lines = [f"fp8 W8A8 GEMMs (validation/data/kernels/fp8-gemm-h100.jsonl: {header.get('gpu_name')}, driver "
-             f"{header.get('driver')}, torch {header.get('torch')}, {header.get('date', '?')[:10]}; torch._scaled_mm "
-             "with tensor-wise scales, as vLLM's Fp8LinearMethod runs --quantization fp8) beside bf16 torch.mm on "
-             "the same shapes, and aisim's time for each (its fp8 curve, h100-sxm.yaml gemm_efficiency.fp8, is "
-             "derived from these records by python -m aisim.validation.scripts.derive_fp8_curve: in sample):", "",
+    runs, rows, errors = [], [], {"small": [], "large": []}
+    for path in paths:
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        header = records[0]
+        runs.append(f"validation/data/kernels/{path.name}: {header.get('gpu_name')}, driver {header.get('driver')}, "
+                    f"torch {header.get('torch')}, {header.get('date', '?')[:10]}")
+        cases = {(r["kernel"], r["m"], r["k"], r["n"]): r for r in records
+                 if r.get("type") == "case" and r.get("status") == "ok"}
+        for (kernel, m, k, n), r in sorted(cases.items(), key=lambda kv: kv[0][1:]):
+            bf16 = cases.get(("bf16", m, k, n))
+            if kernel != "fp8-tensor" or bf16 is None:
+                continue
+            flops, nbytes = 2.0 * m * n * k, m * k + k * n + 2 * m * n
+            peak = gpu.peak_for("fp8")
+            memory_bound = nbytes / gpu.memory_bw_bytes_per_s > flops / peak
+            eff = gemm_efficiency(cal, "fp8", m, n, k, flops, nbytes, memory_bound, gpu)
+            seconds = max(flops / peak, nbytes / gpu.memory_bw_bytes_per_s) / eff
+            err = 100 * (seconds * 1e3 - r["median_ms"]) / r["median_ms"]
+            errors["small" if m <= 64 else "large"].append(abs(err))
+            rows.append((m, k, n, f"| {m} | {k} | {n} | {bf16['tflops']:.1f} | {r['tflops']:.1f} | "
+                                  f"{r['tflops'] / bf16['tflops']:.2f} | {flops / seconds / 1e12:.1f} | {err:+.1f} |"))
+    lines = [f"fp8 W8A8 GEMMs ({'; '.join(runs)}; torch._scaled_mm with tensor-wise scales, as vLLM's "
+             "Fp8LinearMethod runs --quantization fp8) beside bf16 torch.mm on the same shapes, and aisim's time for "
+             "each (its fp8 curves, h100-sxm.yaml gemm_efficiency.fp8 over FLOPs and fp8-memory over bytes for the "
+             "memory-bound calls, are derived from these records by python -m "
+             "aisim.validation.scripts.derive_fp8_curve: in sample):", "",
              "| M | K | N | bf16 measured TFLOP/s | fp8 measured TFLOP/s | fp8 / bf16 | fp8 aisim TFLOP/s | error % |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    errors = []
-    for (kernel, m, k, n), r in sorted(cases.items(), key=lambda kv: kv[0][1:]):
-        bf16 = cases.get(("bf16", m, k, n))
-        if kernel != "fp8-tensor" or bf16 is None:
-            continue
-        flops, nbytes = 2.0 * m * n * k, m * k + k * n + 2 * m * n
-        peak = gpu.peak_for("fp8")
-        memory_bound = nbytes / gpu.memory_bw_bytes_per_s > flops / peak
-        eff = gemm_efficiency(cal, "fp8", m, n, k, flops, nbytes, memory_bound, gpu)
-        seconds = max(flops / peak, nbytes / gpu.memory_bw_bytes_per_s) / eff
-        err = 100 * (seconds * 1e3 - r["median_ms"]) / r["median_ms"]
-        errors.append(abs(err))
-        lines.append(f"| {m} | {k} | {n} | {bf16['tflops']:.0f} | {r['tflops']:.0f} | "
-                     f"{r['tflops'] / bf16['tflops']:.2f} | {flops / seconds / 1e12:.0f} | {err:+.1f} |")
+             "|---:|---:|---:|---:|---:|---:|---:|---:|", *(line for *_, line in sorted(rows))]
     h100 = {q: estimate(device="h100", quant=q, **FP8_CASE) for q in ("none", "fp8")}
     a100 = estimate(device="a100", quant="fp8", **FP8_CASE)
     note = next((n for n in a100.assumptions if "fp8" in n), "no note")
-    lines += ["", f"aisim's fp8 time against the measured one: MAPE {sum(errors) / max(len(errors), 1):.1f}% over "
-              f"{len(errors)} shapes. {FP8_CASE['model']} prefill {FP8_CASE['batch']} x {FP8_CASE['seq']} on an H100: "
+    decode = {(q, b): estimate(device="h100", quant=q, batch=b, **FP8_DECODE).runtime_ms
+              for q in ("none", "fp8") for b in (1, 8, 32)}
+    mape = {key: sum(v) / max(len(v), 1) for key, v in errors.items()}
+    lines += ["", f"aisim's fp8 time against the measured one: MAPE {mape['large']:.1f}% over the "
+              f"{len(errors['large'])} shapes of M >= 128, {mape['small']:.1f}% over the {len(errors['small'])} of "
+              "M <= 64 (single calls of one shape there run up to 60% slower than their neighbours in M, and the two runs' "
+              "M = 16 4096 x 4096 calls differ by 52%). "
+              f"{FP8_CASE['model']} prefill {FP8_CASE['batch']} x {FP8_CASE['seq']} on an H100: "
               f"{h100['none'].runtime_ms:.1f} ms in bf16, {h100['fp8'].runtime_ms:.1f} ms with --quant fp8 "
               "(the GEMMs at the fp8 rate, the activations quantized per call); on an A100 --quant fp8 gives "
-              f"{a100.runtime_ms:.1f} ms with the note: \"{note}\""]
+              f"{a100.runtime_ms:.1f} ms with the note: \"{note}\". {FP8_DECODE['model']} decode at context "
+              f"{FP8_DECODE['seq']} under --runtime vllm on an H100, batch 1 / 8 / 32: "
+              + " / ".join(f"{decode[('none', b)]:.2f}" for b in (1, 8, 32)) + " ms in bf16, "
+              + " / ".join(f"{decode[('fp8', b)]:.2f}" for b in (1, 8, 32)) + " ms with --quant fp8 (before the "
+              "small-M run, fp8's FLOPs curve started at M = 16 and made batch 1 slower than bf16: 6.69 ms)."]
     return lines
 
 
