@@ -111,6 +111,7 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     if rt.vendors and dev.gpu.vendor not in rt.vendors:
         raise AisimError(f"runtime {rt.name} runs on {', '.join(rt.vendors)} GPUs; {dev.gpu.name} is "
                          f"{dev.gpu.vendor}: choose another --runtime (aisim list runtimes)")
+    _check_capability(rt, dev.gpu, request.dtype, request.quant)
     power, power_note = resolve_power_mode(dev.gpu, cal, request.power_mode, request.power_limit_w,
                                            request.gpu_clock_mhz)
     notes = list(dev.assumptions) + [n for n in (catalog.defaults_note(config), *plan_notes, default_note, cal_note,
@@ -256,6 +257,20 @@ def resolve_power_mode(gpu, cal, mode: str | None, limit_w: float | None,
             "limit holds, the clock of their calibration loops), memory-bound ones keep their time until their "
             "compute floor overtakes (aisim.cost.power)" + (f"; {named.source}" if named else ""))
     return PowerMode(limit, clock), text
+
+
+def _check_capability(rt, gpu, dtype: str, quant: str) -> None:
+    """The engine refuses a dtype or quantization the GPU's compute capability lacks (RuntimeSpec
+    min_compute_capability; NVIDIA GPUs only)."""
+    if gpu.vendor != "nvidia":
+        return
+    have = tuple(int(x) for x in gpu.compute_capability.split(".")[:2])
+    for what, flag, hint in (("bf16", dtype == "bf16", "--dtype fp16"),
+                             ("fp8", quant == "fp8", "--quant int8 or int4")):
+        need = rt.min_compute_capability.get(what)
+        if flag and need and have < tuple(int(x) for x in need.split(".")[:2]):
+            raise AisimError(f"runtime {rt.name} runs {what} on compute capability {need} or newer; {gpu.name} has "
+                             f"{gpu.compute_capability}: give {hint}, or another GPU")
 
 
 MIN_CLOCK_FRACTION = 0.1  # below a tenth of the boost clock no GPU runs (DVFS tables start around 200-300 MHz)

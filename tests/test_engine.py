@@ -235,3 +235,18 @@ def test_fp8_decode_streams_half_the_bytes_and_grows_with_the_batch():
     fp8 = [estimate("Meta-Llama-3-8B", "h100", batch=b, quant="fp8", **kw).runtime_ms for b in (1, 2, 4, 8, 16, 32)]
     assert fp8[0] < 0.75 * bf16
     assert all(a <= b for a, b in zip(fp8, fp8[1:]))
+
+
+def test_vllm_refuses_bf16_and_fp8_below_compute_capability_8():
+    """vLLM refuses bf16 below compute capability 8.0 (its worker's dtype check) and fp8 (Fp8Config minimum 80):
+    a T4 or V100 plan says so in one line instead of costing it at the fp16 rate."""
+    from aisim import estimate
+    from aisim.errors import AisimError
+
+    kw = dict(workload="decode", seq=1024, runtime="vllm")
+    with pytest.raises(AisimError, match="bf16 on compute capability 8.0"):
+        estimate("Meta-Llama-3-8B", "t4", dtype="bf16", **kw)
+    with pytest.raises(AisimError, match="fp8 on compute capability 8.0"):
+        estimate("Meta-Llama-3-8B", "v100-sxm2-32gb", dtype="fp16", quant="fp8", **kw)
+    assert estimate("Meta-Llama-3-8B", "a100", dtype="bf16", quant="fp8", **kw).runtime_ms > 0
+    assert estimate("opt-1.3b", "t4", dtype="fp16", **kw).runtime_ms > 0
