@@ -200,6 +200,9 @@ def _check_workload_options(req: EstimateRequest) -> None:
     if req.workload in ("train", "forward-backward") and req.kv_dtype != "auto":
         raise AisimError(f"--kv-dtype {req.kv_dtype}: a {req.workload} step keeps no KV cache; drop --kv-dtype (it "
                          "applies to --workload prefill, decode and generate)")
+    if req.with_loss and req.workload not in ("forward", "forward-backward", "train"):
+        raise AisimError(f"--with-loss applies to --workload forward or forward-backward (the LM loss over every "
+                         f"position); a {req.workload} step computes no loss: drop --with-loss")
     if req.workload != "train" and req.optimizer != "adamw":
         raise AisimError(f"--optimizer {req.optimizer} applies to --workload train only (a {req.workload} step runs "
                          "no optimizer); drop --optimizer or use --workload train")

@@ -58,7 +58,7 @@ def estimate(
                                  "train or transcribe (speech models: a recording, in whisper.cpp's phases)"),
     batch: int = typer.Option(1, help="batch size"),
     seq: int = typer.Option(1024, help="input length; for decode the context length"),
-    gen: int = typer.Option(128, help="generate: new tokens"),
+    gen: Optional[int] = typer.Option(None, help="generate: new tokens [default: 128]"),
     dtype: str = typer.Option("fp16", help="fp32|tf32|fp16|bf16"),
     tp: Optional[int] = typer.Option(None, help="tensor parallel degree (default: the most GPUs of the device "
                                      "that divide the model's heads and widths, the rest data parallel; "
@@ -114,9 +114,12 @@ def estimate(
 
     train_plan = _train_plan(workload, dtype, precision, zero, fsdp, recompute, micro_batch, grad_accum,
                              pp_schedule, virtual_stages, bucket_mb, optimizer_impl)
+    if gen is not None and workload != "generate":
+        _fail(f"--gen applies to --workload generate only (new tokens after the prompt); drop it for {workload}")
 
     result, notes = _run(run_estimate, model=model, device=device, workload=workload, batch=batch, seq=seq,
-                         gen=gen, dtype=dtype, tp=tp, pp=pp, dp=dp, tp_scope=tp_scope, runtime=runtime,
+                         gen=128 if gen is None else gen, dtype=dtype, tp=tp, pp=pp, dp=dp, tp_scope=tp_scope,
+                         runtime=runtime,
                          calibration=calibration, with_loss=with_loss, optimizer=optimizer, quant=quant, audio_s=audio_s, beam=beam,
                          transcript_tokens=tokens, windows=windows, power_mode=power_mode,
                          power_limit_w=power_limit, gpu_clock_mhz=gpu_clock, step_tokens=step_tokens, ep=ep,

@@ -27,7 +27,8 @@ def print_estimate(e: Estimate, notes: list[str] | None = None) -> None:
         shape = f"{audio}, beam {w.beam}"
     else:
         shape = f"batch {w.batch} x seq {w.seq}"
-    title = (f"{e.model} on {e.device}: {w.phase} {shape} {w.dtype}, "
+    quant = f" ({w.quant} weights)" if w.quant != "none" else ""
+    title = (f"{e.model} on {e.device}: {w.phase} {shape} {w.dtype}{quant}, "
              f"tp {p.tp} pp {p.pp} dp {p.dp}" + (f" ep {p.ep}" if p.ep > 1 else "")
              + (f" (tp scope {p.tp_scope})" if p.tp > 1 else "") + f", runtime {e.runtime}")
     table = Table(title=title, show_header=True, header_style="bold")
@@ -165,7 +166,8 @@ SERVE_ROWS = (("request_throughput", "Request throughput (req/s)"), ("output_thr
 def print_serve(r, notes: list[str] | None = None) -> None:
     """`aisim serve`'s summary, in the order and names of vLLM's bench-serve printout."""
     m = r.metrics
-    table = Table(title=f"{r.model} on {r.device}: {r.runtime}, tp {r.plan.tp} pp {r.plan.pp}, {r.replicas} "
+    ep = f" ep {r.plan.ep}" if r.plan.ep > 1 else ""
+    table = Table(title=f"{r.model} on {r.device}: {r.runtime}, tp {r.plan.tp} pp {r.plan.pp}{ep}, {r.replicas} "
                         f"replica(s)", header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -122,6 +122,10 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
         raise AisimError("--kv-dtype fp8 with --runtime transformers-cb: transformers' continuous batching keeps its "
                          "paged cache in the model dtype (generation/continuous_batching/cache.py 166, 251-252); "
                          "use --runtime vllm for an fp8 KV cache, or leave --kv-dtype auto")
+    if request.kv_dtype == "fp8" and rt.static_cache:
+        raise AisimError(f"--kv-dtype fp8 with --runtime {rt.name}: HF's StaticCache allocates K and V in the model "
+                         "dtype (transformers cache_utils.py StaticLayer.lazy_initialization); use --runtime vllm for "
+                         "an fp8 KV cache, or leave --kv-dtype auto")
     if request.kv_dtype == "fp8" and rt.kv_cache != "preallocated":
         notes.append(f"--kv-dtype fp8 under --runtime {rt.name}: HF's DynamicCache keeps K and V in the model dtype "
                      "(transformers' quantized caches are int2/int4); the cache memory and the attention reads are "

@@ -156,3 +156,21 @@ def test_weight_only_quantization_speeds_up_a_memory_bound_decode():
 def test_sequence_beyond_the_model_positions_is_refused():
     r = run("estimate", "--model", "opt-125m", "--device", "h100", "--seq", "100000")
     assert r.exit_code == 2 and "2048 positions" in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--workload", "decode", "--gen", "999"], "--gen applies to --workload generate only"),
+    (["--workload", "decode", "--with-loss"], "--with-loss applies to"),
+    (["--workload", "decode", "--runtime", "graphs", "--kv-dtype", "fp8"], "StaticCache allocates K and V"),
+    (["--workload", "train", "--batch", "8", "--pp-schedule", "interleaved"], "needs pipeline stages"),
+])
+def test_options_a_workload_would_ignore_are_refused(args, message):
+    """New-user test: these were accepted and silently did nothing."""
+    result = runner.invoke(app, ["estimate", "--model", "Meta-Llama-3-8B", "--device", "h100", *args])
+    assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output
+
+
+def test_the_title_names_the_weight_quantization():
+    result = runner.invoke(app, ["estimate", "--model", "opt-125m", "--device", "h100", "--workload", "decode",
+                                 "--quant", "fp8"])
+    assert result.exit_code == 0 and "(fp8 weights)" in " ".join(result.output.split())

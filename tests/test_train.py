@@ -322,3 +322,17 @@ def test_training_refuses_inference_runtimes_and_its_hint_names_training_options
         estimate("Meta-Llama-3-8B", "h100", workload="train", batch=8, seq=512, dtype="bf16", runtime="vllm")
     e = estimate("Meta-Llama-3-8B", "h100", workload="train", batch=8, seq=2048, dtype="bf16")
     assert not e.fits and "--recompute full" in e.not_fit_reason and "--kv-dtype" not in e.not_fit_reason
+
+
+def test_moe_model_flops_count_the_active_parameters():
+    """MFU's N for MoE models is the active parameters (routed top-k, shared experts, router; published: Mixtral-8x7B
+    12.9B, Qwen3-30B-A3B 3.3B, OLMoE 1.3B with embeddings), not one expert's MLP."""
+    from aisim import catalog
+    from aisim.studies.train import model_flops_per_token
+
+    def active_b(model):
+        return model_flops_per_token(catalog.resolve_model(model)[1], 0) / 6 / 1e9
+
+    assert 12.5 < active_b("Mixtral-8x7B-v0.1") < 13.0
+    assert 2.9 < active_b("Qwen3-30B-A3B") < 3.3
+    assert 1.1 < active_b("OLMoE-1B-7B-0924") < 1.3

@@ -211,7 +211,9 @@ def model_flops_per_token(config: dict, seq: int) -> float:
     mean of (seq + 1) / 2 keys per query: half of PaLM's 12 L H Q T (Chowdhery et al. 2022, appendix B) and of
     Megatron's s / 6h term, which count the full square although a causal flash kernel computes only the
     triangle (aisim.formulas.attention_pairs). So MFU <= hardware FLOPs utilisation without recompute.
-    Known inaccuracies: MoE layers count one expert's MLP, not the routed top-k."""
+    MoE layers count the routed top-k experts' MLPs, the shared experts and the router (the active parameters);
+    the first dense layers of DeepSeek's MoE (first_k_dense_replace) their dense MLP. Known inaccuracy: MLA's
+    low-rank attention projections are counted as plain multi-head ones."""
     from ..graph.build import make_config
 
     hf = make_config(config)
@@ -224,6 +226,15 @@ def model_flops_per_token(config: dict, seq: int) -> float:
     attn = h * head_dim * (2 * heads + 2 * kv)
     mlp = (3 if gated else 2) * h * inter
     logits = hf.vocab_size * h
+    experts = next((config[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if config.get(k)), 0)
+    if experts:    # MoE (gated experts throughout): the routed top-k, the shared experts, the router
+        expert_inter = config.get("moe_intermediate_size") or inter
+        shared = (config.get("shared_expert_intermediate_size")
+                  or (config.get("n_shared_experts") or 0) * expert_inter)
+        moe = 3 * h * (config.get("num_experts_per_tok", 2) * expert_inter + shared) + h * experts
+        dense = min(config.get("first_k_dense_replace") or 0, layers)
+        return 6.0 * (layers * attn + dense * 3 * h * inter + (layers - dense) * moe + logits) \
+            + 6.0 * layers * heads * head_dim * (seq + 1) * (seq > 0)
     n = layers * (attn + mlp) + logits
     return 6.0 * n + 6.0 * layers * heads * head_dim * (seq + 1) * (seq > 0)
 
@@ -265,6 +276,10 @@ def train_estimate(sc: Scenario, req: TrainRequest):
     from ..results import Estimate
     from ..workload import Workload
 
+    if req.plan.pp_schedule == "interleaved" and sc.plan.pp == 1:
+        from ..errors import AisimError
+
+        raise AisimError("--pp-schedule interleaved needs pipeline stages: give --pp 2 or more, or drop it")
     r = train(sc, req)
     options = traced_options(req.plan)
     w = Workload(phase="train", batch=req.batch, seq=req.seq, dtype=options["dtype"], autocast=options["autocast"],
