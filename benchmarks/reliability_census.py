@@ -73,6 +73,8 @@ def cli_cases() -> list[tuple[str, list[str], str]]:
     out += [("decode --seq 1", dec + ["--seq", "1"], "error"), ("decode --seq 2", dec + ["--seq", "2"], "ok"),
             ("generate --gen 4", base + ["--workload", "generate", "--gen", "4"], "ok"),
             ("generate --gen 1", base + ["--workload", "generate", "--gen", "1"], "ok"),
+            *((f"generate --gen {v}", base + ["--workload", "generate", "--gen", v], "error")
+              for v in ("0", "-1", str(10**9))),
             ("tp-scope full x2", base[:4] + [f"{DEV}x2", "--seq", "64", "--tp-scope", "full", "--json"], "ok"),
             ("opt-1.3b full tp2", ["estimate", "-m", "opt-1.3b", "-d", f"{DEV}x2", "--seq", "64", "--tp-scope",
                                    "full", "--json"], "ok"),

@@ -19,6 +19,8 @@ from .workload import MAX_AUDIO_S, MAX_BATCH, MAX_TOKENS, Phase, StepShape, Trai
 
 __all__ = ["estimate", "serve_bench", "estimate_transcript", "EstimateRequest"]
 
+DEFAULT_GEN = 128   # new tokens of a generate workload when --gen is not given
+
 
 class EstimateRequest(ScenarioRequest):
     """Everything ``estimate`` takes: the scenario, plus the workload."""
@@ -27,7 +29,7 @@ class EstimateRequest(ScenarioRequest):
     workload: Phase = "forward"
     batch: int = Field(1, ge=1, le=MAX_BATCH)
     seq: int = Field(1024, ge=1, le=MAX_TOKENS)
-    gen: int = Field(128, ge=1, le=MAX_TOKENS)
+    gen: Optional[int] = Field(None, ge=1, le=MAX_TOKENS, description="generate: new tokens (default 128)")
     step_tokens: int = Field(1, ge=1, le=MAX_TOKENS)
     static_cache_len: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)
     audio_s: Optional[float] = Field(None, gt=0, le=MAX_AUDIO_S)
@@ -43,7 +45,7 @@ class EstimateRequest(ScenarioRequest):
 
 
 def estimate(model: Union[str, Path], device: Union[str, Path, Device], workload: Phase = "forward",
-             batch: int = 1, seq: int = 1024, gen: int = 128,
+             batch: int = 1, seq: int = 1024, gen: Optional[int] = None,
              dtype: Literal["fp32", "tf32", "fp16", "bf16"] = "fp16", tp: Optional[int] = None, pp: int = 1,
              dp: Optional[int] = None, tp_scope: Literal["all", "full", "mlp", "attention"] = "all",
              runtime: Union[str, RuntimeSpec, None] = None,
@@ -153,7 +155,7 @@ def run(req: EstimateRequest) -> Estimate:
         raise AisimError(f"--step-tokens {req.step_tokens}: new tokens per row of a --workload decode call, at most "
                          f"--seq (the context after the step, {req.seq})")
     if req.static_cache_len is not None:
-        need = req.seq + (req.gen if req.workload == "generate" else 0)
+        need = req.seq + ((req.gen or DEFAULT_GEN) if req.workload == "generate" else 0)
         if req.workload not in ("decode", "generate"):
             raise AisimError(f"--static-cache-len applies to --workload decode or generate only (got --workload "
                              f"{req.workload}); drop it, or estimate the decode step")
@@ -173,7 +175,7 @@ def run(req: EstimateRequest) -> Estimate:
     if req.workload == "generate":
         from .studies.generate import generate
 
-        result = generate(sc, req.batch, req.seq, req.gen, req.static_cache_len)
+        result = generate(sc, req.batch, req.seq, req.gen or DEFAULT_GEN, req.static_cache_len)
     elif req.workload == "transcribe":
         from .studies.transcribe import transcribe
 
@@ -201,8 +203,11 @@ def _check_workload_options(req: EstimateRequest) -> None:
         raise AisimError(f"--kv-dtype {req.kv_dtype}: a {req.workload} step keeps no KV cache; drop --kv-dtype (it "
                          "applies to --workload prefill, decode and generate)")
     if req.with_loss and req.workload not in ("forward", "forward-backward", "train"):
-        raise AisimError(f"--with-loss applies to --workload forward or forward-backward (the LM loss over every "
-                         f"position); a {req.workload} step computes no loss: drop --with-loss")
+        raise AisimError(f"--with-loss applies to --workload forward, forward-backward or train (the LM loss over "
+                         f"every position); a {req.workload} step computes no loss: drop --with-loss")
+    if req.gen is not None and req.workload != "generate":
+        raise AisimError(f"--gen applies to --workload generate only (new tokens after the prompt); drop it for "
+                         f"{req.workload}")
     if req.workload != "train" and req.optimizer != "adamw":
         raise AisimError(f"--optimizer {req.optimizer} applies to --workload train only (a {req.workload} step runs "
                          "no optimizer); drop --optimizer or use --workload train")

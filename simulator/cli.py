@@ -114,13 +114,11 @@ def estimate(
 
     train_plan = _train_plan(workload, dtype, precision, zero, fsdp, recompute, micro_batch, grad_accum,
                              pp_schedule, virtual_stages, bucket_mb, optimizer_impl)
-    if gen is not None and workload != "generate":
-        _fail(f"--gen applies to --workload generate only (new tokens after the prompt); drop it for {workload}")
 
     result, notes = _run(run_estimate, model=model, device=device, workload=workload, batch=batch, seq=seq,
-                         gen=128 if gen is None else gen, dtype=dtype, tp=tp, pp=pp, dp=dp, tp_scope=tp_scope,
-                         runtime=runtime,
-                         calibration=calibration, with_loss=with_loss, optimizer=optimizer, quant=quant, audio_s=audio_s, beam=beam,
+                         gen=gen, dtype=dtype, tp=tp, pp=pp, dp=dp, tp_scope=tp_scope, runtime=runtime,
+                         calibration=calibration, with_loss=with_loss, optimizer=optimizer, quant=quant,
+                         audio_s=audio_s, beam=beam,
                          transcript_tokens=tokens, windows=windows, power_mode=power_mode,
                          power_limit_w=power_limit, gpu_clock_mhz=gpu_clock, step_tokens=step_tokens, ep=ep,
                          kv_dtype=kv_dtype, train=train_plan, nodes=nodes, token_budget=token_budget,
@@ -141,12 +139,16 @@ def _train_plan(workload, dtype, precision, zero, fsdp, recompute, micro_batch, 
              "recompute": None if recompute == "none" else recompute, "micro_batch": micro_batch,
              "grad_accum": grad_accum, "pp_schedule": None if pp_schedule == "1f1b" else pp_schedule,
              "bucket_mb": None if bucket_mb == 25.0 else bucket_mb,
-             "optimizer_impl": None if optimizer_impl == "fused" else optimizer_impl}
+             "optimizer_impl": None if optimizer_impl == "fused" else optimizer_impl,
+             "virtual_stages": None if virtual_stages == 2 else virtual_stages}
     if workload != "train":
         extra = [k for k, v in given.items() if v is not None]
         if extra:
             _fail(f"--{extra[0].replace('_', '-')} applies to --workload train only")
         return None
+    if given["virtual_stages"] is not None and pp_schedule != "interleaved":
+        _fail("--virtual-stages applies to --pp-schedule interleaved (model chunks per pipeline stage); add it or "
+              "drop --virtual-stages")
     from .studies.train import DTYPE_PRECISION
 
     try:

@@ -265,16 +265,27 @@ def resolve_power_mode(gpu, cal, mode: str | None, limit_w: float | None,
 
 def _check_capability(rt, gpu, dtype: str, quant: str) -> None:
     """The engine refuses a dtype or quantization the GPU's compute capability lacks (RuntimeSpec
-    min_compute_capability; NVIDIA GPUs only)."""
-    if gpu.vendor != "nvidia":
+    min_compute_capability; NVIDIA GPUs only); every refusal in one line."""
+    if gpu.vendor != "nvidia" or not rt.min_compute_capability:
         return
-    have = tuple(int(x) for x in gpu.compute_capability.split(".")[:2])
-    for what, flag, hint in (("bf16", dtype == "bf16", "--dtype fp16"),
-                             ("fp8", quant == "fp8", "--quant int8 or int4")):
-        need = rt.min_compute_capability.get(what)
-        if flag and need and have < tuple(int(x) for x in need.split(".")[:2]):
-            raise AisimError(f"runtime {rt.name} runs {what} on compute capability {need} or newer; {gpu.name} has "
-                             f"{gpu.compute_capability}: give {hint}, or another GPU")
+    have = _capability(gpu.compute_capability)
+    missing = [(what, need, hint) for what, given, hint in (("bf16", dtype == "bf16", "--dtype fp16"),
+                                                            ("fp8", quant == "fp8", "--quant int8 or int4"))
+               if given and (need := rt.min_compute_capability.get(what)) and have is not None
+               and have < _capability(need)]
+    if missing:
+        raise AisimError(f"runtime {rt.name} runs " + " and ".join(f"{what} on compute capability {need} or newer"
+                                                                   for what, need, _ in missing)
+                         + f"; {gpu.name} has {gpu.compute_capability}: give "
+                         + " and ".join(hint for *_, hint in missing) + ", or another GPU")
+
+
+def _capability(text: str) -> tuple[int, int] | None:
+    """'8.9' -> (8, 9); None where the spec's string is not MAJOR.MINOR (a user GPU's '9.0a': not checked)."""
+    import re
+
+    match = re.match(r"(\d+)\.(\d+)", text or "")
+    return (int(match[1]), int(match[2])) if match else None
 
 
 MIN_CLOCK_FRACTION = 0.1  # below a tenth of the boost clock no GPU runs (DVFS tables start around 200-300 MHz)

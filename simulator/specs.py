@@ -236,7 +236,9 @@ class CalibrationSpec(Spec):
     device: str
     measured: bool = Field(description="true: microbenchmarks on the device; false: documented default rules")
     provenance: dict[str, str]
-    gemm_efficiency: dict[str, Curve] = Field(description="per dtype: efficiency vs FLOPs of one GEMM")
+    gemm_efficiency: dict[str, Curve] = Field(description="per dtype: efficiency vs log10 FLOPs of one GEMM; "
+                                              "'<dtype>-memory' (e.g. fp8-memory): the dtype's memory-bound calls, "
+                                              "efficiency vs log10 bytes moved (cost.efficiency.gemm_efficiency)")
     gemm_tables: dict[str, GemmTable] = Field(default_factory=dict)
     attention_efficiency: dict[str, Curve] = Field(description="per dtype: efficiency vs FLOPs of one attention call")
     memory_efficiency: Curve = Field(description="achieved fraction of memory bandwidth vs bytes moved")
@@ -540,7 +542,7 @@ class RuntimeSpec(Spec):
     matvec_max_tokens: int = Field(0, ge=0, description="matmuls of at most this many tokens (rows) run as the "
                                    "engine's weight-streaming mat-vec kernels: costed on the memory curve")
     vendors: list[str] | None = Field(None, description="GPU vendors the engine runs on (all if absent)")
-    min_compute_capability: dict[Literal["bf16", "fp8"], str] = Field(
+    min_compute_capability: dict[Literal["bf16", "fp8"], Annotated[str, Field(pattern=r"^\d+\.\d+$")]] = Field(
         default_factory=dict, description="the lowest NVIDIA compute capability on which the engine runs bf16 models "
         "(bf16) or fp8 quantization (fp8); cite the check in source")
     prefill_logits: Literal["last", "all"] = Field("last", description="logits at prefill: last position only "

@@ -163,6 +163,8 @@ def test_sequence_beyond_the_model_positions_is_refused():
     (["--workload", "decode", "--with-loss"], "--with-loss applies to"),
     (["--workload", "decode", "--runtime", "graphs", "--kv-dtype", "fp8"], "StaticCache allocates K and V"),
     (["--workload", "train", "--batch", "8", "--pp-schedule", "interleaved"], "needs pipeline stages"),
+    (["--workload", "train", "--batch", "8", "--virtual-stages", "4"], "applies to --pp-schedule interleaved"),
+    (["--workload", "decode", "--virtual-stages", "4"], "applies to --workload train only"),
 ])
 def test_options_a_workload_would_ignore_are_refused(args, message):
     """New-user test: these were accepted and silently did nothing."""
@@ -174,3 +176,14 @@ def test_the_title_names_the_weight_quantization():
     result = runner.invoke(app, ["estimate", "--model", "opt-125m", "--device", "h100", "--workload", "decode",
                                  "--quant", "fp8"])
     assert result.exit_code == 0 and "(fp8 weights)" in " ".join(result.output.split())
+
+
+def test_the_api_refuses_gen_outside_generate_and_defaults_it_there():
+    import aisim
+    from aisim.errors import AisimError
+
+    with pytest.raises(AisimError, match="--gen applies to --workload generate only"):
+        aisim.estimate("opt-125m", "h100", workload="decode", gen=999)
+    default = aisim.estimate("opt-125m", "h100", workload="generate", seq=64)
+    assert default.runtime_ms == pytest.approx(aisim.estimate("opt-125m", "h100", workload="generate", seq=64,
+                                                              gen=128).runtime_ms)

@@ -250,3 +250,27 @@ def test_vllm_refuses_bf16_and_fp8_below_compute_capability_8():
         estimate("Meta-Llama-3-8B", "v100-sxm2-32gb", dtype="fp16", quant="fp8", **kw)
     assert estimate("Meta-Llama-3-8B", "a100", dtype="bf16", quant="fp8", **kw).runtime_ms > 0
     assert estimate("opt-1.3b", "t4", dtype="fp16", **kw).runtime_ms > 0
+
+
+def test_capability_refusals_come_together_and_unusual_capability_strings_pass():
+    from aisim.errors import AisimError
+    from aisim.scenario import _capability, _check_capability
+    from aisim.specs import all_hardware, all_runtimes
+
+    vllm, t4 = all_runtimes()["vllm"], all_hardware()["t4"]
+    with pytest.raises(AisimError, match="bf16 .* and fp8 .*--dtype fp16 and --quant"):
+        _check_capability(vllm, t4, "bf16", "fp8")
+    assert _capability("9.0a") == (9, 0) and _capability("gfx942") is None
+    _check_capability(vllm, t4.model_copy(update={"compute_capability": "sm_75"}), "bf16", "none")   # not checked
+    _check_capability(all_runtimes()["eager"], t4, "bf16", "fp8")                                  # no minimum
+
+
+def test_fp8_decode_on_the_h200_streams_too():
+    """h200.yaml has GEMM tables but no fp8 curve: a memory-bound fp8 GEMM takes the default rules' memory-bound
+    GEMM curve over bytes (it took the fp16 FLOPs curve: batch 1 slower than bf16 and than batch 2)."""
+    from aisim import estimate
+
+    kw = dict(workload="decode", seq=1024, dtype="bf16", runtime="vllm")
+    bf16 = estimate("Meta-Llama-3-8B", "h200", batch=1, **kw).runtime_ms
+    fp8 = [estimate("Meta-Llama-3-8B", "h200", batch=b, quant="fp8", **kw).runtime_ms for b in (1, 2, 4, 8, 16, 32)]
+    assert fp8[0] < 0.75 * bf16 and all(a <= b for a, b in zip(fp8, fp8[1:]))

@@ -1275,8 +1275,8 @@ def fp8_lines(paths: tuple[Path, ...] = FP8_DATA) -> list[str]:
     mape = {key: sum(v) / max(len(v), 1) for key, v in errors.items()}
     lines += ["", f"aisim's fp8 time against the measured one: MAPE {mape['large']:.1f}% over the "
               f"{len(errors['large'])} shapes of M >= 128, {mape['small']:.1f}% over the {len(errors['small'])} of "
-              "M <= 64 (single calls of one shape there run up to 60% slower than their neighbours in M, and the two runs' "
-              "M = 16 4096 x 4096 calls differ by 52%). "
+              "M <= 64 (single calls of one shape there run up to 60% slower than their neighbours in M, and the two "
+              "runs' M = 16 4096 x 4096 calls differ by 52%). "
               f"{FP8_CASE['model']} prefill {FP8_CASE['batch']} x {FP8_CASE['seq']} on an H100: "
               f"{h100['none'].runtime_ms:.1f} ms in bf16, {h100['fp8'].runtime_ms:.1f} ms with --quant fp8 "
               "(the GEMMs at the fp8 rate, the activations quantized per call); on an A100 --quant fp8 gives "

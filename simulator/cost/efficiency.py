@@ -132,8 +132,8 @@ def gemm_efficiency(cal: CalibrationSpec, dtype: str, m: int, n: int, k: int, fl
                     memory_bound: bool = False, gpu: HardwareSpec | None = None, batched: bool = False) -> float:
     """From the M x N x K table where the op has GEMM dimensions (a memory-bound entry read on another GPU than the
     table's: ``transferred_memory_efficiency``); else, below the ridge point, from the dtype's own memory-bound curve
-    over bytes (gemm_efficiency['<dtype>-memory'], e.g. fp8-memory) or the memory-bound GEMM curve; else (and for
-    convolutions) from the FLOPs curve."""
+    over bytes (gemm_efficiency['<dtype>-memory'], e.g. fp8-memory), the file's memory-bound GEMM curve or the
+    default rules' one; else (and for convolutions) from the FLOPs curve."""
     table = cal.gemm_tables.get(dtype)
     if table is not None and min(m, n, k) > 0:
         value = gemm_table_value(table, m, n, k)
@@ -141,9 +141,13 @@ def gemm_efficiency(cal: CalibrationSpec, dtype: str, m: int, n: int, k: int, fl
         if tiles is not None and gpu is not None and not memory_bound and not batched:   # rule of 2-D mm sweeps
             value *= wave_factor(tiles, table, m, n, gpu.sm_count)
         return transferred_memory_efficiency(cal, value, nbytes, gpu, flops, dtype) if memory_bound else value
-    streaming = cal.gemm_efficiency.get(f"{dtype}-memory")    # this dtype's own memory-bound curve over bytes
-    if memory_bound and (streaming or cal.gemm_memory_efficiency) is not None:
-        return curve_value(streaming or cal.gemm_memory_efficiency, _log_x(nbytes, size_scale(cal, gpu, "bytes")))
+    if memory_bound:
+        # this dtype's own memory-bound curve over bytes, else the file's, else the default rules' (a measured file
+        # with tables only, e.g. h200.yaml, has neither for fp8: its FLOPs curve would be the fp16 one)
+        streaming = (cal.gemm_efficiency.get(f"{dtype}-memory") or cal.gemm_memory_efficiency
+                     or default_calibration().gemm_memory_efficiency)
+        if streaming is not None:
+            return curve_value(streaming, _log_x(nbytes, size_scale(cal, gpu, "bytes")))
     curve = cal.gemm_efficiency.get(dtype) or cal.gemm_efficiency.get("fp16")
     return curve_value(curve, _log_x(flops, size_scale(cal, gpu, "flops")))
 
