@@ -336,3 +336,7 @@ def test_moe_model_flops_count_the_active_parameters():
     assert 12.5 < active_b("Mixtral-8x7B-v0.1") < 13.0
     assert 2.9 < active_b("Qwen3-30B-A3B") < 3.3
     assert 1.1 < active_b("OLMoE-1B-7B-0924") < 1.3
+    from aisim.studies.train import matmul_params
+
+    held = matmul_params(catalog.resolve_model("Mixtral-8x7B-v0.1")[1], active=False) / 1e9    # plan train's bound
+    assert 46.0 < held < 47.0     # published 46.7B with the embedding

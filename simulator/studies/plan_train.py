@@ -36,7 +36,7 @@ from ..step import step_cost
 from ..workload import MAX_BATCH, MAX_TOKENS, ParallelPlan, Precision, Recompute, StepShape, TrainPlan
 from .common import refuse_gpu_count
 from .single import check_positions
-from .train import PRECISION_DTYPE, TrainRequest, model_flops_per_token, multi_node_device, traced_options, train
+from .train import PRECISION_DTYPE, TrainRequest, matmul_params, multi_node_device, traced_options, train
 
 J_PER_MWH = 3.6e9
 RECOMPUTE_ORDER = ("none", "selective", "full")   # work added, lightest first; memory saved, least first
@@ -244,7 +244,7 @@ def _search(req: PlanTrainRequest, sc: Scenario, counts: dict, pruned: dict, tra
     gpus = sc.device.count
     per_node = (sc.device.system.gpus_per_node if sc.device.system and sc.device.system.gpus_per_node
                 else sc.device.count)
-    params = (model_flops_per_token(sc.config, 0) / 6.0)
+    params = matmul_params(sc.config, active=False)     # every expert of an MoE is held
     out = []
     for tp in req.tp:
         for pp in req.pp:

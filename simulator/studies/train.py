@@ -204,17 +204,28 @@ def _backward_fraction(sc: Scenario, w) -> float:
 def model_flops_per_token(config: dict, seq: int) -> float:
     """Model FLOPs of training one token (no recompute): 6 N + 6 L d_attn (seq + 1).
 
-    N counts the weight matmuls of the decoder layers (attention projections, MLP) and the logit layer, not the
-    input embedding (a lookup): Megatron's model FLOPs (Narayanan et al. 2021, appendix; Korthikanti et al. 2022
-    use it for MFU), each matmul once forward and twice backward, 2 FLOPs per multiply-add. The attention term
-    counts QK^T and PV (4 d_attn FLOPs per query-key pair forward, 12 with backward) over the causal triangle, a
-    mean of (seq + 1) / 2 keys per query: half of PaLM's 12 L H Q T (Chowdhery et al. 2022, appendix B) and of
-    Megatron's s / 6h term, which count the full square although a causal flash kernel computes only the
-    triangle (aisim.formulas.attention_pairs). So MFU <= hardware FLOPs utilisation without recompute.
-    MoE layers count the routed top-k experts' MLPs, the shared experts and the router (the active parameters);
-    the first dense layers of DeepSeek's MoE (first_k_dense_replace) their dense MLP. Known inaccuracy: MLA's
-    low-rank attention projections are counted as plain multi-head ones."""
+    N (matmul_params, active) counts the weight matmuls of the decoder layers (attention projections, MLP) and the
+    logit layer, not the input embedding (a lookup): Megatron's model FLOPs (Narayanan et al. 2021, appendix;
+    Korthikanti et al. 2022 use it for MFU), each matmul once forward and twice backward, 2 FLOPs per multiply-add.
+    The attention term counts QK^T and PV (4 d_attn FLOPs per query-key pair forward, 12 with backward) over the
+    causal triangle, a mean of (seq + 1) / 2 keys per query: half of PaLM's 12 L H Q T (Chowdhery et al. 2022,
+    appendix B) and of Megatron's s / 6h term, which count the full square although a causal flash kernel computes
+    only the triangle (aisim.formulas.attention_pairs). So MFU <= hardware FLOPs utilisation without recompute."""
     from ..graph.build import make_config
+
+    hf = make_config(config)
+    heads = hf.num_attention_heads
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
+    return 6.0 * matmul_params(config) + 6.0 * hf.num_hidden_layers * heads * head_dim * (seq + 1) * (seq > 0)
+
+
+def matmul_params(config: dict, active: bool = True) -> float:
+    """Weights of the decoder layers' matmuls and the logit layer (not the input embedding). MoE layers: the routed
+    top-k experts, the shared experts and the router with ``active`` (what a token runs through: MFU), every expert
+    without (what the GPUs hold: the planner's memory bound); DeepSeek's first dense layers (first_k_dense_replace)
+    their dense MLP. Known inaccuracy: MLA's low-rank attention projections are counted as plain multi-head ones."""
+    from ..graph.build import make_config
+    from ..graph.engine import EXPERT_COUNT_KEYS, TOP_K_KEYS
 
     hf = make_config(config)
     h, layers = hf.hidden_size, hf.num_hidden_layers
@@ -224,19 +235,17 @@ def model_flops_per_token(config: dict, seq: int) -> float:
     inter = getattr(hf, "intermediate_size", None) or getattr(hf, "n_inner", None) or 4 * h
     gated = getattr(hf, "hidden_act", "gelu") in ("silu", "swiglu") or hf.model_type in ("llama", "mistral", "qwen2")
     attn = h * head_dim * (2 * heads + 2 * kv)
-    mlp = (3 if gated else 2) * h * inter
     logits = hf.vocab_size * h
-    experts = next((config[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if config.get(k)), 0)
-    if experts:    # MoE (gated experts throughout): the routed top-k, the shared experts, the router
-        expert_inter = config.get("moe_intermediate_size") or inter
-        shared = (config.get("shared_expert_intermediate_size")
-                  or (config.get("n_shared_experts") or 0) * expert_inter)
-        moe = 3 * h * (config.get("num_experts_per_tok", 2) * expert_inter + shared) + h * experts
-        dense = min(config.get("first_k_dense_replace") or 0, layers)
-        return 6.0 * (layers * attn + dense * 3 * h * inter + (layers - dense) * moe + logits) \
-            + 6.0 * layers * heads * head_dim * (seq + 1) * (seq > 0)
-    n = layers * (attn + mlp) + logits
-    return 6.0 * n + 6.0 * layers * heads * head_dim * (seq + 1) * (seq > 0)
+    experts = next((config[k] for k in EXPERT_COUNT_KEYS if config.get(k)), 0)
+    if not experts:
+        return float(layers * (attn + (3 if gated else 2) * h * inter) + logits)
+    # MoE (gated experts throughout)
+    expert_inter = config.get("moe_intermediate_size") or inter
+    shared = config.get("shared_expert_intermediate_size") or (config.get("n_shared_experts") or 0) * expert_inter
+    routed = next((config[k] for k in TOP_K_KEYS if config.get(k)), 2) if active else experts
+    moe = 3 * h * (routed * expert_inter + shared) + h * experts
+    dense = min(config.get("first_k_dense_replace") or 0, layers)
+    return float(layers * attn + dense * 3 * h * inter + (layers - dense) * moe + logits)
 
 
 def _notes(plan: TrainPlan, par, b: int, m: int, optimizer: str = "AdamW") -> list[str]:
