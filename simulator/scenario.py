@@ -281,7 +281,8 @@ def _check_capability(rt, gpu, dtype: str, quant: str) -> None:
 
 
 def _capability(text: str) -> tuple[int, int] | None:
-    """'8.9' -> (8, 9); None where the spec's string is not MAJOR.MINOR (a user GPU's '9.0a': not checked)."""
+    """'8.9' -> (8, 9), '9.0a' -> (9, 0); None where the spec's string does not start with MAJOR.MINOR (a user
+    GPU's 'sm_75': not checked)."""
     import re
 
     match = re.match(r"(\d+)\.(\d+)", text or "")
