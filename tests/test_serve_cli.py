@@ -365,3 +365,19 @@ def test_serve_takes_expert_parallelism_inside_a_replica():
     assert json.loads(r.output)["plan"]["ep"] == 2
     dense = runner.invoke(app, ["serve", "--model", "opt-125m", "--device", "h100", "--ep", "2", "--num-requests", "20"])
     assert dense.exit_code != 0 and "mixture-of-experts models only" in dense.output
+
+
+def test_a_pipeline_parallel_step_runs_its_stages_one_after_another():
+    """New-user test: serve --pp 2 reported half the per-token latency (one stage's time). At low load a decode
+    step of pp 2 takes about what estimate's pp-2 decode step does, and no less than one GPU's."""
+    import aisim
+
+    r = runner.invoke(app, ["serve", "--model", "Meta-Llama-3-8B", "--device", "h100x2", "--pp", "2", "--runtime",
+                            "vllm", "--num-requests", "20", "--rate", "0.2", "--input-len", "512", "--output-len",
+                            "64", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    step = aisim.estimate("Meta-Llama-3-8B", "h100x2", pp=2, workload="decode", batch=1, seq=576, dtype="bf16",
+                          runtime="vllm").runtime_ms
+    assert abs(out["metrics"]["median_tpot_ms"] / step - 1) < 0.15
+    assert any("stages one after another" in n for n in out["assumptions"])

@@ -213,7 +213,9 @@ class StepCostTimer:
         cpu_s = float(np.interp(n, self.grid, self.dense_cpu_s)) + self._engine_cpu_s()
         power_w = float(np.interp(n, self.grid, self.power_w))
         host_s = self._host_s(shape)
-        time_s = max(gpu_s, cpu_s) + host_s
+        # a step runs its pipeline stages one after another (gpu_s / cpu_s are one stage's, as step_cost's busy
+        # times; power_w is the whole step's, waiting stages included)
+        time_s = self.sc.plan.pp * max(gpu_s, cpu_s) + host_s
         return time_s, power_w * time_s
 
     def _host_s(self, shape: BatchShape) -> float:
