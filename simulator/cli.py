@@ -228,6 +228,12 @@ def serve_bench(
         report.print_serve_bench(result)
 
 
+# serve and plan serve without --runtime: the engine this project measures, said so (its decode steps under load are
+# several times vLLM's)
+DEFAULT_ENGINE_NOTE = ("--runtime not given: transformers-cb, transformers' continuous batching (the engine measured "
+                       "here: docs/accuracy.md, serving); for a vLLM deployment give --runtime vllm")
+
+
 def _given(ctx: typer.Context, *names: str) -> tuple[str, ...]:
     """The flags of ``names`` that the command line gave (not their defaults). The source is compared by name:
     typer may carry its own copy of click's ParameterSource enum."""
@@ -292,6 +298,9 @@ def serve(
 
     _output_path(per_request, "--per-request")
     (result, run, notes), _ = _run(go)
+    if not _given(ctx, "runtime"):
+        notes = [DEFAULT_ENGINE_NOTE, *notes]
+        result = result.model_copy(update={"assumptions": [DEFAULT_ENGINE_NOTE, *result.assumptions]})
     if per_request is not None:
         from .studies.serve import write_requests_csv
         _run(write_requests_csv, run.requests, per_request)
@@ -353,6 +362,7 @@ def _write_rows(path: Path, rows: list) -> None:
 
 @plan_app.command("serve")
 def plan_serve_cmd(
+    ctx: typer.Context,
     model: str = typer.Option(..., "--model", "-m"),
     devices: str = typer.Option("h100,a100,l4", help="comma-separated GPUs, or all"),
     runtimes: str = typer.Option("transformers-cb", "--runtimes", "--runtime",
@@ -399,6 +409,8 @@ def plan_serve_cmd(
     _output_path(csv_out, "--csv")
     _output_path(plot, "--plot")
     result, _ = _run(go)
+    if not _given(ctx, "runtimes"):
+        result = result.model_copy(update={"assumptions": [DEFAULT_ENGINE_NOTE, *result.assumptions]})
     if csv_out:
         _write_or_fail(csv_out, report.write_plan_csv, result, csv_out)
     if plot:

@@ -381,3 +381,22 @@ def test_a_pipeline_parallel_step_runs_its_stages_one_after_another():
                           runtime="vllm").runtime_ms
     assert abs(out["metrics"]["median_tpot_ms"] / step - 1) < 0.15
     assert any("stages one after another" in n for n in out["assumptions"])
+
+
+def test_serve_says_which_engine_it_defaults_to():
+    r = runner.invoke(app, ["serve", "--model", "opt-125m", "--device", "h100", "--num-requests", "10", "--rate",
+                            "2", "--input-len", "64", "--output-len", "8", "--json"])
+    assert r.exit_code == 0, r.output
+    assert any("--runtime not given: transformers-cb" in a for a in json.loads(r.output)["assumptions"])
+    r = runner.invoke(app, ["serve", "--model", "opt-125m", "--device", "h100", "--num-requests", "10", "--rate",
+                            "2", "--input-len", "64", "--output-len", "8", "--runtime", "vllm", "--json"])
+    assert not any("--runtime not given" in a for a in json.loads(r.output)["assumptions"])
+
+
+def test_plan_serve_refuses_a_percentile_beyond_100():
+    from aisim.errors import AisimError
+    from aisim.studies.plan_serve import parse_slo
+
+    with pytest.raises(AisimError, match="percentile between 0 and 100"):
+        parse_slo("ttft_p101_ms=10")
+    assert parse_slo("ttft_p99.9_ms=10") == {"p99.9_ttft_ms": 10.0}

@@ -123,6 +123,9 @@ def parse_slo(text: str) -> dict[str, float]:
         if not SLO_KEY.match(key):
             raise AisimError(f"--slo {part!r}: name a latency like ttft_p90_ms, tpot_p50_ms, e2el_p99_ms or "
                              "mean_tpot_ms, then =milliseconds")
+        pct = re.match(r"^p(\d+(?:\.\d+)?)_", key)
+        if pct and not 0 < float(pct.group(1)) < 100:
+            raise AisimError(f"--slo {part!r}: a percentile between 0 and 100 (exclusive), e.g. p90 or p99.9")
         try:
             out[key] = float(value)
         except ValueError:
