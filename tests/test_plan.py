@@ -262,3 +262,14 @@ def test_bursty_arrivals_never_need_fewer_gpus():
     assert runs["gamma:4"].min_gpus_per_device.get("l4", math.inf) >= runs["poisson"].min_gpus_per_device["l4"]
     with pytest.raises(Exception, match="arrival"):
         plan_request(**SERVE, rate_per_s=1.0, arrival="gamma:x")
+
+
+def test_plan_train_says_which_shape_rule_pruned_everything():
+    """New-user test: 'every candidate was pruned: shape (96)' did not say which degree failed."""
+    from typer.testing import CliRunner
+
+    from aisim.cli import app
+
+    r = CliRunner().invoke(app, ["plan", "train", "--model", "Meta-Llama-3-8B", "--tokens", "1e11", "--devices",
+                                 "h100", "--gpus", "64", "--tp", "3"])
+    assert "shape: tp x pp does not divide the GPUs" in " ".join(r.output.split())

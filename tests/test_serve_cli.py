@@ -400,3 +400,9 @@ def test_plan_serve_refuses_a_percentile_beyond_100():
     with pytest.raises(AisimError, match="percentile between 0 and 100"):
         parse_slo("ttft_p101_ms=10")
     assert parse_slo("ttft_p99.9_ms=10") == {"p99.9_ttft_ms": 10.0}
+
+
+def test_vllm_refuses_swap_preemption():
+    r = runner.invoke(app, ["serve", "--model", "opt-125m", "--device", "h100", "--runtime", "vllm",
+                            "--preemption-mode", "swap", "--num-requests", "10"])
+    assert r.exit_code != 0 and "preempts by recomputing only" in r.output

@@ -275,7 +275,8 @@ def _micro_batches(req, sc, tp, pp, dp, plan, why, counts, pruned, traced) -> li
             if reason is None and recompute in too_big:
                 reason = "activations: a smaller micro-batch does not fit"
             if reason:
-                key = reason.split(":")[0]
+                # a shape reason keeps its detail (which degree does not divide what); the others their kind
+                key = reason if reason.startswith("shape:") else reason.split(":")[0]
                 pruned[key] = pruned.get(key, 0) + 1
                 continue
             cand = _evaluate(req, sc, tp, pp, dp,

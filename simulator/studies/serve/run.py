@@ -167,9 +167,14 @@ def engine_config(sc: Scenario, knobs: dict[str, Any]) -> tuple[EngineConfig, Kv
     return cfg, cap
 
 
+# engines without swap preemption, with the source that says so
+RECOMPUTE_ONLY = {"vllm": "vLLM V1's scheduler frees and recomputes, v1/core/sched/scheduler.py; swap was dropped with "
+                          "V0"}
+
+
 def _check_knobs(runtime: str, values: dict[str, Any]) -> None:
-    """The memory fraction and block size the engine would accept (vLLM's CacheConfig: gpu_memory_utilization
-    gt=0, le=1; block sizes in BLOCK_SIZES)."""
+    """The memory fraction, block size and preemption mode the engine would accept (vLLM's CacheConfig:
+    gpu_memory_utilization gt=0, le=1; block sizes in BLOCK_SIZES; RECOMPUTE_ONLY)."""
     util = values["gpu_memory_utilization"]
     if not 0 < util <= 1:
         raise AisimError(f"--gpu-memory-utilization: give a fraction of GPU memory in (0, 1], e.g. 0.9 (got {util:g})")
@@ -177,6 +182,9 @@ def _check_knobs(runtime: str, values: dict[str, Any]) -> None:
     size = values["block_size"]
     if (allowed is not None and size not in allowed) or size < least:
         raise AisimError(f"--block-size: {runtime} takes {text} (got {size})")
+    if runtime in RECOMPUTE_ONLY and values["preemption_mode"] == "swap":
+        raise AisimError(f"--preemption-mode swap: {runtime} preempts by recomputing only "
+                         f"({RECOMPUTE_ONLY[runtime]}); drop --preemption-mode")
 
 
 def failure_summary(run: ServeRun, cfg: EngineConfig, overridden: bool = False) -> str | None:
