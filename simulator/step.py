@@ -173,10 +173,11 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
                             for op, c in zip(a.ops, a.costs)], dtype=bool)
     power_w = ratio = None
     if sc.power is not None:
-        from .cost.power import apply_power_mode, mix_ratio
+        from .cost.power import apply_power_mode, mix_ratio, reference_clock_mhz
 
-        ratio = mix_ratio(dev.gpu, cal, sc.power, gpu_s, busy_c, busy_m, tensor_core)
-        gpu_s, power_w = apply_power_mode(dev.gpu, cal, sc.power, gpu_s, busy_c, busy_m, tensor_core)
+        ref = reference_clock_mhz(dev.gpu, cal, gpu_s, busy_c, busy_m, tensor_core)
+        ratio = mix_ratio(dev.gpu, cal, sc.power, ref)
+        gpu_s, power_w = apply_power_mode(dev.gpu, cal, sc.power, gpu_s, busy_c, busy_m, tensor_core, ref)
         times = [replace(t, gpu_s=g) for t, g in zip(times, gpu_s.tolist())]
     model_type = sc.config.get("model_type")
     cpu_s = cpu_costs(a.ops, list(a.kinds), a.launches, cal, rt, w.phase, model_type)

@@ -74,6 +74,15 @@ def op_power_w(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s: np.ndarray, compu
 TENSOR_CORE_DTYPES = ("fp16", "bf16", "tf32", "fp8", "int8")
 
 
+def limit_rule_kernels(gpu_s: np.ndarray, compute_s: np.ndarray, memory_s: np.ndarray,
+                       tensor_core: np.ndarray | None = None) -> np.ndarray:
+    """Per kernel: whether the power-limit rule applies to it: compute-bound kernels with FLOPs (not collectives) on
+    tensor cores (``tensor_core``; default: every kernel). fp32 GEMMs run on CUDA cores, whose loops stay under the
+    limit."""
+    mask = (compute_s >= memory_s) & (compute_s > 0) & (gpu_s > 0)
+    return mask & tensor_core if tensor_core is not None else mask
+
+
 def limited_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, power_w: np.ndarray, gpu_s: np.ndarray,
                      compute_s: np.ndarray, memory_s: np.ndarray, repeats: np.ndarray, runtime_s: float,
                      tensor_core: np.ndarray | None = None, limit_w: float | None = None,
@@ -92,9 +101,7 @@ def limited_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, power_w: np.ndarra
     mix = cal.power_limit_mix
     if mix is None:
         return float(np.dot(power_w * gpu_s, repeats)) + waiting_j
-    throttled = (compute_s >= memory_s) & (compute_s > 0) & (gpu_s > 0)   # not collectives (no FLOPs)
-    if tensor_core is not None:
-        throttled &= tensor_core
+    throttled = limit_rule_kernels(gpu_s, compute_s, memory_s, tensor_core)
     ratio = mix.compute_dynamic_ratio if ratio is None else ratio
     unthrottled = np.where(throttled, idle_w + (power_w - idle_w) * ratio, power_w)
     energy = float(np.dot(unthrottled * gpu_s, repeats)) + waiting_j

@@ -47,43 +47,39 @@ def reference_clock_mhz(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s: np.ndarr
     """Per kernel, the clock its calibrated time and power belong to (module docstring): boost, or for a
     compute-bound tensor-core kernel whose loop the limit holds, max(gemm_loop_clock_mhz, u x boost), blended
     over HELD_BAND of its loop power; boost everywhere where the calibration has no loop clock."""
-    from .energy import op_power_w
+    from .energy import limit_rule_kernels, op_power_w
 
     boost = gpu.boost_clock_mhz
     mix = cal.power_limit_mix
     ref = np.full(len(gpu_s), float(boost))
     if mix is None or mix.gemm_loop_clock_mhz is None:
         return ref
-    candidate = (compute_s >= memory_s) & (compute_s > 0) & (gpu_s > 0)
-    if tensor_core is not None:
-        candidate &= tensor_core
     low, high = HELD_BAND
     share = op_power_w(gpu, cal, gpu_s, compute_s, memory_s) / gpu.board_power_w
-    weight = np.where(candidate, np.clip((share - low) / (high - low), 0.0, 1.0), 0.0)
-    achieved = np.where(gpu_s > 0, compute_s / np.where(gpu_s > 0, gpu_s, 1.0), 0.0).clip(0, 1)
-    held = np.minimum(np.maximum(min(mix.gemm_loop_clock_mhz, boost), achieved * boost), boost)
+    weight = np.where(limit_rule_kernels(gpu_s, compute_s, memory_s, tensor_core),
+                      np.clip((share - low) / (high - low), 0.0, 1.0), 0.0)
+    achieved = np.where(gpu_s > 0, compute_s / np.where(gpu_s > 0, gpu_s, 1.0), 0.0).clip(0, 1)   # u <= 1
+    held = np.maximum(min(mix.gemm_loop_clock_mhz, boost), achieved * boost)
     return ref + weight * (held - ref)
 
 
-def mix_ratio(gpu: HardwareSpec, cal: CalibrationSpec, mode: "PowerMode | None", gpu_s: np.ndarray,
-              compute_s: np.ndarray, memory_s: np.ndarray, tensor_core: np.ndarray | None = None
+def mix_ratio(gpu: HardwareSpec, cal: CalibrationSpec, mode: "PowerMode | None", ref: np.ndarray
               ) -> np.ndarray | None:
     """Per kernel, the power limit rule's ratio (power_limit_mix.compute_dynamic_ratio: a kernel that a loop holds
     at the limit draws more between other kernels, at a higher clock) under a clock cap: at most the cube law's
-    (cap / f_ref)^3, and 1 where the cap is at or below f_ref. None without a cap below boost or without a mix
-    block (the block's own ratio: a cap at the boost clock changes nothing)."""
+    (cap / f_ref)^3 (``ref``: reference_clock_mhz), and 1 where the cap is at or below f_ref. None without a cap
+    below boost or without a mix block (the block's own ratio: a cap at the boost clock changes nothing)."""
     mix = cal.power_limit_mix
     if mix is None or mode is None or mode.gpu_clock_mhz is None or mode.gpu_clock_mhz >= gpu.boost_clock_mhz:
         return None
-    ref = reference_clock_mhz(gpu, cal, gpu_s, compute_s, memory_s, tensor_core)
     return np.minimum(mix.compute_dynamic_ratio, np.maximum(1.0, (mode.gpu_clock_mhz / ref) ** ALPHA_COMPUTE))
 
 
 def apply_power_mode(gpu: HardwareSpec, cal: CalibrationSpec, mode: PowerMode, gpu_s: np.ndarray,
-                     compute_s: np.ndarray, memory_s: np.ndarray, tensor_core: np.ndarray | None = None
-                     ) -> tuple[np.ndarray, np.ndarray]:
+                     compute_s: np.ndarray, memory_s: np.ndarray, tensor_core: np.ndarray | None = None,
+                     ref: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(kernel seconds, kernel watts) per op under ``mode``; ``tensor_core``: per kernel, whether it runs on tensor
-    cores (reference_clock_mhz; default: every kernel)."""
+    cores, ``ref``: the kernels' reference clocks where the caller has them (reference_clock_mhz)."""
     from .energy import op_power_w, waiting_power_w
 
     boost = gpu.boost_clock_mhz
@@ -91,7 +87,7 @@ def apply_power_mode(gpu: HardwareSpec, cal: CalibrationSpec, mode: PowerMode, g
     full_w = op_power_w(gpu, cal, gpu_s, compute_s, memory_s)
     compute_bound = compute_s >= memory_s
     alpha = np.where(compute_bound, ALPHA_COMPUTE, ALPHA_MEMORY)
-    ref = reference_clock_mhz(gpu, cal, gpu_s, compute_s, memory_s, tensor_core)
+    ref = reference_clock_mhz(gpu, cal, gpu_s, compute_s, memory_s, tensor_core) if ref is None else ref
     f_cap = min(mode.gpu_clock_mhz or boost, boost)
     dynamic_w = np.maximum(full_w - idle_w, 0.0)
     clock = np.minimum(ref, f_cap)

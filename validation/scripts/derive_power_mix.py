@@ -39,10 +39,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .derive_eager_attention import write_lines
 from aisim.errors import AisimError
 
 from . import calibration_name, run_main
+from .derive_eager_attention import write_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "validation" / "data" / "kernels"
@@ -176,6 +176,15 @@ def cases(seqs: dict, gapped: dict) -> list[tuple[list[str], float | None, float
     return out
 
 
+def errors(measured: list, times: dict, cal, gpu) -> list[float]:
+    """aisim's power over the measured power, less 1, for each case of ``measured`` (cases)."""
+    return [predicted_w(parts, times, cal, gpu, period) / watts - 1.0 for parts, period, watts in measured]
+
+
+def mape(measured: list, times: dict, cal, gpu) -> float:
+    return 100.0 * statistics.mean(abs(e) for e in errors(measured, times, cal, gpu))
+
+
 def derive(calibration: str = "h100-sxm", paths=DATA) -> dict:
     from aisim.catalog import resolve_device
     from aisim.specs import PowerLimitMix, load_calibration
@@ -188,27 +197,22 @@ def derive(calibration: str = "h100-sxm", paths=DATA) -> dict:
     cal = cal.model_copy(update={"power_memory_curve": curve})
     times = measured_times(seqs, kernels(cal, dev))
     measured = cases(seqs, gapped)
-
-    def errors(c):
-        return [predicted_w(parts, times, c, dev.gpu, period) / watts - 1.0 for parts, period, watts in measured]
-
-    def mape(c):
-        return 100.0 * statistics.mean(abs(e) for e in errors(c))
-
     best = None
     for ratio in RATIOS:
         for limit in LIMITS:
             c = cal.model_copy(update={"power_limit_mix": PowerLimitMix(compute_dynamic_ratio=float(ratio),
                                                                         limit_fraction=float(limit))})
-            e = mape(c)
+            e = mape(measured, times, c, dev.gpu)
             if best is None or e < best[0] - 1e-12:
                 best = (e, c)
     fitted = best[1]
     names = [("+".join(parts) if period is None else f"{parts[0]} every {period * 1e3:g} ms")
              for parts, period, _ in measured]
-    rows = {name: (100 * b, 100 * a) for name, b, a in zip(names, errors(cal), errors(fitted))}
-    mix = fitted.power_limit_mix.model_copy(update={"gemm_loop_clock_mhz": gemm_loop_clock_mhz(gpu_files(calibration))})
-    return {"headers": headers, "curve": curve, "mix": mix, "mape_before": mape(cal),
+    rows = {name: (100 * b, 100 * a) for name, b, a in zip(names, errors(measured, times, cal, dev.gpu),
+                                                            errors(measured, times, fitted, dev.gpu))}
+    clock = gemm_loop_clock_mhz(gpu_files(calibration))
+    mix = fitted.power_limit_mix.model_copy(update={"gemm_loop_clock_mhz": clock})
+    return {"headers": headers, "curve": curve, "mix": mix, "mape_before": mape(measured, times, cal, dev.gpu),
             "mape_after": best[0], "rows": rows}
 
 
@@ -224,12 +228,8 @@ def check(path: Path, calibration: str = "h100-sxm") -> tuple[float, float, int]
     _, seqs, gapped = load([path])
     times = measured_times(seqs, kernels(shipped, dev))
     measured = cases(seqs, gapped)
-
-    def mape(c):
-        return 100.0 * statistics.mean(abs(predicted_w(parts, times, c, dev.gpu, period) / watts - 1.0)
-                                       for parts, period, watts in measured)
-
-    return mape(shipped.model_copy(update={"power_limit_mix": None})), mape(shipped), len(measured)
+    return (mape(measured, times, shipped.model_copy(update={"power_limit_mix": None}), dev.gpu),
+            mape(measured, times, shipped, dev.gpu), len(measured))
 
 
 def _flow_curve(curve) -> str:
