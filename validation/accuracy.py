@@ -86,14 +86,16 @@ WHY = """\
   (`power_limit_mix`: tensor-core compute-bound kernels 1.46x their loop's power above the waiting power, the step's
   average held to 0.9875 of board power; python -m aisim.validation.scripts.derive_power_mix, power MAPE over 26
   sequences and gapped runs 6.5% -> 2.6%; on a fifth H100 machine run after the fit, held out, 5.7% -> 2.1%:
-  `--check validation/data/kernels/power-mix-h100-check.jsonl`), with the memory curve's top from the same loops (a large add at 0.90 of
-  bandwidth: 515 W), takes energy per token on h100.jsonl from 17.16% to 11.14% MAPE and on h200.jsonl from 12.63%
-  to 8.22% (the H200 carries the H100's constants: the same die and limit, its own loop powers; its run of the
-  harness was given an H100), tp2-h200.jsonl 23.23% -> 19.98%, tp4-h200.jsonl 27.53% -> 22.96%, whisper-h200.jsonl
-  23.82% -> 19.17%, the serving runs' J/token 29.2% -> 26.2%. The GPU-bound 16-bit forward and prefill rows are now
-  within -7..+6% but bloom-560m forward 16 x 1024 (-19% H100, -13% H200). What stays low: host-bound steps (batch
-  1 x 128 forwards, -25..-40%) and the host-bound bf16 training rows, whose times are short. Decode rows whose energy window was dominated by the untimed cache copies between
-  trials are reported n/a (the subtraction implied more than the card's 700 W).
+  `--check validation/data/kernels/power-mix-h100-check.jsonl`), with the memory curve's top from the same loops
+  (a large add at 0.90 of bandwidth: 515 W), takes energy per token on h100.jsonl from 17.16% to 11.14% MAPE and on
+  h200.jsonl from 12.63% to 8.22% (the H200 carries the H100's constants: the same die and limit, its own loop
+  powers; its own run of the harness, made after they were committed, is predicted at 2.7% against 5.9% at the
+  loop powers: `--calibration h200 --check validation/data/kernels/power-mix-h200.jsonl`), tp2-h200.jsonl 23.23% ->
+  19.98%, tp4-h200.jsonl 27.53% -> 22.96%, whisper-h200.jsonl 23.82% -> 19.17%, the serving runs' J/token 29.2% ->
+  26.2%. The GPU-bound 16-bit forward and prefill rows are now within -7..+6% but bloom-560m forward 16 x 1024
+  (-19% H100, -13% H200). What stays low: host-bound steps (batch 1 x 128 forwards, -25..-40%) and the host-bound
+  bf16 training rows, whose times are short. Decode rows whose energy window was dominated by the untimed cache
+  copies between trials are reported n/a (the subtraction implied more than the card's 700 W).
 - **Tensor-parallel launch-bound rows**: the measured implementation (plain sharded weights, an NCCL all-reduce
   from a forward hook, a barrier before each trial) makes TP=2 slower than TP=1 at batch 1 (Llama-3-8B decode:
   30.9 ms against 19.0 ms). A tight loop of all-reduces costs the host 24-47 us each; inside the model each one
