@@ -379,6 +379,11 @@ def plan_serve_cmd(
                                  "fp8"),
     num_requests: int = typer.Option(400, "--num-requests", help="requests per simulation"),
     arrival: str = typer.Option("poisson", help="poisson or gamma:CV (CV > 1: bursty arrivals), as serve's"),
+    tp: str = typer.Option("1,2,4,8", "--tp", help="comma-separated tensor-parallel degrees of a replica to search"),
+    expert_parallel: bool = typer.Option(False, "--enable-expert-parallel",
+                                         help="MoE: experts spread over each replica's tp GPUs, as vLLM's flag"),
+    power_limit: Optional[float] = typer.Option(None, "--power-limit", help="board power limit of every GPU in W"),
+    gpu_clock: Optional[float] = typer.Option(None, "--gpu-clock", help="GPU core clock cap in MHz"),
     price: list[str] = typer.Option([], "--price", help="GPU=USD per GPU-hour (repeatable)"),
     price_file: Optional[Path] = typer.Option(None, "--price-file", help="YAML/JSON mapping GPU -> USD per GPU-hour"),
     electricity: float = typer.Option(0.10, "--electricity-usd-per-kwh"),
@@ -397,8 +402,10 @@ def plan_serve_cmd(
                            runtimes=[r.strip() for r in runtimes.split(",") if r.strip()], rate_per_s=rate,
                            input_len=input_len, output_len=output_len, slo=parse_slo(slo), max_gpus=max_gpus,
                            dtype=dtype, quant=quant, kv_dtype=kv_dtype, num_requests=num_requests,
-                           arrival=arrival, prices=_prices(price, price_file),
-                           electricity_usd_per_kwh=electricity, pue=pue, grid_g_co2_per_kwh=grid)
+                           arrival=arrival, prices=_prices(price, price_file), tp=_ints(tp, "--tp"),
+                           enable_expert_parallel=expert_parallel, power_limit_w=power_limit,
+                           gpu_clock_mhz=gpu_clock, electricity_usd_per_kwh=electricity, pue=pue,
+                           grid_g_co2_per_kwh=grid)
         if as_json:
             return plan_serve(req)
         from rich.console import Console

@@ -196,20 +196,22 @@ PLAN_COLUMNS = ("device", "runtime", "tp", "replicas", "gpus", "max_num_seqs", "
                 "joules_per_output_token", "kwh_per_day", "electricity_usd_per_day", "co2_kg_per_day")
 
 
-def _plan_row(c) -> list:
-    values = {**c.model_dump(), **{k: c.metrics.get(k) for k in ("median_ttft_ms", "median_tpot_ms",
-                                                                  "p90_tpot_ms")}}
-    return [values.get(k) for k in PLAN_COLUMNS]
+def _plan_row(c, columns: tuple[str, ...]) -> list:
+    values = c.model_dump()
+    return [values[k] if k in values else _metric(c.metrics, k) for k in columns]
 
 
 def write_plan_csv(result, path) -> None:
+    """The ranked configurations; the latency columns are the medians, p90 TPOT and every metric the SLO names."""
     import csv
 
+    columns = PLAN_COLUMNS + tuple(k for k in result.slo if k not in PLAN_COLUMNS
+                                   and k.replace("p50_", "median_") not in PLAN_COLUMNS)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(PLAN_COLUMNS)
+        w.writerow(columns)
         for c in result.ranked:
-            w.writerow(["" if v is None else v for v in _plan_row(c)])
+            w.writerow(["" if v is None else v for v in _plan_row(c, columns)])
 
 
 def _metric(metrics: dict, key: str):

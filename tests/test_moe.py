@@ -64,6 +64,28 @@ def test_mixtral_fits_two_h100_with_tp_or_ep():
     assert 24e9 < one.bytes < 28e9                                       # 2 of 8 experts per layer, not 90 GB
 
 
+def test_a_norm_over_all_heads_gathers_q_and_k_under_tensor_parallelism():
+    """OLMoE's q_norm / k_norm normalise all heads together (RMSNorm(hidden)): each rank all-gathers its shard
+    first (vLLM OlmoeAttention._apply_qk_norm); tracing it with tp 2 used to fail on the shape. Qwen3's per-head
+    norms shard without a gather."""
+    est = _estimate(model="OLMoE-1B-7B-0924", device="h100x2", workload="decode", batch=8, seq=1024, tp=2,
+                    runtime="vllm", top_ops=100)
+    ops = {o.name: o for o in est.top_ops}
+    assert ops["nccl.all_gather"].count == 2 * 16 + 1        # q and k per layer, and the vocab-parallel LM head
+    # one decode token of batch 8: q and k (16 heads x 128 = 2048 wide, bf16) are gathered from 1024-wide halves
+    per_layer_out = 2 * (8 * 2048 * 2)
+    assert ops["nccl.all_gather"].bytes >= 16 * per_layer_out
+    qwen = _estimate(model="Qwen3-30B-A3B", device="h100x2", workload="decode", batch=8, seq=1024, tp=2,
+                     runtime="vllm", top_ops=100)
+    assert [o.count for o in qwen.top_ops if o.name == "nccl.all_gather"] == [1]   # the LM head only
+    # training: the gathers' backward is a reduce-scatter, and the MoE block's input gradient is all-reduced as
+    # an MLP's (Megatron's f): 4 all-reduces per layer, as a dense model's
+    train = _estimate(model="OLMoE-1B-7B-0924", device="h100x2", workload="train", batch=2, seq=256, tp=2,
+                      top_ops=200)
+    comm = {o.name: o.count for o in train.top_ops if o.name.startswith("nccl")}
+    assert comm == {"nccl.all_reduce": 4 * 16, "nccl.all_gather": 2 * 16, "nccl.reduce_scatter": 2 * 16}
+
+
 @pytest.mark.parametrize("runtime", ["vllm", "graphs"])
 def test_engines_write_the_kv_cache_in_place(runtime):
     est = _estimate(model="Meta-Llama-3-8B", device="h100", workload="decode", batch=32, seq=7512, runtime=runtime)

@@ -53,6 +53,16 @@ def test_usd_per_million_tokens_is_price_times_gpus_over_tokens_per_hour():
         assert c.usd_per_million_output_tokens == pytest.approx(c.usd_per_hour / tokens_per_hour * 1e6)
 
 
+def test_deployment_throughput_is_the_offered_load_not_a_finite_run_with_its_drain():
+    """A stable queue serves what arrives: rate x output tokens per request (output_len 32 here), not the finite
+    run's tokens over a duration that includes the drain after the last arrival."""
+    r = served(6.0, 400.0)
+    assert r.ranked
+    for c in r.ranked:
+        assert c.output_tokens_per_s_per_gpu * c.gpus == pytest.approx(6.0 * 32)
+        assert c.metrics["output_throughput"] * c.replicas < 6.0 * 32   # the finite run's, drain included
+
+
 def test_every_reported_serving_configuration_fits():
     r = served(6.0, 400.0)
     for c in r.ranked:
@@ -143,6 +153,18 @@ def test_plan_serve_json_names_the_model_as_serve_does_and_counts_are_integers()
     assert best["runtime"] == "vllm"
     assert isinstance(best["metrics"]["completed"], int) and isinstance(best["metrics"]["num_steps"], int)
     assert "replicas" not in best["metrics"]     # the simulated one replica; the candidate's count is its own
+
+
+def test_plan_serve_csv_has_a_column_for_every_slo_metric(tmp_path):
+    out = CliRunner().invoke(app, ["plan", "serve", "-m", "opt-125m", "--devices", "h100", "--runtime", "vllm",
+                                   "--rate", "2", "--num-requests", "20", "--max-gpus", "1", "--input-len", "100",
+                                   "--output-len", "20", "--slo", "ttft_p90_ms=500,e2el_p99_ms=5000,tpot_p50_ms=80",
+                                   "--csv", str(tmp_path / "p.csv")])
+    assert out.exit_code == 0, out.output
+    header, row = (tmp_path / "p.csv").read_text().splitlines()[:2]
+    columns = dict(zip(header.split(","), row.split(",")))
+    assert {"p90_ttft_ms", "p99_e2el_ms", "median_tpot_ms"} <= set(columns)
+    assert header.count("tpot") == 2 and float(columns["p90_ttft_ms"]) > 0   # p50 TPOT is the median column
 
 
 def test_plan_train_table_is_full_width_when_piped():
@@ -273,3 +295,21 @@ def test_plan_train_says_which_shape_rule_pruned_everything():
     r = CliRunner().invoke(app, ["plan", "train", "--model", "Meta-Llama-3-8B", "--tokens", "1e11", "--devices",
                                  "h100", "--gpus", "64", "--tp", "3"])
     assert "shape: tp x pp does not divide the GPUs" in " ".join(r.output.split())
+
+
+def test_plan_serve_searches_the_given_tp_degrees_with_expert_parallelism_and_power_settings():
+    base = dict(model="OLMoE-1B-7B-0924", devices=["h100"], runtimes=["vllm"], rate_per_s=1.0, input_len="200",
+                output_len="20", num_requests=20, max_gpus=2, max_num_seqs=[None])
+    r = plan_serve(plan_request(tp=[2], enable_expert_parallel=True, **base))
+    assert r.ranked and {c.tp for c in r.ranked} == {2}
+    assert any("64 experts spread over 2 GPUs (32 per GPU" in a for a in r.assumptions)
+    split = plan_serve(plan_request(tp=[2], **base))
+    assert any("intermediate dimension split over the 2" in a for a in split.assumptions)
+    capped = plan_serve(plan_request(tp=[1], gpu_clock_mhz=800.0, **base))
+    free = plan_serve(plan_request(tp=[1], **base))
+    assert (capped.ranked[0].metrics["median_ttft_ms"] > free.ranked[0].metrics["median_ttft_ms"]
+            and any("power mode" in a for a in capped.assumptions))
+    refused = plan_serve(plan_request(power_limit_w=300.0, **{**base, "devices": ["l4"]}))
+    assert not refused.ranked and "above l4's board power" in refused.not_feasible["l4/vllm"]
+    dense = plan_serve(plan_request(tp=[1], enable_expert_parallel=True, **{**base, "model": "opt-125m"}))
+    assert dense.ranked and any("has no experts" in a for a in dense.assumptions)

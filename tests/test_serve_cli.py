@@ -406,3 +406,17 @@ def test_vllm_refuses_swap_preemption():
     r = runner.invoke(app, ["serve", "--model", "opt-125m", "--device", "h100", "--runtime", "vllm",
                             "--preemption-mode", "swap", "--num-requests", "10"])
     assert r.exit_code != 0 and "preempts by recomputing only" in r.output
+
+
+def test_serve_and_plan_serve_say_which_gpus_have_no_measured_calibration_and_no_fp8_units():
+    """What estimate says of a device, serve and plan serve say too (plan serve dropped every scenario note)."""
+    args = ["-m", "gpt2", "--runtime", "vllm", "--quant", "fp8", "--input-len", "100", "--output-len", "10",
+            "--num-requests", "20"]
+    served = {d: runner.invoke(app, ["serve", "-d", d, *args]).output.replace("\n", " ") for d in ("a100", "h100")}
+    assert "a100-sxm4-80gb has no measured calibration" in served["a100"] and "no fp8 tensor cores" in served["a100"]
+    assert "no measured calibration" not in served["h100"] and "no fp8 tensor cores" not in served["h100"]
+    planned = runner.invoke(app, ["plan", "serve", "--devices", "a100,h100", "--rate", "1", "--max-gpus", "1", *args])
+    text = planned.output.replace("\n", " ")
+    assert planned.exit_code == 0, planned.output
+    assert "a100-sxm4-80gb has no measured calibration" in text and "h100-sxm has no measured" not in text
+    assert "a100-sxm4-80gb has no fp8 tensor cores" in text and "fp8 on h100-sxm with vllm" in text

@@ -71,10 +71,68 @@ def shard_model(model, tp: int, scope: str, tracer, kv_replicas: int = 1) -> int
             sinks = getattr(module, "sinks", None)       # per-head attention sinks (gpt-oss): this rank's heads
             if heads_sharded and isinstance(sinks, torch.nn.Parameter) and sinks.dim() == 1:
                 module.sinks = torch.nn.Parameter(torch.empty(sinks.shape[0] // tp, device="meta", dtype=sinks.dtype))
+    if heads_sharded:
+        for name in blocks:
+            _gather_full_width_norms(model.get_submodule(name), tp, tracer)
     if sharded == 0:
         raise AisimError(f"tensor parallelism found no linear layers to shard in {type(model).__name__}; "
                          "this model family is not supported with --tp yet")
     return sharded
+
+
+def _gather_full_width_norms(block, tp: int, tracer) -> None:
+    """A q/k norm over all heads (OLMoE, OLMo 2: RMSNorm(heads x head_dim), not per head) needs the whole row:
+    each rank all-gathers its q (k) shard, normalises the full width and keeps its own slice, as vLLM's
+    OlmoeAttention._apply_qk_norm (vllm/model_executor/models/olmoe.py). Per-head norms (Qwen3) shard freely."""
+    for leaf in ("q_norm", "k_norm"):
+        norm, proj = getattr(block, leaf, None), getattr(block, leaf.replace("_norm", "_proj"), None)
+        weight = getattr(norm, "weight", None)
+        if proj is None or not is_linear(proj) or not isinstance(weight, torch.nn.Parameter) or weight.dim() != 1:
+            continue
+        local = _features(proj, "out")
+        if weight.shape[0] <= local or weight.shape[0] % local:
+            continue
+        group = weight.shape[0] // local
+        norm.register_forward_pre_hook(_gather_hook(tracer, group))
+        norm.register_forward_hook(lambda module, args, output, local=local: output[..., :local])
+
+
+def _gather_hook(tracer, group: int):
+    """Forward pre-hook: the module's input all-gathered along its last dimension over ``group`` ranks."""
+    def hook(module, args):
+        # also while the tracer is suppressed (a decode step's cache prefill): the norm needs the full width
+        return (_all_gather(tracer, args[0], group), *args[1:]) if args else None
+    return hook
+
+
+def _all_gather(tracer, x, group: int):
+    return _AllGather.apply(x, tracer, group)
+
+
+class _AllGather(torch.autograd.Function):
+    """Forward: all-gather along the last dimension (recorded unless the tracer is suppressed). Backward: the
+    gradient of the full width reduce-scattered back to this rank's shard."""
+
+    @staticmethod
+    def forward(ctx, x, tracer, group):
+        ctx.tracer, ctx.group = tracer, group
+        suppressed = tracer.suppress
+        with tracer.suppressed():
+            full = x.new_empty((*x.shape[:-1], x.shape[-1] * group))
+        if not suppressed:
+            tracer.record("nccl.all_gather", (x,), {}, (full,), alias=False, attrs={"group": group})
+            tracer.track(full)
+        return full
+
+    @staticmethod
+    def backward(ctx, grad):
+        tracer, group = ctx.tracer, ctx.group
+        with tracer.suppressed():
+            shard = grad.new_empty((*grad.shape[:-1], grad.shape[-1] // group))
+        if not tracer.suppress:
+            tracer.record("nccl.reduce_scatter", (grad,), {}, (shard,), alias=False, attrs={"group": group})
+            tracer.track(shard)
+        return shard, None, None
 
 
 EXPERT_WEIGHTS = ("gate_up_proj", "up_proj", "down_proj")
@@ -106,6 +164,8 @@ def shard_experts(model, tp: int, ep: int, tracer) -> int:
         _slice_experts(m, ep, inner_tp)
         if tp > 1:
             m.register_forward_hook(_collective_hook(tracer, "all_reduce", tp))
+            # each tp rank's experts give a partial gradient of the replicated tokens (Megatron's f)
+            m.register_forward_pre_hook(_backward_allreduce_hook(tracer, tp), with_kwargs=True)
         if ep > tp:
             m.register_forward_pre_hook(_all_to_all(tracer, ep, model.config, "dispatch"))
             m.register_forward_hook(_all_to_all(tracer, ep, model.config, "combine"))
@@ -198,12 +258,7 @@ def _collective_hook(tracer, kind: str, group: int):
         if tracer.suppress:
             return None
         if kind == "all_gather":
-            shape = (*output.shape[:-1], output.shape[-1] * group)
-            with tracer.suppressed():
-                full = output.new_empty(shape)
-            tracer.record(f"nccl.{kind}", (output,), {}, (full,), alias=False, attrs={"group": group})
-            tracer.track(full)
-            return full
+            return _all_gather(tracer, output, group)
         return _AllReduce.apply(output, tracer, group)
     return hook
 

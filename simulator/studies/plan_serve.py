@@ -8,8 +8,11 @@ at its share of the load (rate / replicas: a round-robin split of Poisson arriva
 that replica count and the next ones, up to --max-gpus. Every candidate considered is counted (pruned or simulated).
 
 Costs: $/hour = GPUs x price per GPU-hour (the GPU spec's default price, or --price); $ per million output tokens
-= $/hour / (output tokens per hour) x 1e6; energy from the simulated steps' energy (GPUs at work), kWh per day at
-the load = the replicas' average power x 24 h x PUE; CO2 per day = kWh x grid intensity.
+= $/hour / (output tokens per hour) x 1e6, where a replica's output tokens per second at its share of the load are
+the offered load (rate / replicas x the output tokens per simulated request), at most its saturated throughput: a
+stable queue serves what arrives, and a finite run's duration adds the drain after the last arrival; energy from
+the simulated steps' energy (GPUs at work), kWh per day at the load = the replicas' average power x 24 h x PUE;
+CO2 per day = kWh x grid intensity.
 """
 from __future__ import annotations
 
@@ -21,8 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..catalog import gpu_device, resolve_gpu, resolve_model
 from ..errors import AisimError
+from ..graph.engine import EXPERT_COUNT_KEYS
 from ..plan import check_tp
-from ..scenario import ScenarioRequest, resolve_scenario
+from ..scenario import ScenarioRequest, calibration_note, resolve_scenario
 from ..specs import all_hardware, all_runtimes
 from .common import refuse_gpu_count
 from .serve import ArrivalSpec, ServeRequest, validated
@@ -49,6 +53,12 @@ class PlanServeRequest(BaseModel):
     slo: dict[str, float] = Field(default_factory=dict)
     max_gpus: int = Field(8, ge=1, le=100_000)
     max_num_seqs: list[int | None] = Field(default_factory=lambda: [None, 64, 16])
+    tp: list[int] = Field(default_factory=lambda: [1, 2, 4, 8], min_length=1,
+                          description="tensor-parallel degrees of a replica to search")
+    enable_expert_parallel: bool = Field(False, description="MoE: experts spread over each replica's tp GPUs (vLLM "
+                                         "--enable-expert-parallel), not every expert split over them")
+    power_limit_w: float | None = Field(None, gt=0, description="board power limit of every GPU (W)")
+    gpu_clock_mhz: float | None = Field(None, gt=0, description="core clock cap of every GPU (MHz)")
     dtype: Literal["fp16", "bf16", "fp32"] = "bf16"
     quant: Literal["none", "int8", "fp8", "int4"] = "none"
     kv_dtype: Literal["auto", "fp16", "bf16", "fp8"] = "auto"
@@ -57,6 +67,13 @@ class PlanServeRequest(BaseModel):
     pue: float = Field(1.2, ge=1.0, le=3.0)
     grid_g_co2_per_kwh: float | None = Field(None, ge=0)
     seed: int = 0
+
+    @field_validator("tp")
+    @classmethod
+    def _tp_degrees(cls, tp: list[int]) -> list[int]:
+        if any(t < 1 for t in tp):
+            raise ValueError("tensor-parallel degrees are positive integers, e.g. 1,2,4")
+        return sorted(set(tp))
 
     @field_validator("slo")
     @classmethod
@@ -164,10 +181,13 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
     found: list[Candidate] = []
     infeasible: dict[str, str] = {}
     notes: set[str] = set()
-    model = resolve_model(req.model)[0]   # the resolved name, as `aisim serve` reports it
+    model, config = resolve_model(req.model)   # the resolved name, as `aisim serve` reports it
+    if req.enable_expert_parallel and not any(config.get(k) for k in EXPERT_COUNT_KEYS):
+        notes.add(f"--enable-expert-parallel: {model} has no experts; like vLLM's flag, it changes nothing")
     notes.add("each configuration's metrics (latencies, request_throughput, duration_s, completed) are one "
-              "replica's simulation at rate / replicas with the router's even share; the deployment's are "
-              "output_tokens_per_s_per_gpu x GPUs and the $ and energy columns")
+              "replica's finite simulation at rate / replicas with the router's even share; the deployment's tok/s, "
+              "$ and energy columns are its steady state: the offered load (rate x output tokens per request), at "
+              "most the replicas' saturated throughput")
     notes.add("J/tok and kWh/day: aisim's serving energy is checked only against transformers-cb runs on an H100, "
               "where it was low on every run (docs/accuracy.md, serving section): read them as a lower bound")
     if req.devices == ["all"]:
@@ -194,18 +214,33 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
 
 def _search_device(req, device, runtime, percentiles, counts, found, notes, progress) -> str | None:
     gpu = resolve_gpu(device)
+    moe = any(resolve_model(req.model)[1].get(k) for k in EXPERT_COUNT_KEYS)
+    try:   # a setting this GPU refuses whatever the plan (a power limit above its board power): said as its reason
+        resolve_scenario(ScenarioRequest(model=req.model, device=gpu_device(gpu, 1), dtype=req.dtype, quant=req.quant,
+                                         kv_dtype=req.kv_dtype, runtime=runtime, power_limit_w=req.power_limit_w,
+                                         gpu_clock_mhz=req.gpu_clock_mhz), "prefill")
+    except AisimError as exc:
+        return str(exc)
     shape_reason, last_reason = "no tensor-parallel degree fits", None   # a simulated tp's reason comes first
     fewest = None   # the saturated configuration that would need the fewest GPUs: the bound worth reporting
-    for tp in (t for t in (1, 2, 4, 8) if t <= req.max_gpus):
+    if not any(t <= req.max_gpus for t in req.tp):
+        return f"every --tp degree ({', '.join(map(str, req.tp))}) is above --max-gpus {req.max_gpus}"
+    for tp in (t for t in req.tp if t <= req.max_gpus):
         counts["considered"] += len(req.max_num_seqs) * max(req.max_gpus // tp, 1)
         try:
             base = ScenarioRequest(model=req.model, device=gpu_device(gpu, tp), dtype=req.dtype, tp=tp,
-                                   quant=req.quant, kv_dtype=req.kv_dtype, runtime=runtime)
+                                   quant=req.quant, kv_dtype=req.kv_dtype, runtime=runtime,
+                                   ep=tp if req.enable_expert_parallel and moe else 1, power_limit_w=req.power_limit_w,
+                                   gpu_clock_mhz=req.gpu_clock_mhz)
             sc = resolve_scenario(base, "prefill")
             check_tp(sc.config, tp, "all", sc.runtime.replicate_kv_heads)
         except AisimError as exc:
             shape_reason = str(exc)
             continue
+        notes.update(sc.assumptions)   # what estimate and serve say of this device: fp8 fallback, MoE sharding...
+        cal = calibration_note(sc)
+        if cal:
+            notes.add(cal)
         for seqs in req.max_num_seqs:
             knobs = {"max_num_seqs": seqs} if seqs else {}
             try:
@@ -278,7 +313,7 @@ def _min_replicas(req, sc, tp, knobs, percentiles, counts, notes) -> Candidate |
         result = run.result
         if result.failed and set(result.failed_reasons) != {"max_model_len"}:
             continue
-        best = _candidate(req, sc, tp, replicas, cfg.max_num_seqs, result)
+        best = _candidate(req, sc, tp, replicas, cfg.max_num_seqs, result, sat.output_throughput)
         if best.meets_slo or (previous is not None and not _improved(previous, best, req.slo)):
             break   # more replicas only shorten queues: once the SLO latencies stop falling, none will meet them
         previous = best
@@ -292,11 +327,19 @@ def _improved(before: Candidate, after: Candidate, slo: dict[str, float], rel: f
     return any(_slo_value(after.metrics, k) < (1 - rel) * _slo_value(before.metrics, k) for k in slo)
 
 
-def _candidate(req, sc, tp, replicas, max_num_seqs, r) -> Candidate:
+def steady_output_tokens_per_s(rate_per_s: float, r, saturated_tokens_per_s: float) -> float:
+    """One replica's output tokens per second at ``rate_per_s``: the offered load (arrivals x output tokens per
+    simulated request; the ones the engine rejects bring none), at most what it serves saturated. A finite run's
+    own output_throughput divides by a duration that includes the drain after the last arrival."""
+    offered = rate_per_s * r.total_output_tokens / max(r.completed + r.failed, 1)
+    return min(offered, saturated_tokens_per_s)
+
+
+def _candidate(req, sc, tp, replicas, max_num_seqs, r, saturated_tokens_per_s: float) -> Candidate:
     metrics = r.flat()
     gpus = tp * replicas
     price = req.prices.get(sc.device.gpu.name, sc.device.gpu.price_usd_per_gpu_hour)
-    tokens_per_s = r.output_throughput * replicas
+    tokens_per_s = steady_output_tokens_per_s(req.rate_per_s / replicas, r, saturated_tokens_per_s) * replicas
     usd_h = gpus * price if price else None
     j_per_tok = r.energy_j_per_output_token
     watts = j_per_tok * tokens_per_s                     # the GPUs' average draw while serving at the load
@@ -331,7 +374,9 @@ def pareto(cands: list[Candidate]) -> list[Candidate]:
 PLAN_SERVE_FLAGS = {"arrival": "--arrival", "devices": "--devices", "runtimes": "--runtimes", "rate_per_s": "--rate",
                     "input_len": "--input-len", "output_len": "--output-len", "num_requests": "--num-requests",
                     "slo": "--slo", "max_gpus": "--max-gpus", "dtype": "--dtype", "quant": "--quant",
-                    "kv_dtype": "--kv-dtype", "prices": "--price",
+                    "kv_dtype": "--kv-dtype", "prices": "--price", "tp": "--tp",
+                    "enable_expert_parallel": "--enable-expert-parallel", "power_limit_w": "--power-limit",
+                    "gpu_clock_mhz": "--gpu-clock",
                     "electricity_usd_per_kwh": "--electricity-usd-per-kwh", "pue": "--pue",
                     "grid_g_co2_per_kwh": "--grid-g-co2-per-kwh"}
 

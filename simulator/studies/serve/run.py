@@ -12,7 +12,7 @@ from math import gcd
 from typing import Any
 
 from ...errors import AisimError
-from ...scenario import Scenario
+from ...scenario import Scenario, calibration_note
 from ...step import step_cost
 from ...workload import StepShape
 from . import EngineConfig, ServeRequest, ServeRun, run_serving, validated
@@ -228,6 +228,9 @@ def serve(sc: Scenario, request: ServeRequest, knobs: dict[str, Any] | None = No
         f"forward traced at 1..{cfg.max_num_batched_tokens} tokens, {s.attention} attention)"
         + (f"; the attention kernel's graph is built once per new (queries, keys) shape of a replica's run, "
            f"{s.attention_graph_build_s * 1e3:.1f} ms each on the host" if s.attention_graph_build_s else "")]
+    cal = calibration_note(sc)
+    if cal:
+        notes.append(cal)
     failures = failure_summary(run, cfg, (knobs or {}).get("num_gpu_blocks_override") is not None)
     if failures:
         notes.append(f"failed: {failures}")
