@@ -1,6 +1,7 @@
 """The ``aisim`` command line: parse, call the API, render. No modelling here; heavy imports happen lazily."""
 from __future__ import annotations
 
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -13,7 +14,10 @@ from .errors import AisimError
 # torch's import of the deprecated pynvml package warns on every run; it says nothing about the estimate
 warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+# rich's option tables crop long option names and values below ~100 columns ("--max-num-batched…"); a narrow
+# terminal gets click's plain help, which wraps instead
+HELP_MARKUP = "rich" if shutil.get_terminal_size((120, 24)).columns >= 100 else None
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=HELP_MARKUP,
                   help="aisim: estimate runtime, memory, energy and throughput of transformer models on GPUs.")
 
 
@@ -310,7 +314,7 @@ def serve(
         report.print_serve(result, notes)
 
 
-plan_app = typer.Typer(no_args_is_help=True, help="Capacity planning: search configurations that meet SLOs.")
+plan_app = typer.Typer(no_args_is_help=True, rich_markup_mode=HELP_MARKUP, help="Capacity planning: search configurations that meet SLOs.")
 app.add_typer(plan_app, name="plan")
 
 

@@ -187,3 +187,15 @@ def test_the_api_refuses_gen_outside_generate_and_defaults_it_there():
     default = aisim.estimate("opt-125m", "h100", workload="generate", seq=64)
     assert default.runtime_ms == pytest.approx(aisim.estimate("opt-125m", "h100", workload="generate", seq=64,
                                                               gen=128).runtime_ms)
+
+
+def test_help_in_a_narrow_terminal_wraps_instead_of_cropping_option_names():
+    """rich's option table cropped names at 80 columns ('--max-num-batched…'); a narrow terminal gets click's help."""
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "COLUMNS": "80"}
+    out = subprocess.run([sys.executable, "-m", "aisim.cli", "serve", "--help"], capture_output=True, text=True,
+                         env=env, check=True).stdout
+    assert "--max-num-batched-tokens" in out and "--gpu-memory-utilization" in out and "…" not in out
+    assert max(len(line) for line in out.splitlines()) <= 80
