@@ -35,7 +35,9 @@ SERVING = [
          "print(f\"{'model':12} {'req/s':>5} {'device':14} tp rep GPUs  $/h  $/Mtok  J/tok kWh/day\")\n"
          "for r in rows:\n"
          "    print(f'{r[0]:12} {r[1]:5.1f} {r[2]:14} {r[3]:2} {r[4]:3} {r[5]:4} {r[6]:5} {r[7]:7} {r[8]:6} {r[9]:7}')"),
-    md("More load needs at least as many GPUs; the cost per million tokens falls as the replicas fill up."),
+    md("More load needs at least as many GPUs; the cost per million tokens falls as the replicas fill up, and stays "
+       "where more load takes proportionally more replicas. A deployment serves its offered load (rate x output "
+       "tokens per request), so $/M and kWh/day are the steady state's, not the finite simulation's with its drain."),
     code("r = results[('llama-3-8b', 4.0)]\nplots.pareto_png(r, 'pareto-llama-3-8b.png')\n"
          "Image('pareto-llama-3-8b.png')"),
     md("## One configuration, request by request"),
