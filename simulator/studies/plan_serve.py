@@ -109,7 +109,8 @@ class PlanServeResult(BaseModel):
     rate_per_s: float
     slo: dict[str, float]
     considered: int = Field(description="candidate configurations considered (pruned analytically or simulated)")
-    simulated: int
+    simulated: int = Field(description="configurations simulated at their share of the rate (each (device, "
+                           "runtime, tp, max_num_seqs) is also simulated once saturated to bound its replicas)")
     ranked: list[Candidate] = Field(description="every simulated configuration that meets the SLOs, cheapest first")
     cheapest_per_device: dict[str, Candidate]
     min_gpus_per_device: dict[str, int]
@@ -272,7 +273,7 @@ def _search_device(req, device, runtime, percentiles, counts, found, notes, prog
 
 
 def _simulate(req, sc, knobs, replicas, percentiles, counts, rate=None):
-    counts["simulated"] += 1
+    counts["simulated"] += rate is None   # a configuration at the load; the saturated run is its bound
     per_replica = (rate or req.rate_per_s) / replicas
     sreq = validated(ServeRequest, {"num_requests": req.num_requests, "input_len": req.input_len,
                                     "output_len": req.output_len, "rate_per_s": per_replica, "seed": req.seed,
