@@ -23,6 +23,7 @@ from pathlib import Path
 
 from aisim.errors import AisimError
 
+from . import run_main
 from .derive_gemm_align import _gpu, load_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,6 +99,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from aisim.validation.scripts import run_main
-
     raise SystemExit(run_main(main))

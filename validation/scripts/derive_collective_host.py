@@ -27,6 +27,7 @@ from pathlib import Path
 
 from aisim.errors import AisimError
 
+from . import run_main
 from .derive_eager_attention import write_lines
 from .derive_op_host import _flow
 
@@ -148,6 +149,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from aisim.validation.scripts import run_main
-
     raise SystemExit(run_main(main))

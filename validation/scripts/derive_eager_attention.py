@@ -40,6 +40,7 @@ import re
 import statistics
 from pathlib import Path
 
+from . import run_main
 from .derive_grouped_gemm import load   # (header, ok case rows) of a harness JSONL file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -257,6 +258,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from aisim.validation.scripts import run_main
-
     raise SystemExit(run_main(main))

@@ -18,6 +18,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from . import run_main
+
 DATA = tuple(Path(__file__).resolve().parents[1] / "data" / "kernels" / name
              for name in ("fp8-gemm-h100.jsonl", "fp8-gemm-smallm-h100.jsonl"))
 KERNEL = "fp8-tensor"
@@ -77,6 +79,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from aisim.validation.scripts import run_main
-
     raise SystemExit(run_main(main))

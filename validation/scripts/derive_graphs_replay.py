@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import run_main
+
 KERNELS = Path(__file__).resolve().parent.parent / "data" / "kernels"
 # every replay run of non-judged models: three H100 hosts (2026-11-26/27), wide models at batch 8 (two hosts) and
 # batch 1, 8 and 32 (one), the tiny Llama at batch 1 and 32
@@ -139,6 +141,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from aisim.validation.scripts import run_main
-
     raise SystemExit(run_main(main))

@@ -30,6 +30,8 @@ import re
 import statistics
 from pathlib import Path
 
+from . import run_main
+
 DATA = Path(__file__).resolve().parents[1] / "data" / "kernels" / "grouped-gemm-h100.jsonl"
 BROADCAST_OPS = ("masked_fill_rows_", "masked_fill_gate_up", "masked_fill_down", "mul_routing_weights")
 GROUPED_OPS = ("grouped_gate_up", "grouped_down")
@@ -223,6 +225,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from aisim.validation.scripts import run_main
-
     raise SystemExit(run_main(main))

@@ -22,6 +22,7 @@ import json
 import statistics
 from pathlib import Path
 
+from . import run_main
 from .derive_eager_attention import write_lines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,6 +91,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from aisim.validation.scripts import run_main
-
     raise SystemExit(run_main(main))

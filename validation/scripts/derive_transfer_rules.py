@@ -35,6 +35,8 @@ from pathlib import Path
 
 from aisim.errors import AisimError
 
+from . import run_main
+
 ROOT = Path(__file__).resolve().parents[2]
 CAL_DIR = ROOT / "hardware_specs" / "calibration"
 DEVICES = ("h100-sxm", "h200")
@@ -213,6 +215,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from aisim.validation.scripts import run_main
-
     raise SystemExit(run_main(main))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
+from . import run_main
+
 
 def table(path: str, gpu_name: str) -> dict:
     from aisim.catalog import resolve_gpu
@@ -39,6 +41,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from aisim.validation.scripts import run_main
-
     raise SystemExit(run_main(main))
