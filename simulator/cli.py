@@ -14,9 +14,10 @@ from .errors import AisimError
 # torch's import of the deprecated pynvml package warns on every run; it says nothing about the estimate
 warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
 
-# rich's option tables crop long option names and values below ~100 columns ("--max-num-batched…"); a narrow
-# terminal gets click's plain help, which wraps instead
-HELP_MARKUP = "rich" if shutil.get_terminal_size((120, 24)).columns >= 100 else None
+# rich's option tables crop long option names and values below 110 columns ("--max-num-batched…"), and rich prints
+# 80 columns into a pipe or file: a narrow terminal, a pipe or a file gets click's plain help, which wraps instead
+# (the width is $COLUMNS or the terminal's; 0 when there is neither)
+HELP_MARKUP = "rich" if shutil.get_terminal_size((0, 0)).columns >= 110 else None
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=HELP_MARKUP,
                   help="aisim: estimate runtime, memory, energy and throughput of transformer models on GPUs.")
 
@@ -314,7 +315,8 @@ def serve(
         report.print_serve(result, notes)
 
 
-plan_app = typer.Typer(no_args_is_help=True, rich_markup_mode=HELP_MARKUP, help="Capacity planning: search configurations that meet SLOs.")
+plan_app = typer.Typer(no_args_is_help=True, rich_markup_mode=HELP_MARKUP,
+                       help="Capacity planning: search configurations that meet SLOs.")
 app.add_typer(plan_app, name="plan")
 
 

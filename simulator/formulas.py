@@ -376,8 +376,10 @@ def _sync(op: Op) -> Cost:
 
 @formula("nccl.all_reduce", "nccl.all_gather", "nccl.reduce_scatter", "nccl.send_recv", "nccl.all_to_all")
 def _collective(op: Op) -> Cost:
-    """Collective bytes: the full (gathered / reduced) tensor size; the cost model applies the algorithm."""
-    return Cost(0.0, 0.0, _bytes(op.outputs), 1, "comm")
+    """Collective bytes: the full (gathered / reduced) tensor size, a reduce-scatter's input; the cost model applies
+    the algorithm."""
+    full = op.inputs if op.name == "nccl.reduce_scatter" else op.outputs
+    return Cost(0.0, 0.0, _bytes(full), 1, "comm")
 
 
 def _optimizer(op: Op, flops_per_param: float, streams: dict[str, tuple[int, int, int]]) -> Cost:

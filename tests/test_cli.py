@@ -189,13 +189,16 @@ def test_the_api_refuses_gen_outside_generate_and_defaults_it_there():
                                                               gen=128).runtime_ms)
 
 
-def test_help_in_a_narrow_terminal_wraps_instead_of_cropping_option_names():
-    """rich's option table cropped names at 80 columns ('--max-num-batched…'); a narrow terminal gets click's help."""
+def test_help_in_a_narrow_terminal_or_a_pipe_wraps_instead_of_cropping_option_names():
+    """rich's option table cropped names at 80-109 columns ('--max-num-batched…') and printed 80 columns into a
+    pipe; a narrow terminal or a pipe gets click's help, which wraps."""
+    import os
     import subprocess
     import sys
 
-    env = {**__import__("os").environ, "COLUMNS": "80"}
-    out = subprocess.run([sys.executable, "-m", "aisim.cli", "serve", "--help"], capture_output=True, text=True,
-                         env=env, check=True).stdout
-    assert "--max-num-batched-tokens" in out and "--gpu-memory-utilization" in out and "…" not in out
-    assert max(len(line) for line in out.splitlines()) <= 80
+    for columns in ("80", "105", None):       # None: piped with no $COLUMNS
+        env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | ({"COLUMNS": columns} if columns else {})
+        out = subprocess.run([sys.executable, "-m", "aisim.cli", "serve", "--help"], capture_output=True, text=True,
+                             env=env, check=True).stdout
+        assert "--max-num-batched-tokens" in out and "--gpu-memory-utilization" in out and "…" not in out, columns
+        assert max(len(line) for line in out.splitlines()) <= int(columns or 80), columns

@@ -82,8 +82,16 @@ def test_a_norm_over_all_heads_gathers_q_and_k_under_tensor_parallelism():
     # an MLP's (Megatron's f): 4 all-reduces per layer, as a dense model's
     train = _estimate(model="OLMoE-1B-7B-0924", device="h100x2", workload="train", batch=2, seq=256, tp=2,
                       top_ops=200)
-    comm = {o.name: o.count for o in train.top_ops if o.name.startswith("nccl")}
-    assert comm == {"nccl.all_reduce": 4 * 16, "nccl.all_gather": 2 * 16, "nccl.reduce_scatter": 2 * 16}
+    comm = {o.name: o for o in train.top_ops if o.name.startswith("nccl")}
+    assert {k: o.count for k, o in comm.items()} == {"nccl.all_reduce": 4 * 16, "nccl.all_gather": 2 * 16,
+                                                     "nccl.reduce_scatter": 2 * 16}
+    # a reduce-scatter moves the full gradient it reduces (it was costed at one shard: 1/tp of it)
+    assert comm["nccl.reduce_scatter"].bytes == pytest.approx(comm["nccl.all_gather"].bytes)
+    # a shared expert inside the MoE block shares its backward all-reduce (Qwen1.5-MoE: one per block, as
+    # Megatron at the MoE layer's input; the forward keeps HF's two row-parallel outputs: 5 per layer, not 6)
+    qwen_train = _estimate(model="Qwen1.5-MoE-A2.7B", device="h100x2", workload="train", batch=2, seq=256, tp=2,
+                           top_ops=200)
+    assert [o.count for o in qwen_train.top_ops if o.name == "nccl.all_reduce"] == [5 * 24]
 
 
 @pytest.mark.parametrize("runtime", ["vllm", "graphs"])

@@ -313,3 +313,27 @@ def test_plan_serve_searches_the_given_tp_degrees_with_expert_parallelism_and_po
     assert not refused.ranked and "above l4's board power" in refused.not_feasible["l4/vllm"]
     dense = plan_serve(plan_request(tp=[1], enable_expert_parallel=True, **{**base, "model": "opt-125m"}))
     assert dense.ranked and any("has no experts" in a for a in dense.assumptions)
+
+
+def test_equal_cost_configurations_rank_the_one_further_inside_its_slos_first():
+    """Every configuration serves the offered load, so the same GPUs at one price tie on $/M."""
+    r = served(6.0, 400.0)
+    slo = {"median_tpot_ms": 70.0, "p90_ttft_ms": 400.0}
+    for a, b in zip(r.ranked, r.ranked[1:]):
+        if (a.usd_per_million_output_tokens, a.gpus) == (b.usd_per_million_output_tokens, b.gpus):
+            assert max(a.metrics[k] / v for k, v in slo.items()) <= max(b.metrics[k] / v for k, v in slo.items())
+    assert any((a.usd_per_million_output_tokens, a.gpus) == (b.usd_per_million_output_tokens, b.gpus)
+               for a, b in zip(r.ranked, r.ranked[1:]))
+
+
+def test_the_replica_bound_runs_the_engine_full_whatever_the_request_count():
+    """The saturated bound ran --num-requests at once: 20 requests under vLLM's 1024 sequences were all admitted
+    together and the run was its drain, so Llama-3-8B at 30 req/s on H100s needed 2 replicas with 20 requests
+    and 1 with 400. The bound now runs the engine full (8 x max_num_seqs requests)."""
+    found = {}
+    for n in (20, 200):
+        r = plan_serve(plan_request(model="Meta-Llama-3-8B", devices=["h100"], runtimes=["vllm"], rate_per_s=30.0,
+                                    input_len="512", output_len="128", num_requests=n, max_gpus=4,
+                                    max_num_seqs=[None], tp=[1]))
+        found[n] = r.cheapest_per_device["h100-sxm"].replicas
+    assert found == {20: 1, 200: 1}

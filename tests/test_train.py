@@ -340,3 +340,15 @@ def test_moe_model_flops_count_the_active_parameters():
 
     held = matmul_params(catalog.resolve_model("Mixtral-8x7B-v0.1")[1], active=False) / 1e9    # plan train's bound
     assert 46.0 < held < 47.0     # published 46.7B with the embedding
+
+
+def test_training_with_a_vocab_parallel_head_traces_its_gather_and_reduce_scatter():
+    """--tp-scope full training failed to trace (the gathered logits had no gradient path); the logits' all-gather
+    is reduce-scattered in backward, over the same full logits."""
+    from aisim.api import estimate
+
+    est = estimate(model="opt-125m", device="h100x2", workload="train", batch=2, seq=256, dtype="bf16", tp=2,
+                   tp_scope="full", top_ops=300)
+    comm = {o.name: o for o in est.top_ops if o.name.startswith("nccl")}
+    assert comm["nccl.all_gather"].count == comm["nccl.reduce_scatter"].count == 1
+    assert comm["nccl.reduce_scatter"].bytes == comm["nccl.all_gather"].bytes

@@ -67,10 +67,11 @@ def shard_model(model, tp: int, scope: str, tracer, kv_replicas: int = 1) -> int
             if kv_replicas > 1 and isinstance(groups, int) and not is_linear(module):
                 module.num_key_value_groups = groups // kv_replicas
         if name in blocks:
-            module.register_forward_pre_hook(_backward_allreduce_hook(tracer, tp), with_kwargs=True)
             sinks = getattr(module, "sinks", None)       # per-head attention sinks (gpt-oss): this rank's heads
             if heads_sharded and isinstance(sinks, torch.nn.Parameter) and sinks.dim() == 1:
                 module.sinks = torch.nn.Parameter(torch.empty(sinks.shape[0] // tp, device="meta", dtype=sinks.dtype))
+    for name in _grad_allreduce_blocks(model, blocks):
+        _hook_grad_allreduce(model.get_submodule(name), tracer, tp)
     if heads_sharded:
         for name in blocks:
             _gather_full_width_norms(model.get_submodule(name), tp, tracer)
@@ -78,6 +79,21 @@ def shard_model(model, tp: int, scope: str, tracer, kv_replicas: int = 1) -> int
         raise AisimError(f"tensor parallelism found no linear layers to shard in {type(model).__name__}; "
                          "this model family is not supported with --tp yet")
     return sharded
+
+
+def _grad_allreduce_blocks(model, blocks: set[str]) -> set[str]:
+    """The modules whose input gradient is all-reduced in backward (Megatron's f): each block with sharded
+    linears, but one MoE block for everything inside it (a shared expert, the experts), as Megatron does at the MoE
+    layer's input."""
+    moe = {name.rpartition(".")[0] for name, m in model.named_modules() if m in expert_modules(model)}
+    return {next((b for b in moe if name.startswith(b + ".")), name) for name in blocks}
+
+
+def _hook_grad_allreduce(module, tracer, tp: int) -> None:
+    """Once per module: shard_model and shard_experts may both reach an MoE block."""
+    if not getattr(module, "_aisim_grad_allreduce", False):
+        module.register_forward_pre_hook(_backward_allreduce_hook(tracer, tp), with_kwargs=True)
+        module._aisim_grad_allreduce = True
 
 
 def _gather_full_width_norms(block, tp: int, tracer) -> None:
@@ -164,12 +180,18 @@ def shard_experts(model, tp: int, ep: int, tracer) -> int:
         _slice_experts(m, ep, inner_tp)
         if tp > 1:
             m.register_forward_hook(_collective_hook(tracer, "all_reduce", tp))
-            # each tp rank's experts give a partial gradient of the replicated tokens (Megatron's f)
-            m.register_forward_pre_hook(_backward_allreduce_hook(tracer, tp), with_kwargs=True)
+            # each tp rank's experts give a partial gradient of the replicated tokens (Megatron's f), all-reduced
+            # once at the MoE block's input with its shared expert's
+            _hook_grad_allreduce(_parent(model, m), tracer, tp)
         if ep > tp:
             m.register_forward_pre_hook(_all_to_all(tracer, ep, model.config, "dispatch"))
             m.register_forward_hook(_all_to_all(tracer, ep, model.config, "combine"))
     return len(found)
+
+
+def _parent(model, module):
+    name = next(n for n, m in model.named_modules() if m is module)
+    return model.get_submodule(name.rpartition(".")[0])
 
 
 def _slice_experts(m, ep: int, inner_tp: int) -> None:

@@ -3,15 +3,16 @@
 Search space: device x runtime (engines with a serving profile) x tensor-parallel degree x engine knobs
 (max_num_seqs) x replicas. For each (device, runtime, tp, knobs) the analytical model prunes first: the weights
 and a KV cache must fit (aisim.studies.serve.run.kv_capacity), and one replica's saturated throughput (a
-simulation at rate = inf) bounds the replicas needed from below; then the request-level simulator of one replica
+simulation at rate = inf at full concurrency, _min_replicas) bounds the replicas needed from below; then the request-level simulator of one replica
 at its share of the load (rate / replicas: a round-robin split of Poisson arrivals is Poisson) checks the SLOs at
 that replica count and the next ones, up to --max-gpus. Every candidate considered is counted (pruned or simulated).
 
 Costs: $/hour = GPUs x price per GPU-hour (the GPU spec's default price, or --price); $ per million output tokens
 = $/hour / (output tokens per hour) x 1e6, where a replica's output tokens per second at its share of the load are
-the offered load (rate / replicas x the output tokens per simulated request), at most its saturated throughput: a
-stable queue serves what arrives, and a finite run's duration adds the drain after the last arrival; energy from
-the simulated steps' energy (GPUs at work), kWh per day at the load = the replicas' average power x 24 h x PUE;
+the offered load (rate / replicas x the output tokens per simulated request): a stable queue serves what arrives
+(the search simulates only shares within a replica's saturated throughput), and a finite run's duration adds the
+drain after the last arrival; J per output token from the simulated steps' energy (GPUs at work, the drain's
+smaller batches included), kWh per day at the load = J per token x the offered tokens per second x 24 h x PUE;
 CO2 per day = kWh x grid intensity.
 """
 from __future__ import annotations
@@ -30,11 +31,12 @@ from ..scenario import ScenarioRequest, calibration_note, resolve_scenario
 from ..specs import all_hardware, all_runtimes
 from .common import refuse_gpu_count
 from .serve import ArrivalSpec, ServeRequest, validated
-from .serve.metrics import percentile_key
-from .serve.run import failure_summary, serve
+from .serve.metrics import ServeResult, percentile_key
+from .serve.run import engine_config, failure_summary, serve
 
 SLO_KEY = re.compile(r"^(mean|median|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 HOURS_PER_DAY = 24.0
+SATURATION_SEQS_FACTOR = 8   # the saturated bound run: this many requests per max_num_seqs (see _min_replicas)
 
 
 class PlanServeRequest(BaseModel):
@@ -172,6 +174,13 @@ def _slo_value(metrics: dict, key: str) -> float:
     raise AisimError(f"SLO {key}: the simulation has no such metric")
 
 
+def _slo_load(c: "Candidate", slo: dict[str, float]) -> float:
+    """How close a configuration runs to its SLOs: the largest metric / limit (median TPOT without SLOs)."""
+    if not slo:
+        return c.metrics.get("median_tpot_ms") or math.inf
+    return max(_slo_value(c.metrics, k) / v for k, v in slo.items())
+
+
 def _meets(metrics: dict, slo: dict[str, float]) -> bool:
     return all(_slo_value(metrics, k) <= v for k, v in slo.items())
 
@@ -183,12 +192,13 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
     infeasible: dict[str, str] = {}
     notes: set[str] = set()
     model, config = resolve_model(req.model)   # the resolved name, as `aisim serve` reports it
-    if req.enable_expert_parallel and not any(config.get(k) for k in EXPERT_COUNT_KEYS):
+    moe = any(config.get(k) for k in EXPERT_COUNT_KEYS)
+    if req.enable_expert_parallel and not moe:
         notes.add(f"--enable-expert-parallel: {model} has no experts; like vLLM's flag, it changes nothing")
     notes.add("each configuration's metrics (latencies, request_throughput, duration_s, completed) are one "
               "replica's finite simulation at rate / replicas with the router's even share; the deployment's tok/s, "
-              "$ and energy columns are its steady state: the offered load (rate x output tokens per request), at "
-              "most the replicas' saturated throughput")
+              "$ and kWh/day columns are at its steady state, the offered load (rate x output tokens per request); "
+              "J/tok is the simulated steps' (the drain's smaller batches included)")
     notes.add("J/tok and kWh/day: aisim's serving energy is checked only against transformers-cb runs on an H100, "
               "where it was low on every run (docs/accuracy.md, serving section): read them as a lower bound")
     if req.devices == ["all"]:
@@ -199,10 +209,13 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
         for runtime in req.runtimes:
             if runtime not in all_runtimes() or all_runtimes()[runtime].serving is None:
                 raise AisimError(f"runtime {runtime!r} has no serving profile (aisim list runtimes)")
-            reason = _search_device(req, device, runtime, percentiles, counts, found, notes, progress)
+            reason = _search_device(req, device, runtime, percentiles, counts, found, notes, progress, moe)
             if reason:
                 infeasible[f"{device}/{runtime}"] = reason
-    ok = sorted((c for c in found if c.meets_slo), key=lambda c: (c.usd_per_million_output_tokens or math.inf, c.gpus))
+    # every configuration serves the same offered load, so equal GPUs at one price tie on $/M: the one further
+    # inside its SLOs (the largest metric / limit; without SLOs, median TPOT) comes first
+    ok = sorted((c for c in found if c.meets_slo),
+                key=lambda c: (c.usd_per_million_output_tokens or math.inf, c.gpus, _slo_load(c, req.slo)))
     cheapest, min_gpus = {}, {}
     for c in ok:
         cheapest.setdefault(c.device, c)
@@ -213,13 +226,17 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
                            assumptions=sorted(notes))
 
 
-def _search_device(req, device, runtime, percentiles, counts, found, notes, progress) -> str | None:
+def _scenario_request(req: PlanServeRequest, gpu, runtime: str, tp: int, moe: bool) -> ScenarioRequest:
+    """One candidate's scenario: tp GPUs of ``gpu``; experts spread over them with --enable-expert-parallel."""
+    return ScenarioRequest(model=req.model, device=gpu_device(gpu, tp), dtype=req.dtype, tp=tp, quant=req.quant,
+                           kv_dtype=req.kv_dtype, runtime=runtime, ep=tp if req.enable_expert_parallel and moe else 1,
+                           power_limit_w=req.power_limit_w, gpu_clock_mhz=req.gpu_clock_mhz)
+
+
+def _search_device(req, device, runtime, percentiles, counts, found, notes, progress, moe: bool) -> str | None:
     gpu = resolve_gpu(device)
-    moe = any(resolve_model(req.model)[1].get(k) for k in EXPERT_COUNT_KEYS)
     try:   # a setting this GPU refuses whatever the plan (a power limit above its board power): said as its reason
-        resolve_scenario(ScenarioRequest(model=req.model, device=gpu_device(gpu, 1), dtype=req.dtype, quant=req.quant,
-                                         kv_dtype=req.kv_dtype, runtime=runtime, power_limit_w=req.power_limit_w,
-                                         gpu_clock_mhz=req.gpu_clock_mhz), "prefill")
+        resolve_scenario(_scenario_request(req, gpu, runtime, 1, moe), "prefill")
     except AisimError as exc:
         return str(exc)
     shape_reason, last_reason = "no tensor-parallel degree fits", None   # a simulated tp's reason comes first
@@ -229,10 +246,7 @@ def _search_device(req, device, runtime, percentiles, counts, found, notes, prog
     for tp in (t for t in req.tp if t <= req.max_gpus):
         counts["considered"] += len(req.max_num_seqs) * max(req.max_gpus // tp, 1)
         try:
-            base = ScenarioRequest(model=req.model, device=gpu_device(gpu, tp), dtype=req.dtype, tp=tp,
-                                   quant=req.quant, kv_dtype=req.kv_dtype, runtime=runtime,
-                                   ep=tp if req.enable_expert_parallel and moe else 1, power_limit_w=req.power_limit_w,
-                                   gpu_clock_mhz=req.gpu_clock_mhz)
+            base = _scenario_request(req, gpu, runtime, tp, moe)
             sc = resolve_scenario(base, "prefill")
             check_tp(sc.config, tp, "all", sc.runtime.replicate_kv_heads)
         except AisimError as exc:
@@ -272,10 +286,10 @@ def _search_device(req, device, runtime, percentiles, counts, found, notes, prog
     return None
 
 
-def _simulate(req, sc, knobs, replicas, percentiles, counts, rate=None):
-    counts["simulated"] += rate is None   # a configuration at the load; the saturated run is its bound
+def _simulate(req, sc, knobs, replicas, percentiles, counts, rate=None, num_requests=None):
+    counts["simulated"] += int(rate is None)   # a configuration at the load; the saturated run is its bound
     per_replica = (rate or req.rate_per_s) / replicas
-    sreq = validated(ServeRequest, {"num_requests": req.num_requests, "input_len": req.input_len,
+    sreq = validated(ServeRequest, {"num_requests": num_requests or req.num_requests, "input_len": req.input_len,
                                     "output_len": req.output_len, "rate_per_s": per_replica, "seed": req.seed,
                                     "arrival": req.arrival, "metric_percentiles": percentiles})
     run, cfg, _ = serve(sc, sreq, knobs)
@@ -291,17 +305,29 @@ class Saturated(AisimError):
 
 
 def _min_replicas(req, sc, tp, knobs, percentiles, counts, notes) -> Candidate | None:
-    """The fewest replicas that meet the SLOs (None when even max_gpus do not), from the saturation bound up."""
-    run, cfg = _simulate(req, sc, knobs, 1, percentiles, counts, rate=math.inf)
-    sat = run.result
-    if sat.failed and set(sat.failed_reasons) == {"max_model_len"} and sat.completed:
-        # the engine rejects a request longer than the model's context whatever the plan: plan for the others
-        notes.add(f"{sat.failed_reasons['max_model_len']} of {sat.completed + sat.failed} simulated requests are "
-                  f"over the model's max_model_len {cfg.max_model_len} and rejected, as the engine rejects them; "
-                  "the plan serves the rest")
-    elif sat.failed:      # requests no replica count can run (the KV cache, the batch): say why, as serve
-        raise AisimError(f"tp {tp}: {failure_summary(run, cfg)}")
-    capacity = sat.request_throughput
+    """The fewest replicas that meet the SLOs (None when even max_gpus do not), from the saturation bound up.
+
+    The bound is one replica's saturated throughput, the larger of two runs at rate = inf: --num-requests, and
+    SATURATION_SEQS_FACTOR x max_num_seqs requests (the engine full for most of the run). With only the first (400
+    by default, fewer than vLLM's 1024 sequences) every request was admitted at once and the run was mostly its
+    drain: Llama-3-8B under vllm on an H100 saturated at 37.9 req/s with 400 ShareGPT requests, 72.1 with 8,000.
+    An engine whose steps slow down with concurrency (transformers-cb's packed attention) saturates higher with
+    fewer requests in flight. A bound from below must not prune a replica count that can carry the rate, so it
+    takes the larger; the simulation at the load then decides."""
+    max_seqs = engine_config(sc, knobs)[0].max_num_seqs
+    capacity = 0.0
+    for n in sorted({req.num_requests, max(req.num_requests, SATURATION_SEQS_FACTOR * max_seqs)}):
+        run, cfg = _simulate(req, sc, knobs, 1, percentiles, counts, rate=math.inf, num_requests=n)
+        sat = run.result
+        if sat.failed and set(sat.failed_reasons) == {"max_model_len"} and sat.completed:
+            # the engine rejects a request longer than the model's context whatever the plan: plan for the others
+            notes.add(f"{sat.failed_reasons['max_model_len']} of {sat.completed + sat.failed} simulated requests "
+                      f"are over the model's max_model_len {cfg.max_model_len} and rejected, as the engine rejects "
+                      "them; the plan serves the rest")
+        elif sat.failed:      # requests no replica count can run (the KV cache, the batch): say why, as serve
+            raise AisimError(f"tp {tp}: {failure_summary(run, cfg)}")
+        # requests per second of the arrival stream: the ones over max_model_len are rejected at once
+        capacity = max(capacity, sat.request_throughput * (sat.completed + sat.failed) / max(sat.completed, 1))
     max_replicas = max(req.max_gpus // tp, 1)
     low = max(1, math.ceil(req.rate_per_s / capacity)) if capacity > 0 else max_replicas + 1
     if low > max_replicas:
@@ -314,7 +340,7 @@ def _min_replicas(req, sc, tp, knobs, percentiles, counts, notes) -> Candidate |
         result = run.result
         if result.failed and set(result.failed_reasons) != {"max_model_len"}:
             continue
-        best = _candidate(req, sc, tp, replicas, cfg.max_num_seqs, result, sat.output_throughput)
+        best = _candidate(req, sc, tp, replicas, cfg.max_num_seqs, result)
         if best.meets_slo or (previous is not None and not _improved(previous, best, req.slo)):
             break   # more replicas only shorten queues: once the SLO latencies stop falling, none will meet them
         previous = best
@@ -328,19 +354,19 @@ def _improved(before: Candidate, after: Candidate, slo: dict[str, float], rel: f
     return any(_slo_value(after.metrics, k) < (1 - rel) * _slo_value(before.metrics, k) for k in slo)
 
 
-def steady_output_tokens_per_s(rate_per_s: float, r, saturated_tokens_per_s: float) -> float:
+def steady_output_tokens_per_s(rate_per_s: float, r: ServeResult) -> float:
     """One replica's output tokens per second at ``rate_per_s``: the offered load (arrivals x output tokens per
-    simulated request; the ones the engine rejects bring none), at most what it serves saturated. A finite run's
-    own output_throughput divides by a duration that includes the drain after the last arrival."""
-    offered = rate_per_s * r.total_output_tokens / max(r.completed + r.failed, 1)
-    return min(offered, saturated_tokens_per_s)
+    simulated request; the ones the engine rejects bring none). A stable queue serves what arrives; the search
+    simulates only replica counts whose share of the rate is within one replica's saturated throughput. A finite
+    run's own output_throughput divides by a duration that includes the drain after the last arrival."""
+    return rate_per_s * r.total_output_tokens / max(r.completed + r.failed, 1)
 
 
-def _candidate(req, sc, tp, replicas, max_num_seqs, r, saturated_tokens_per_s: float) -> Candidate:
+def _candidate(req, sc, tp, replicas, max_num_seqs, r: ServeResult) -> Candidate:
     metrics = r.flat()
     gpus = tp * replicas
     price = req.prices.get(sc.device.gpu.name, sc.device.gpu.price_usd_per_gpu_hour)
-    tokens_per_s = steady_output_tokens_per_s(req.rate_per_s / replicas, r, saturated_tokens_per_s) * replicas
+    tokens_per_s = steady_output_tokens_per_s(req.rate_per_s / replicas, r) * replicas
     usd_h = gpus * price if price else None
     j_per_tok = r.energy_j_per_output_token
     watts = j_per_tok * tokens_per_s                     # the GPUs' average draw while serving at the load
