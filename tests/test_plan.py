@@ -337,3 +337,21 @@ def test_the_replica_bound_runs_the_engine_full_whatever_the_request_count():
                                     max_num_seqs=[None], tp=[1]))
         found[n] = r.cheapest_per_device["h100-sxm"].replicas
     assert found == {20: 1, 200: 1}
+
+
+def test_plan_energy_is_the_steady_states_within_the_board_or_its_limit_whatever_the_request_count():
+    """J/tok and kWh/day were the finite run's J/tok (its warm-up and drain included) times the offered load:
+    with 100 requests Llama-3-70B on 4 H100s drew 2.2 kW per GPU, and --power-limit was exceeded. They now come from
+    the steady window's steps plus idle power, and a run too short for a steady window is lengthened."""
+    base = dict(model="Meta-Llama-3-8B", devices=["h100"], runtimes=["vllm"], rate_per_s=20.0, max_gpus=2,
+                max_num_seqs=[None], tp=[1])
+    found = {}
+    for n, limit in ((40, None), (400, None), (400, 300.0)):
+        c = plan_serve(plan_request(num_requests=n, power_limit_w=limit, **base)).cheapest_per_device["h100-sxm"]
+        watts_per_gpu = c.kwh_per_day * 1e3 / 24 / 1.2 / c.gpus
+        assert 75 < watts_per_gpu <= (limit or 700), (n, limit, watts_per_gpu)   # above idle (75 W), at most the cap
+        assert c.joules_per_output_token == pytest.approx(watts_per_gpu * c.gpus / (c.output_tokens_per_s_per_gpu
+                                                                                    * c.gpus))
+        found[(n, limit)] = c.joules_per_output_token
+    assert found[(40, None)] == pytest.approx(found[(400, None)], rel=0.15)   # was 2-4x apart
+    assert found[(400, 300.0)] < found[(400, None)] * 1.5

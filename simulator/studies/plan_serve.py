@@ -11,9 +11,10 @@ Costs: $/hour = GPUs x price per GPU-hour (the GPU spec's default price, or --pr
 = $/hour / (output tokens per hour) x 1e6, where a replica's output tokens per second at its share of the load are
 the offered load (rate / replicas x the output tokens per simulated request): a stable queue serves what arrives
 (the search simulates only shares within a replica's saturated throughput), and a finite run's duration adds the
-drain after the last arrival; J per output token from the simulated steps' energy (GPUs at work, the drain's
-smaller batches included), kWh per day at the load = J per token x the offered tokens per second x 24 h x PUE;
-CO2 per day = kWh x grid intensity.
+drain after the last arrival; power from the steps' energy in the run's steady window (after a quarter of the
+arrivals, up to the last; a run too short for one is lengthened) plus the GPUs' idle power while no step runs;
+J per output token = that power / the offered tokens per second; kWh per day = that power x 24 h x PUE; CO2 per
+day = kWh x grid intensity.
 """
 from __future__ import annotations
 
@@ -30,13 +31,15 @@ from ..plan import check_tp
 from ..scenario import ScenarioRequest, calibration_note, resolve_scenario
 from ..specs import all_hardware, all_runtimes
 from .common import refuse_gpu_count
-from .serve import ArrivalSpec, ServeRequest, validated
+from .serve import ArrivalSpec, ServeRequest, ServeRun, validated
 from .serve.metrics import ServeResult, percentile_key
 from .serve.run import engine_config, failure_summary, serve
 
 SLO_KEY = re.compile(r"^(mean|median|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 HOURS_PER_DAY = 24.0
 SATURATION_SEQS_FACTOR = 8   # the saturated bound run: this many requests per max_num_seqs (see _min_replicas)
+STEADY_WINDOW_E2EL = 4.0     # a run at the load covers this many mean end-to-end latencies between warm-up and drain
+MAX_STEADY_REQUESTS = 20_000
 
 
 class PlanServeRequest(BaseModel):
@@ -196,9 +199,10 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
     if req.enable_expert_parallel and not moe:
         notes.add(f"--enable-expert-parallel: {model} has no experts; like vLLM's flag, it changes nothing")
     notes.add("each configuration's metrics (latencies, request_throughput, duration_s, completed) are one "
-              "replica's finite simulation at rate / replicas with the router's even share; the deployment's tok/s, "
-              "$ and kWh/day columns are at its steady state, the offered load (rate x output tokens per request); "
-              "J/tok is the simulated steps' (the drain's smaller batches included)")
+              "replica's finite simulation at rate / replicas with the router's even share (lengthened to cover "
+              f"{STEADY_WINDOW_E2EL:g} mean end-to-end latencies between its warm-up and its drain); the deployment's "
+              "tok/s, $, J/tok and kWh/day are at its steady state: the offered load (rate x output tokens per "
+              "request), the steady window's step energy plus the GPUs' idle power between steps")
     notes.add("J/tok and kWh/day: aisim's serving energy is checked only against transformers-cb runs on an H100, "
               "where it was low on every run (docs/accuracy.md, serving section): read them as a lower bound")
     if req.devices == ["all"]:
@@ -287,13 +291,22 @@ def _search_device(req, device, runtime, percentiles, counts, found, notes, prog
 
 
 def _simulate(req, sc, knobs, replicas, percentiles, counts, rate=None, num_requests=None):
+    """One replica at its share of the rate (or saturated at ``rate`` = inf). A run at the load whose steady window
+    (warm-up and drain excluded) is shorter than STEADY_WINDOW_E2EL mean end-to-end latencies is run once more
+    with proportionally more requests (at most MAX_STEADY_REQUESTS): 40 requests at 500 req/s arrive in 0.08 s,
+    and such a run is its warm-up and drain, its latencies and energy too."""
     counts["simulated"] += int(rate is None)   # a configuration at the load; the saturated run is its bound
     per_replica = (rate or req.rate_per_s) / replicas
-    sreq = validated(ServeRequest, {"num_requests": num_requests or req.num_requests, "input_len": req.input_len,
-                                    "output_len": req.output_len, "rate_per_s": per_replica, "seed": req.seed,
-                                    "arrival": req.arrival, "metric_percentiles": percentiles})
-    run, cfg, _ = serve(sc, sreq, knobs)
-    return run, cfg
+    n = num_requests or req.num_requests
+    while True:
+        sreq = validated(ServeRequest, {"num_requests": n, "input_len": req.input_len, "output_len": req.output_len,
+                                        "rate_per_s": per_replica, "seed": req.seed, "arrival": req.arrival,
+                                        "metric_percentiles": percentiles})
+        run, cfg, _ = serve(sc, sreq, knobs)
+        need = STEADY_WINDOW_E2EL * run.result.mean_e2el_ms / 1e3
+        if rate is not None or run.steady is None or run.steady.seconds >= need or n >= MAX_STEADY_REQUESTS:
+            return run, cfg
+        n = min(MAX_STEADY_REQUESTS, math.ceil(n * need / max(run.steady.seconds, 1e-9)) + 1)
 
 
 class Saturated(AisimError):
@@ -340,7 +353,7 @@ def _min_replicas(req, sc, tp, knobs, percentiles, counts, notes) -> Candidate |
         result = run.result
         if result.failed and set(result.failed_reasons) != {"max_model_len"}:
             continue
-        best = _candidate(req, sc, tp, replicas, cfg.max_num_seqs, result)
+        best = _candidate(req, sc, tp, replicas, cfg.max_num_seqs, run)
         if best.meets_slo or (previous is not None and not _improved(previous, best, req.slo)):
             break   # more replicas only shorten queues: once the SLO latencies stop falling, none will meet them
         previous = best
@@ -362,14 +375,27 @@ def steady_output_tokens_per_s(rate_per_s: float, r: ServeResult) -> float:
     return rate_per_s * r.total_output_tokens / max(r.completed + r.failed, 1)
 
 
-def _candidate(req, sc, tp, replicas, max_num_seqs, r: ServeResult) -> Candidate:
+def steady_power_w(run: ServeRun, gpu, tp: int) -> float:
+    """One replica's average draw at its share of the load, all tp GPUs: its steps' energy over the steady window
+    (warm-up and drain excluded), and the GPUs' idle power while no step runs (datasheet idle_power_w). The whole
+    run where it has no window."""
+    w, r = run.steady, run.result
+    if w is None or w.seconds <= 0:
+        busy = min(r.duration_s, r.energy_j / max(gpu.board_power_w * tp, 1e-9))
+        return (r.energy_j + (r.duration_s - busy) * gpu.idle_power_w * tp) / max(r.duration_s, 1e-9)
+    idle_s = max(w.seconds * w.replicas - w.busy_s, 0.0)
+    return (w.energy_j + idle_s * gpu.idle_power_w * tp) / (w.seconds * w.replicas)
+
+
+def _candidate(req, sc, tp, replicas, max_num_seqs, run: ServeRun) -> Candidate:
+    r = run.result
     metrics = r.flat()
     gpus = tp * replicas
     price = req.prices.get(sc.device.gpu.name, sc.device.gpu.price_usd_per_gpu_hour)
     tokens_per_s = steady_output_tokens_per_s(req.rate_per_s / replicas, r) * replicas
     usd_h = gpus * price if price else None
-    j_per_tok = r.energy_j_per_output_token
-    watts = j_per_tok * tokens_per_s                     # the GPUs' average draw while serving at the load
+    watts = steady_power_w(run, sc.device.gpu, tp) * replicas   # the GPUs' average draw at the load
+    j_per_tok = watts / tokens_per_s if tokens_per_s else r.energy_j_per_output_token
     kwh_day = watts * HOURS_PER_DAY / 1e3 * req.pue
     tpot = r.median_tpot_ms or math.inf
     return Candidate(device=sc.device.gpu.name, runtime=sc.runtime.name, tp=tp, replicas=replicas, gpus=gpus,

@@ -30,7 +30,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from aisim.errors import AisimError
 
 from .engine import EngineConfig
-from .metrics import RequestTable, ServeResult, summarize, token_times, write_requests_csv
+from .metrics import RequestTable, ServeResult, SteadyWindow, steady_window, summarize, token_times, write_requests_csv
 from .requests import MAX_REQUESTS, Workload, parse_arrival_cv, parse_length, read_trace, synth_workload
 from .simulate import ProgressFn, simulate
 from .steptime import BatchShape, LinearStepTimer, StepTimer
@@ -124,6 +124,7 @@ class ServeRun:
     requests: RequestTable
     token_time_s: np.ndarray
     token_request_id: np.ndarray
+    steady: SteadyWindow | None = None   # between warm-up and drain (plan serve's steady-state energy)
 
 
 def build_workload(request: ServeRequest) -> Workload:
@@ -151,7 +152,7 @@ def run_serving(request: ServeRequest, timer: StepTimer, engine_config: EngineCo
     run = simulate(workload, timer, engine, replicas=request.replicas, router=request.router, progress=progress)
     tokens = token_times(run)
     result, table = summarize(run, request.metric_percentiles, tokens)
-    return ServeRun(result, table, *tokens)
+    return ServeRun(result, table, *tokens, steady=steady_window(run, tokens[0]))
 
 
 def simulate_serving(request: ServeRequest, timer: StepTimer, engine_config: EngineConfig,

@@ -93,6 +93,41 @@ class RequestTable:
     tokens_emitted: np.ndarray
 
 
+@dataclass(frozen=True)
+class SteadyWindow:
+    """The run between its warm-up and its drain: from the arrival of the first quarter's last request to the last
+    arrival. What the replicas' steps did in it (steps ending inside it), summed over the replicas."""
+
+    start_s: float
+    end_s: float
+    energy_j: float
+    busy_s: float
+    output_tokens: int
+    replicas: int
+
+    @property
+    def seconds(self) -> float:
+        return self.end_s - self.start_s
+
+
+def steady_window(run: SimRun, token_time_s: np.ndarray) -> SteadyWindow | None:
+    """The steady part of a run at a finite rate (None at rate = inf, or with under 4 requests)."""
+    arrivals = np.sort([r.arrival_s for r in run.requests])
+    if len(arrivals) < 4:
+        return None
+    start, end = float(arrivals[len(arrivals) // 4]), float(arrivals[-1])
+    if end <= start:
+        return None
+    energy = busy = 0.0
+    for st in run.replicas:
+        ends = np.asarray(st.step_end_s, dtype=np.float64)
+        inside = (ends > start) & (ends <= end)
+        energy += float(np.asarray(st.step_energy_j, dtype=np.float64)[inside].sum())
+        busy += float(np.asarray(st.step_s, dtype=np.float64)[inside].sum())
+    tokens = int(((token_time_s > start) & (token_time_s <= end)).sum())
+    return SteadyWindow(start, end, energy, busy, tokens, len(run.replicas))
+
+
 def percentile_key(p: float, metric: str) -> str:
     """vLLM's name for a percentile: p99_ttft_ms, p99.9_itl_ms."""
     word = str(int(p)) if float(p) == int(p) else f"{p:g}"

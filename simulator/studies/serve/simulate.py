@@ -67,6 +67,8 @@ class ReplicaStats:
     index: int
     num_kv_blocks: int
     step_end_s: list[float] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)          # each step's duration (busy seconds)
+    step_energy_j: list[float] = field(default_factory=list)   # each step's energy, graph builds included
     energy_j: float = 0.0
     in_system_area: float = 0.0  # integral of (requests in the replica) dt over its steps, request-seconds
     batch_seqs_sum: int = 0
@@ -122,13 +124,16 @@ class _Runner:
             k = len(step_end)
             shape = sched.schedule(k)
             dt = timer.step_time_s(shape) + self.overhead_s + sched.swap_bytes * self.s_per_swap_byte
+            energy = timer.step_energy_j(shape)
             if self.build_s:
                 new = [key for key in timer.attention_shapes(shape) if key not in self.built]
                 if new:
                     self.built.update(new)
                     dt += self.build_s * len(new)
-                    stats.energy_j += self.build_s * len(new) * self.build_w
-            stats.energy_j += timer.step_energy_j(shape)
+                    energy += self.build_s * len(new) * self.build_w
+            stats.energy_j += energy
+            stats.step_energy_j.append(energy)
+            stats.step_s.append(dt)
             stats.in_system_area += sched.in_system() * dt
             stats.batch_seqs_sum += shape.prefill_seqs + shape.decode_seqs
             self.clock_s += dt
