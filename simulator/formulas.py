@@ -107,6 +107,18 @@ def op_cost(op: Op) -> Cost:
     return memory_cost(op)
 
 
+def expert_parallel_rows(cost: Cost, op: Op, share: float) -> Cost:
+    """A forward kernel of an experts module under expert parallelism (the activation, the routing-weight
+    multiply, the engine's moe_align / moe_act / moe_sum): the trace runs it over every routed row, this GPU over
+    ``share`` of them (moe_routing's rows_share). Grouped GEMMs scale themselves (routed_rows); collectives and
+    host-only ops stay."""
+    if share >= 1.0 or op.phase != "forward" or op.name == "aten._grouped_mm" or cost.kind not in ("memory", "gemm"):
+        return cost
+    if "experts" not in op.scope.split("."):
+        return cost
+    return Cost(cost.flops * share, cost.bytes_read * share, cost.bytes_written * share, cost.launches, cost.kind)
+
+
 def quantized(cost: Cost, op: Op, quant: str) -> Cost:
     """A GEMM that reads its weight in a weight-only quantized format: fewer weight bytes read (dequantization
     inside the kernel taken as free; bitsandbytes LLM.int8 is expanded into its own ops by graph.engine)."""
@@ -185,10 +197,15 @@ def _grouped_mm(op: Op) -> Cost:
     a, w = op.inputs[0], op.inputs[1]
     out = op.outputs[0] if op.outputs else a
     if len(a.shape) == 2 and len(w.shape) == 2 and len(out.shape) == 3:
-        # the weight gradient in backward: (K, S) @ (S, N) grouped along S into (E, K, N); every routed row once
+        # the weight gradient in backward: (K, S) @ (S, N) grouped along S into (E, K, N); every routed row of
+        # this GPU's experts once (expert parallelism: E_local / E of the rows, from token_groups ranks)
         k_dim, rows, n = a.shape[0], a.shape[1], w.shape[1]
-        return Cost(2.0 * k_dim * rows * n, a.nbytes + w.nbytes + sum(t.nbytes for t in op.inputs[2:]),
-                    float(out.nbytes), 1, "gemm")
+        share = 1.0
+        if "moe" in op.attrs:
+            moe = op.attrs["moe"]
+            share = min(moe.get("token_groups", 1) * out.shape[0] / moe["experts"], 1.0 * moe.get("token_groups", 1))
+        return Cost(2.0 * k_dim * rows * n * share, (a.nbytes + w.nbytes) * share
+                    + sum(t.nbytes for t in op.inputs[2:]), float(out.nbytes), 1, "gemm")
     n, k = w.shape[-1], w.shape[-2]
     if "moe" in op.attrs:
         rows, touched = routed_rows(op)

@@ -83,15 +83,16 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
     found = _DEVICE_FREE.get(key)
     if found is not None:
         return found
-    from .formulas import is_known, is_kv_append, kv_append_in_place, op_cost, quantized
+    from .formulas import expert_parallel_rows, is_known, is_kv_append, kv_append_in_place, op_cost, quantized
     from .graph.engine import (expand, fuse, fused_attention_peak, kv_rewrite, mla_absorb, moe_routing,
                                sliding_windows, static_cache_decode)
     from .graph.extract import trace_workload
 
     graph = trace_workload(sc.config, w.model_copy(update={"static_cache_len": None}), sc.plan)
     rt = sc.runtime
+    moe = moe_routing(sc.config, sc.plan, w.quant)
     ops, repeats = expand(graph.ops, graph.repeats, w, rt, graph.meta.get("vocab_size") or 0, w.batch // sc.plan.dp,
-                          moe_routing(sc.config, sc.plan, w.quant), bool(sc.device.gpu.peak_flops_per_s.fp8))
+                          moe, bool(sc.device.gpu.peak_flops_per_s.fp8))
     ops, repeats = fuse(ops, repeats, rt.fusions, rt.kv_cache == "preallocated")
     peak = fused_attention_peak(graph, ops)
     if peak != graph.peak_activation_bytes:
@@ -105,6 +106,8 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
         ops = kv_rewrite(ops, None if sc.kv_dtype == "auto" else sc.kv_dtype,
                          sliding_windows(sc.config) if rt.fusions else None)
     costs = [quantized(op_cost(op), op, w.quant) for op in ops]
+    if moe is not None and moe.get("rows_share", 1.0) < 1.0:
+        costs = [expert_parallel_rows(c, op, moe["rows_share"]) for c, op in zip(costs, ops)]
     if rt.kv_cache == "preallocated":   # the engine writes the new tokens in place: no cat kernel
         costs = [kv_append_in_place(c, op) for c, op in zip(costs, ops)]
         ops = [replace(op, attrs={k: v for k, v in op.attrs.items() if k != "strided_inputs"})

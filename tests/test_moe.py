@@ -94,6 +94,19 @@ def test_a_norm_over_all_heads_gathers_q_and_k_under_tensor_parallelism():
     assert [o.count for o in qwen_train.top_ops if o.name == "nccl.all_reduce"] == [5 * 24]
 
 
+def test_expert_parallelism_computes_this_gpus_share_of_the_routed_rows():
+    """--ep 2 over the tp 2 GPUs: each GPU runs half the experts on the rows routed to them, the same work per GPU
+    as splitting every expert over both. Its activation and moe_sum kernels (vLLM) and backward's weight-gradient
+    grouped GEMM ran over every routed row: twice the work."""
+    def work(workload, ep, runtime=None):
+        est = _estimate(model="OLMoE-1B-7B-0924", device="h100x2", workload=workload, batch=8, seq=512, tp=2, ep=ep,
+                        runtime=runtime, top_ops=300)
+        return {o.name: o.flops for o in est.top_ops if o.name in ("aten._grouped_mm", "fused.moe_act")}
+    tp, ep = work("prefill", 1, "vllm"), work("prefill", 2, "vllm")
+    assert ep == pytest.approx(tp)
+    assert work("train", 2)["aten._grouped_mm"] == pytest.approx(work("train", 1)["aten._grouped_mm"])
+
+
 @pytest.mark.parametrize("runtime", ["vllm", "graphs"])
 def test_engines_write_the_kv_cache_in_place(runtime):
     est = _estimate(model="Meta-Llama-3-8B", device="h100", workload="decode", batch=32, seq=7512, runtime=runtime)

@@ -96,6 +96,10 @@ def moe_routing(config: dict, plan=None, quant: str = "none") -> dict | None:
         return None
     groups = max(plan.ep // plan.tp, 1) if plan is not None else 1
     out = {"experts": int(experts), "top_k": int(top_k), "token_groups": groups}
+    if plan is not None and plan.ep > 1:
+        # the routed rows this GPU's experts compute, of the rows traced: E / ep experts get 1 / ep of them, from
+        # token_groups ranks (formulas.expert_parallel_rows)
+        out["rows_share"] = groups / plan.ep
     element = expert_weight_bytes(config, quant)
     if (config.get("quantization_config") or {}).get("quant_method") == "mxfp4":
         out["packed"] = True          # the checkpoint's own MXFP4 experts: --quant does not re-quantize them
