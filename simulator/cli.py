@@ -27,12 +27,19 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+# image formats matplotlib writes without extra packages, by file suffix (the plots pick the format from it)
+PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
+
 def _output_path(path: Optional[Path], flag: str) -> None:
-    """Fail before any work when an output file cannot be written: its folder missing, or not writable."""
+    """Fail before any work when an output file cannot be written: its folder missing, or not writable; a plot's
+    suffix not an image format."""
     import os
 
     if path is None:
         return
+    if flag == "--plot" and path.suffix.lower() not in PLOT_SUFFIXES:
+        _fail(f"{flag} {path}: the suffix picks the image format; end the name in one of {', '.join(PLOT_SUFFIXES)}")
     folder = path.expanduser().parent
     if not folder.is_dir():
         _fail(f"{flag} {path}: folder {folder} does not exist; create it or give another path")

@@ -416,7 +416,7 @@ def _runtime_notes(rt: RuntimeSpec, dev: Device, dtype: str) -> list[str]:
 def calibration_note(sc: Scenario) -> str | None:
     """Said with every estimate whose calibration is not a measurement."""
     cal = sc.calibration
-    if cal.measured:
+    if cal.measured or any(a.startswith("--calibration none") for a in sc.assumptions):   # asked for: said once
         return None
     source = ("the documented default rules (hardware_specs/calibration/default.yaml)" if cal.device == "default"
               else f"documented rules for this GPU (hardware_specs/calibration/{cal.device}.yaml)")

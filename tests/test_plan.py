@@ -185,13 +185,15 @@ def test_plan_train_says_why_a_gpu_count_has_no_plan():
 
 
 def test_plan_serve_says_when_no_request_fits_the_model():
-    """Prompts over the model's max_model_len (opt-125m: 2048 positions) fail every request: the reason names it,
-    as aisim serve does (it used to report a saturation rate of 0.00 req/s)."""
-    result = plan_serve(plan_request(**{**SERVE, "devices": ["h100"], "input_len": "4000", "max_num_seqs": [None]},
-                                     rate_per_s=1.0, slo={}))
-    assert not result.ranked
-    (reason,) = result.not_feasible.values()
-    assert "max_model_len 2048" in reason and "0.00 req/s" not in reason
+    """Prompts over the model's max_model_len (opt-125m: 2048 positions) fail every request: the error names it,
+    as aisim serve does (it used to report a saturation rate of 0.00 req/s, then an empty table)."""
+    from aisim.errors import AisimError
+
+    with pytest.raises(AisimError) as err:
+        plan_serve(plan_request(**{**SERVE, "devices": ["h100"], "input_len": "4000", "max_num_seqs": [None]},
+                                rate_per_s=1.0, slo={}))
+    reason = str(err.value)
+    assert "no configuration to simulate" in reason and "max_model_len 2048" in reason and "0.00 req/s" not in reason
 
 
 def test_slo_text_takes_both_spellings_and_the_printed_form():
@@ -212,13 +214,18 @@ def test_slo_text_takes_both_spellings_and_the_printed_form():
 def test_a_saturated_device_reports_the_configuration_needing_the_fewest_gpus():
     """When no configuration carries the rate within --max-gpus, the bound is the best one's (the default
     max_num_seqs), not the last one tried (max_num_seqs 8 saturates far lower)."""
-    result = plan_serve(plan_request(**{**SERVE, "devices": ["l4"], "max_gpus": 1}, rate_per_s=2000.0, slo={}))
-    (reason,) = result.not_feasible.values()
-    assert "max_num_seqs 8)" not in reason and "needs at least" in reason
-    gpus = int(reason.split("replicas (")[1].split(" GPUs")[0])
-    eight = plan_serve(plan_request(**{**SERVE, "devices": ["l4"], "max_gpus": 1, "max_num_seqs": [8]},
-                                    rate_per_s=2000.0, slo={}))
-    assert gpus < int(next(iter(eight.not_feasible.values())).split("replicas (")[1].split(" GPUs")[0])
+    from aisim.errors import AisimError
+
+    def reason(**fields) -> str:    # no configuration simulated: one error naming each device's reason
+        with pytest.raises(AisimError) as err:
+            plan_serve(plan_request(**{**SERVE, "devices": ["l4"], "max_gpus": 1, **fields}, rate_per_s=2000.0,
+                                    slo={}))
+        return str(err.value)
+
+    best = reason()
+    assert "max_num_seqs 8)" not in best and "needs at least" in best
+    gpus = int(best.split("replicas (")[1].split(" GPUs")[0])
+    assert gpus < int(reason(max_num_seqs=[8]).split("replicas (")[1].split(" GPUs")[0])
 
 
 def test_plan_serve_refuses_a_system_name_with_the_reason():
@@ -309,8 +316,12 @@ def test_plan_serve_searches_the_given_tp_degrees_with_expert_parallelism_and_po
     free = plan_serve(plan_request(tp=[1], **base))
     assert (capped.ranked[0].metrics["median_ttft_ms"] > free.ranked[0].metrics["median_ttft_ms"]
             and any("power mode" in a for a in capped.assumptions))
-    refused = plan_serve(plan_request(power_limit_w=300.0, **{**base, "devices": ["l4"]}))
-    assert not refused.ranked and "above l4's board power" in refused.not_feasible["l4/vllm"]
+    from aisim.errors import AisimError
+
+    with pytest.raises(AisimError, match="l4/vllm: power limit 300 W is above l4's board power"):
+        plan_serve(plan_request(power_limit_w=300.0, **{**base, "devices": ["l4"]}))
+    partly = plan_serve(plan_request(power_limit_w=300.0, **{**base, "devices": ["h100", "l4"], "tp": [1]}))
+    assert partly.ranked and "above l4's board power" in partly.not_feasible["l4/vllm"]
     dense = plan_serve(plan_request(tp=[1], enable_expert_parallel=True, **{**base, "model": "opt-125m"}))
     assert dense.ranked and any("has no experts" in a for a in dense.assumptions)
 
@@ -355,3 +366,23 @@ def test_plan_energy_is_the_steady_states_within_the_board_or_its_limit_whatever
         found[(n, limit)] = c.joules_per_output_token
     assert found[(40, None)] == pytest.approx(found[(400, None)], rel=0.15)   # was 2-4x apart
     assert found[(400, 300.0)] < found[(400, None)] * 1.5
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--input-len", "abc"], "unknown length spec 'abc'"),
+    (["--tp", "5"], "no --tp degree can be searched: tp 5: tensor parallel degree 5 does not divide"),
+    (["--tp", "16", "--max-gpus", "8"], "tp 16: above --max-gpus 8"),
+    (["-m", "whisper-tiny"], "encoder-decoder model"),
+    (["--plot", "plan.txt"], "end the name in one of .png"),
+])
+def test_plan_serve_input_that_rules_out_every_candidate_is_one_error_not_an_empty_table(args, message):
+    base = ["plan", "serve", "-m", "opt-125m", "--devices", "h100,l4", "--runtime", "vllm", "--rate", "1",
+            "--num-requests", "20"]
+    out = CliRunner().invoke(app, base + args)
+    assert out.exit_code == 2 and message in out.output.replace("\n", " ") and "Traceback" not in out.output
+
+
+def test_plan_serve_searches_a_gpu_named_twice_once():
+    r = plan_serve(plan_request(**{**SERVE, "devices": ["h100", "h100-sxm", "H100"]}, rate_per_s=2.0, slo={}))
+    one = plan_serve(plan_request(**{**SERVE, "devices": ["h100"]}, rate_per_s=2.0, slo={}))
+    assert (r.considered, r.simulated, len(r.ranked)) == (one.considered, one.simulated, len(one.ranked))

@@ -166,7 +166,7 @@ def _devices(names: list[str]) -> list[str]:
     for n in names:
         refuse_gpu_count(n, "plan serve", "up to --max-gpus")
         out.append(resolve_gpu(n).name)
-    return out
+    return list(dict.fromkeys(out))    # h100, h100-sxm and H100 are one GPU
 
 
 def _slo_value(metrics: dict, key: str) -> float:
@@ -209,13 +209,17 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
         others = sorted(k for k, g in all_hardware().items() if g.vendor != "nvidia" or not g.price_usd_per_gpu_hour)
         notes.add("--devices all searched the priced NVIDIA GPUs; not searched (name them in --devices, with "
                   "--price where they have none): " + ", ".join(others))
+    _check_request(req, config, model, percentiles, notes)
     for device in _devices(req.devices):
-        for runtime in req.runtimes:
+        for runtime in dict.fromkeys(req.runtimes):
             if runtime not in all_runtimes() or all_runtimes()[runtime].serving is None:
                 raise AisimError(f"runtime {runtime!r} has no serving profile (aisim list runtimes)")
             reason = _search_device(req, device, runtime, percentiles, counts, found, notes, progress, moe)
             if reason:
                 infeasible[f"{device}/{runtime}"] = reason
+    if not counts["simulated"]:   # nothing could run: an error, not an empty table
+        raise AisimError("plan serve found no configuration to simulate: "
+                         + "; ".join(f"{k}: {v}" for k, v in infeasible.items()))
     # every configuration serves the same offered load, so equal GPUs at one price tie on $/M: the one further
     # inside its SLOs (the largest metric / limit; without SLOs, median TPOT) comes first
     ok = sorted((c for c in found if c.meets_slo),
@@ -237,6 +241,31 @@ def _scenario_request(req: PlanServeRequest, gpu, runtime: str, tp: int, moe: bo
                            power_limit_w=req.power_limit_w, gpu_clock_mhz=req.gpu_clock_mhz)
 
 
+def _check_request(req: PlanServeRequest, config: dict, model: str, percentiles, notes: set[str]) -> None:
+    """What is wrong with the request whatever the GPU, said once before the search: the request lengths, an
+    encoder-decoder model, --tp degrees the model's heads or --max-gpus rule out (named in a note where others
+    remain)."""
+    validated(ServeRequest, {"num_requests": req.num_requests, "input_len": req.input_len,
+                             "output_len": req.output_len, "rate_per_s": req.rate_per_s, "seed": req.seed,
+                             "arrival": req.arrival, "metric_percentiles": percentiles}, PLAN_SERVE_FLAGS)
+    if config.get("is_encoder_decoder"):
+        raise AisimError(f"{model} is an encoder-decoder model: the serving simulator runs decoder-only text "
+                         "models; for speech use `aisim estimate --workload transcribe`")
+    dropped = {}
+    for tp in req.tp:
+        if tp > req.max_gpus:
+            dropped[tp] = f"above --max-gpus {req.max_gpus}"
+            continue
+        try:
+            check_tp(config, tp, "all", False)
+        except AisimError as exc:
+            dropped[tp] = str(exc)
+    if len(dropped) == len(req.tp):
+        raise AisimError("no --tp degree can be searched: " + "; ".join(f"tp {t}: {why}" for t, why in dropped.items()))
+    for tp, why in dropped.items():
+        notes.add(f"--tp {tp} not searched: {why}")
+
+
 def _search_device(req, device, runtime, percentiles, counts, found, notes, progress, moe: bool) -> str | None:
     gpu = resolve_gpu(device)
     try:   # a setting this GPU refuses whatever the plan (a power limit above its board power): said as its reason
@@ -245,8 +274,6 @@ def _search_device(req, device, runtime, percentiles, counts, found, notes, prog
         return str(exc)
     shape_reason, last_reason = "no tensor-parallel degree fits", None   # a simulated tp's reason comes first
     fewest = None   # the saturated configuration that would need the fewest GPUs: the bound worth reporting
-    if not any(t <= req.max_gpus for t in req.tp):
-        return f"every --tp degree ({', '.join(map(str, req.tp))}) is above --max-gpus {req.max_gpus}"
     for tp in (t for t in req.tp if t <= req.max_gpus):
         counts["considered"] += len(req.max_num_seqs) * max(req.max_gpus // tp, 1)
         try:

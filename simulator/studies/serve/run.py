@@ -147,6 +147,9 @@ def engine_config(sc: Scenario, knobs: dict[str, Any]) -> tuple[EngineConfig, Kv
     if s is None:
         raise AisimError(f"runtime {sc.runtime.name} has no continuous-batching engine profile; choose "
                          "--runtime transformers-cb or vllm (aisim list runtimes)")
+    if sc.config.get("is_encoder_decoder"):
+        raise AisimError(f"{sc.model} is an encoder-decoder model: the serving simulator runs decoder-only text "
+                         "models; for speech use `aisim estimate --workload transcribe`")
     unknown = set(knobs) - set(ENGINE_KNOBS)
     if unknown:
         raise AisimError(f"unknown engine setting(s) {sorted(unknown)}; known: {', '.join(ENGINE_KNOBS)}")
