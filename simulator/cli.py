@@ -382,11 +382,12 @@ def plan_serve_cmd(
                                  help="comma-separated engine profiles with a serving section, e.g. vllm,"
                                  "transformers-cb (--runtime is the same option, as `aisim serve` spells it)"),
     rate: float = typer.Option(..., help="requests per second to serve"),
-    input_len: str = typer.Option("sharegpt", "--input-len"),
-    output_len: str = typer.Option("sharegpt", "--output-len"),
+    input_len: str = typer.Option("sharegpt", "--input-len", help="prompt tokens: N, uniform:LO:HI, normal:MEAN:SD, "
+                                  "lognormal:MEAN:SIGMA or sharegpt (as serve's)"),
+    output_len: str = typer.Option("sharegpt", "--output-len", help="output tokens, as --input-len"),
     slo: str = typer.Option("", help="e.g. ttft_p90_ms=2000,tpot_p50_ms=50 (any percentile; mean_/median_ too)"),
-    max_gpus: int = typer.Option(8, "--max-gpus"),
-    dtype: str = typer.Option("bf16"),
+    max_gpus: int = typer.Option(8, "--max-gpus", help="GPUs per device and runtime, at most (tp x replicas)"),
+    dtype: str = typer.Option("bf16", help="fp16|bf16|fp32"),
     quant: str = typer.Option("none", help="weight quantization of every candidate: none|int8|fp8|int4"),
     kv_dtype: str = typer.Option("auto", "--kv-dtype", help="KV cache dtype of every candidate: auto | fp16 | bf16 | "
                                  "fp8"),
@@ -400,7 +401,7 @@ def plan_serve_cmd(
     price: list[str] = typer.Option([], "--price", help="GPU=USD per GPU-hour (repeatable)"),
     price_file: Optional[Path] = typer.Option(None, "--price-file", help="YAML/JSON mapping GPU -> USD per GPU-hour"),
     electricity: float = typer.Option(0.10, "--electricity-usd-per-kwh"),
-    pue: float = typer.Option(1.2, "--pue"),
+    pue: float = typer.Option(1.2, "--pue", help="power usage effectiveness of the data center (kWh/day x PUE)"),
     grid: Optional[float] = typer.Option(None, "--grid-g-co2-per-kwh"),
     csv_out: Optional[Path] = typer.Option(None, "--csv", help="write the ranked table as CSV"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write the Pareto front as a PNG (needs matplotlib)"),
@@ -459,7 +460,7 @@ def plan_train_cmd(
     price: list[str] = typer.Option([], "--price", help="GPU=USD per GPU-hour (repeatable)"),
     price_file: Optional[Path] = typer.Option(None, "--price-file", help="YAML/JSON mapping GPU -> USD per GPU-hour"),
     electricity: float = typer.Option(0.10, "--electricity-usd-per-kwh"),
-    pue: float = typer.Option(1.2, "--pue"),
+    pue: float = typer.Option(1.2, "--pue", help="power usage effectiveness of the data center (kWh/day x PUE)"),
     top: int = typer.Option(15, "--top", help="rows of the ranked table to print"),
     csv_out: Optional[Path] = typer.Option(None, "--csv", help="write every plan that fits as CSV"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write time to train vs $ as a PNG (needs matplotlib)"),
@@ -509,10 +510,11 @@ def plan_train_cmd(
 
 
 @app.command("list")
-def list_(what: str = typer.Argument(..., help="models|devices|runtimes")):
+def list_(what: str = typer.Argument(..., help="models|devices|runtimes (gpus: devices)")):
     """List shipped models, devices (GPUs and systems) or runtimes."""
     from . import report
 
+    what = {"gpus": "devices", "engines": "runtimes"}.get(what, what)
     if what not in ("models", "devices", "runtimes"):
         _fail(f"unknown list {what!r}; choose models, devices or runtimes")
     report.print_list(what)

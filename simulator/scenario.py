@@ -387,6 +387,16 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
     return out
 
 
+# ends the note an estimate under a serving engine's runtime carries; serve and plan serve, which run the
+# engine's scheduler, leave it out (serving_notes)
+SERVE_PRICES_ENGINE = "priced by `aisim serve`, which runs the engine's scheduler"
+
+
+def serving_notes(sc: Scenario) -> list[str]:
+    """The scenario's notes as `aisim serve` says them: without the one that points to `aisim serve`."""
+    return [a for a in sc.assumptions if not a.endswith(SERVE_PRICES_ENGINE)]
+
+
 def _runtime_notes(rt: RuntimeSpec, dev: Device, dtype: str) -> list[str]:
     out = []
     backend = rt.backend_efficiency(dev.gpu, dtype)
@@ -409,7 +419,7 @@ def _runtime_notes(rt: RuntimeSpec, dev: Device, dtype: str) -> list[str]:
                                 or serving.scheduler_overhead_s):
         out.append(f"runtime {rt.name}: this is one forward of the engine's kernels; its per-step work around it "
                    f"(batch preparation, the scheduler, {serving.attention} attention over the packed batch) is "
-                   "priced by `aisim serve`, which runs the engine's scheduler")
+                   + SERVE_PRICES_ENGINE)
     return out
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -28,7 +29,7 @@ from ..catalog import gpu_device, resolve_gpu, resolve_model
 from ..errors import AisimError
 from ..graph.engine import EXPERT_COUNT_KEYS
 from ..plan import check_tp
-from ..scenario import ScenarioRequest, calibration_note, resolve_scenario
+from ..scenario import ScenarioRequest, calibration_note, resolve_scenario, serving_notes
 from ..specs import all_hardware, all_runtimes
 from .common import refuse_gpu_count
 from .serve import ArrivalSpec, ServeRequest, ServeRun, validated
@@ -40,6 +41,16 @@ HOURS_PER_DAY = 24.0
 SATURATION_SEQS_FACTOR = 8   # the saturated bound run: this many requests per max_num_seqs (see _min_replicas)
 STEADY_WINDOW_E2EL = 4.0     # a run at the load covers this many mean end-to-end latencies between warm-up and drain
 MAX_STEADY_REQUESTS = 20_000
+
+
+@dataclass
+class _Search:
+    """What the search counts and collects across devices, runtimes and tp degrees."""
+
+    considered: int = 0
+    simulated: int = 0
+    scenario_notes: dict[tuple[str, str, int], list[str]] = field(default_factory=dict)
+    uncalibrated: set[str] = field(default_factory=set)
 
 
 class PlanServeRequest(BaseModel):
@@ -190,7 +201,7 @@ def _meets(metrics: dict, slo: dict[str, float]) -> bool:
 
 def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = None) -> PlanServeResult:
     percentiles = sorted({50.0, 90.0, 99.0} | {float(k.split("_")[0][1:]) for k in req.slo if k.startswith("p")})
-    counts = {"considered": 0, "simulated": 0}
+    search = _Search()
     found: list[Candidate] = []
     infeasible: dict[str, str] = {}
     notes: set[str] = set()
@@ -214,10 +225,10 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
         for runtime in dict.fromkeys(req.runtimes):
             if runtime not in all_runtimes() or all_runtimes()[runtime].serving is None:
                 raise AisimError(f"runtime {runtime!r} has no serving profile (aisim list runtimes)")
-            reason = _search_device(req, device, runtime, percentiles, counts, found, notes, progress, moe)
+            reason = _search_device(req, device, runtime, percentiles, search, found, notes, progress, moe)
             if reason:
                 infeasible[f"{device}/{runtime}"] = reason
-    if not counts["simulated"]:   # nothing could run: an error, not an empty table
+    if not search.simulated:   # nothing could run: an error, not an empty table
         raise AisimError("plan serve found no configuration to simulate: "
                          + "; ".join(f"{k}: {v}" for k, v in infeasible.items()))
     # every configuration serves the same offered load, so equal GPUs at one price tie on $/M: the one further
@@ -228,8 +239,14 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
     for c in ok:
         cheapest.setdefault(c.device, c)
         min_gpus[c.device] = min(min_gpus.get(c.device, c.gpus), c.gpus)
-    return PlanServeResult(model=model, rate_per_s=req.rate_per_s, slo=req.slo, considered=counts["considered"],
-                           simulated=counts["simulated"], ranked=ok, cheapest_per_device=cheapest,
+    for c in cheapest.values():
+        notes.update(search.scenario_notes.get((c.device, c.runtime, c.tp), ()))
+    if search.uncalibrated:
+        notes.add(f"no measured calibration for {', '.join(sorted(search.uncalibrated))}: efficiencies and overheads "
+                  "are documented rules (hardware_specs/calibration/), not measurements; `aisim calibrate` on such a "
+                  "GPU measures them")
+    return PlanServeResult(model=model, rate_per_s=req.rate_per_s, slo=req.slo, considered=search.considered,
+                           simulated=search.simulated, ranked=ok, cheapest_per_device=cheapest,
                            min_gpus_per_device=min_gpus, pareto=pareto(ok), not_feasible=infeasible,
                            assumptions=sorted(notes))
 
@@ -266,7 +283,7 @@ def _check_request(req: PlanServeRequest, config: dict, model: str, percentiles,
         notes.add(f"--tp {tp} not searched: {why}")
 
 
-def _search_device(req, device, runtime, percentiles, counts, found, notes, progress, moe: bool) -> str | None:
+def _search_device(req, device, runtime, percentiles, search, found, notes, progress, moe: bool) -> str | None:
     gpu = resolve_gpu(device)
     try:   # a setting this GPU refuses whatever the plan (a power limit above its board power): said as its reason
         resolve_scenario(_scenario_request(req, gpu, runtime, 1, moe), "prefill")
@@ -275,7 +292,7 @@ def _search_device(req, device, runtime, percentiles, counts, found, notes, prog
     shape_reason, last_reason = "no tensor-parallel degree fits", None   # a simulated tp's reason comes first
     fewest = None   # the saturated configuration that would need the fewest GPUs: the bound worth reporting
     for tp in (t for t in req.tp if t <= req.max_gpus):
-        counts["considered"] += len(req.max_num_seqs) * max(req.max_gpus // tp, 1)
+        search.considered += len(req.max_num_seqs) * max(req.max_gpus // tp, 1)
         try:
             base = _scenario_request(req, gpu, runtime, tp, moe)
             sc = resolve_scenario(base, "prefill")
@@ -283,14 +300,15 @@ def _search_device(req, device, runtime, percentiles, counts, found, notes, prog
         except AisimError as exc:
             shape_reason = str(exc)
             continue
-        notes.update(sc.assumptions)   # what estimate and serve say of this device: fp8 fallback, MoE sharding...
-        cal = calibration_note(sc)
-        if cal:
-            notes.add(cal)
+        # what estimate and serve say of this configuration (fp8 fallback, MoE sharding...), reported for the
+        # configurations the plan picks; the GPUs without a measured calibration, in one note
+        search.scenario_notes[(gpu.name, runtime, tp)] = serving_notes(sc)
+        if calibration_note(sc):
+            search.uncalibrated.add(gpu.name)
         for seqs in req.max_num_seqs:
             knobs = {"max_num_seqs": seqs} if seqs else {}
             try:
-                cand = _min_replicas(req, sc, tp, knobs, percentiles, counts, notes)
+                cand = _min_replicas(req, sc, tp, knobs, percentiles, search, notes)
             except Saturated as exc:
                 if fewest is None or exc.gpus < fewest.gpus:
                     fewest = exc
@@ -317,12 +335,12 @@ def _search_device(req, device, runtime, percentiles, counts, found, notes, prog
     return None
 
 
-def _simulate(req, sc, knobs, replicas, percentiles, counts, rate=None, num_requests=None):
+def _simulate(req, sc, knobs, replicas, percentiles, search, rate=None, num_requests=None):
     """One replica at its share of the rate (or saturated at ``rate`` = inf). A run at the load whose steady window
     (warm-up and drain excluded) is shorter than STEADY_WINDOW_E2EL mean end-to-end latencies is run once more
     with proportionally more requests (at most MAX_STEADY_REQUESTS): 40 requests at 500 req/s arrive in 0.08 s,
     and such a run is its warm-up and drain, its latencies and energy too."""
-    counts["simulated"] += int(rate is None)   # a configuration at the load; the saturated run is its bound
+    search.simulated += int(rate is None)   # a configuration at the load; the saturated run is its bound
     per_replica = (rate or req.rate_per_s) / replicas
     n = num_requests or req.num_requests
     while True:
@@ -344,7 +362,7 @@ class Saturated(AisimError):
         self.gpus = gpus
 
 
-def _min_replicas(req, sc, tp, knobs, percentiles, counts, notes) -> Candidate | None:
+def _min_replicas(req, sc, tp, knobs, percentiles, search, notes) -> Candidate | None:
     """The fewest replicas that meet the SLOs (None when even max_gpus do not), from the saturation bound up.
 
     The bound is one replica's saturated throughput, the larger of two runs at rate = inf: --num-requests, and
@@ -357,7 +375,7 @@ def _min_replicas(req, sc, tp, knobs, percentiles, counts, notes) -> Candidate |
     max_seqs = engine_config(sc, knobs)[0].max_num_seqs
     capacity = 0.0
     for n in sorted({req.num_requests, max(req.num_requests, SATURATION_SEQS_FACTOR * max_seqs)}):
-        run, cfg = _simulate(req, sc, knobs, 1, percentiles, counts, rate=math.inf, num_requests=n)
+        run, cfg = _simulate(req, sc, knobs, 1, percentiles, search, rate=math.inf, num_requests=n)
         sat = run.result
         if sat.failed and set(sat.failed_reasons) == {"max_model_len"} and sat.completed:
             # the engine rejects a request longer than the model's context whatever the plan: plan for the others
@@ -376,7 +394,7 @@ def _min_replicas(req, sc, tp, knobs, percentiles, counts, notes) -> Candidate |
                         f"{req.max_gpus}", low * tp)
     best, previous = None, None
     for replicas in range(low, max_replicas + 1):
-        run, cfg = _simulate(req, sc, knobs, replicas, percentiles, counts)
+        run, cfg = _simulate(req, sc, knobs, replicas, percentiles, search)
         result = run.result
         if result.failed and set(result.failed_reasons) != {"max_model_len"}:
             continue

@@ -12,7 +12,7 @@ from math import gcd
 from typing import Any
 
 from ...errors import AisimError
-from ...scenario import Scenario, calibration_note
+from ...scenario import Scenario, calibration_note, serving_notes
 from ...step import step_cost
 from ...workload import StepShape
 from . import EngineConfig, ServeRequest, ServeRun, run_serving, validated
@@ -216,7 +216,7 @@ def serve(sc: Scenario, request: ServeRequest, knobs: dict[str, Any] | None = No
     timer = StepCostTimer(sc, cfg.max_num_batched_tokens)
     run = run_serving(request, timer, cfg, progress)
     s = sc.runtime.serving
-    notes = list(sc.assumptions) + [
+    notes = serving_notes(sc) + [
         f"engine {sc.runtime.name}: {cfg.num_kv_blocks} KV blocks of {cfg.block_size} tokens "
         f"({cap.tokens:,} tokens, {cap.bytes_per_token / 1e3:.1f} kB per token per GPU) from {cap.how}; "
         + (f"{cap.sliding_groups} of its {cap.full_groups + cap.sliding_groups} KV groups (one block: {cfg.block_size} "
