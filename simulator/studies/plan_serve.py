@@ -226,8 +226,9 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
             if runtime not in all_runtimes() or all_runtimes()[runtime].serving is None:
                 raise AisimError(f"runtime {runtime!r} has no serving profile (aisim list runtimes)")
             reason = _search_device(req, device, runtime, percentiles, search, found, notes, progress, moe)
-            if reason:
-                infeasible[f"{device}/{runtime}"] = reason
+            if reason:   # serve's advice names serve's flags; here the tp degrees searched are --tp and --max-gpus
+                infeasible[f"{device}/{runtime}"] = reason.replace(
+                    "use more GPUs (--tp)", "search more GPUs (--max-gpus, --tp)")
     if not search.simulated:   # nothing could run: an error, not an empty table
         raise AisimError("plan serve found no configuration to simulate: "
                          + "; ".join(f"{k}: {v}" for k, v in infeasible.items()))
