@@ -281,7 +281,8 @@ def _check_request(req: PlanServeRequest, config: dict, model: str, percentiles,
     if len(dropped) == len(req.tp):
         raise AisimError("no --tp degree can be searched: " + "; ".join(f"tp {t}: {why}" for t, why in dropped.items()))
     for tp, why in dropped.items():
-        notes.add(f"--tp {tp} not searched: {why}")
+        if tp <= req.max_gpus:   # a degree above --max-gpus is left out without a word (the default list has 8)
+            notes.add(f"--tp {tp} not searched: {why}")
 
 
 def _search_device(req, device, runtime, percentiles, search, found, notes, progress, moe: bool) -> str | None:
