@@ -124,7 +124,7 @@ CLI_CASES = [
     # other commands
     (["serve-bench", "-m", "opt-125m", "-d", DEV, "--shards", "0"], 2),
     (["serve-bench", "-m", "opt-125m", "-d", DEV, "--batch", "a,b"], 2),
-    (["list", "gpus"], 2),
+    (["list", "gpus"], 0), (["list", "gadgets"], 2),   # gpus: an alias of devices
     # answers
     (E, 0), (E + ["--workload", "decode", "--seq", "2"], 0), (E + ["--workload", "generate", "--gen", "4"], 0),
     (E + ["--gpu-clock", "1410"], 0), (E + ["--gpu-clock", "141"], 0), (E + ["--workload", "forward-backward"], 0),
