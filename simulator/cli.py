@@ -404,7 +404,8 @@ def plan_serve_cmd(
     pue: float = typer.Option(1.2, "--pue", help="power usage effectiveness of the data center (kWh/day x PUE)"),
     grid: Optional[float] = typer.Option(None, "--grid-g-co2-per-kwh"),
     csv_out: Optional[Path] = typer.Option(None, "--csv", help="write the ranked table as CSV"),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="write the Pareto front as a PNG (needs matplotlib)"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="write the Pareto front as png, pdf, svg or jpg (needs "
+                                        "matplotlib)"),
     as_json: bool = typer.Option(False, "--json"),
 ):
     """The cheapest configuration per GPU that serves RATE requests/s within the SLOs."""
@@ -463,7 +464,8 @@ def plan_train_cmd(
     pue: float = typer.Option(1.2, "--pue", help="power usage effectiveness of the data center (kWh/day x PUE)"),
     top: int = typer.Option(15, "--top", help="rows of the ranked table to print"),
     csv_out: Optional[Path] = typer.Option(None, "--csv", help="write every plan that fits as CSV"),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="write time to train vs $ as a PNG (needs matplotlib)"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="write time to train vs $ as png, pdf, svg or jpg "
+                                        "(needs matplotlib)"),
     as_json: bool = typer.Option(False, "--json"),
 ):
     """The fastest training plans (TP x PP x DP x ZeRO x recompute x micro-batch) per device and GPU count."""

@@ -108,10 +108,10 @@ def op_cost(op: Op) -> Cost:
 
 
 def expert_parallel_rows(cost: Cost, op: Op, share: float) -> Cost:
-    """A forward kernel of an experts module under expert parallelism (the activation, the routing-weight
-    multiply, the engine's moe_align / moe_act / moe_sum): the trace runs it over every routed row, this GPU over
-    ``share`` of them (moe_routing's rows_share). Grouped GEMMs scale themselves (routed_rows); collectives and
-    host-only ops stay."""
+    """A forward kernel of an experts module under expert parallelism across data-parallel ranks (the
+    activation, the routing-weight multiply, the engine's moe_align / moe_act / moe_sum): the trace runs it over
+    every routed row of this rank's tokens, the all-to-all brings this GPU ``share`` of the rows (moe_routing's
+    rows_share). Grouped GEMMs scale themselves (routed_rows); collectives and host-only ops stay."""
     if share >= 1.0 or op.phase != "forward" or op.name == "aten._grouped_mm" or cost.kind not in ("memory", "gemm"):
         return cost
     if "experts" not in op.scope.split("."):
@@ -203,7 +203,7 @@ def _grouped_mm(op: Op) -> Cost:
         share = 1.0
         if "moe" in op.attrs:
             moe = op.attrs["moe"]
-            share = min(moe.get("token_groups", 1) * out.shape[0] / moe["experts"], 1.0 * moe.get("token_groups", 1))
+            share = moe.get("token_groups", 1) * out.shape[0] / moe["experts"]
         return Cost(2.0 * k_dim * rows * n * share, (a.nbytes + w.nbytes) * share
                     + sum(t.nbytes for t in op.inputs[2:]), float(out.nbytes), 1, "gemm")
     n, k = w.shape[-1], w.shape[-2]

@@ -95,16 +95,24 @@ def test_a_norm_over_all_heads_gathers_q_and_k_under_tensor_parallelism():
 
 
 def test_expert_parallelism_computes_this_gpus_share_of_the_routed_rows():
-    """--ep 2 over the tp 2 GPUs: each GPU runs half the experts on the rows routed to them, the same work per GPU
-    as splitting every expert over both. Its activation and moe_sum kernels (vLLM) and backward's weight-gradient
-    grouped GEMM ran over every routed row: twice the work."""
-    def work(workload, ep, runtime=None):
-        est = _estimate(model="OLMoE-1B-7B-0924", device="h100x2", workload=workload, batch=8, seq=512, tp=2, ep=ep,
+    """--ep 2 over the tp 2 GPUs: each GPU's grouped GEMMs run half the experts on the rows routed to them, the same
+    GEMM work per GPU as splitting every expert over both; backward's weight-gradient grouped GEMM ran over every
+    routed row (twice the work). The experts' other kernels run over every routed row with ep <= tp, as vLLM's
+    TritonExperts and transformers' grouped_mm path do (each GPU holds every token): vLLM's moe_act over the full
+    intermediate is twice tp 2's. Across data-parallel ranks (ep 2 > tp 1 on 2 GPUs) the all-to-all brings a GPU
+    its experts' rows only."""
+    def work(workload, ep, runtime=None, tp=2):
+        est = _estimate(model="OLMoE-1B-7B-0924", device="h100x2", workload=workload, batch=8, seq=512, tp=tp, ep=ep,
                         runtime=runtime, top_ops=300)
         return {o.name: o.flops for o in est.top_ops if o.name in ("aten._grouped_mm", "fused.moe_act")}
     tp, ep = work("prefill", 1, "vllm"), work("prefill", 2, "vllm")
-    assert ep == pytest.approx(tp)
+    assert ep["aten._grouped_mm"] == pytest.approx(tp["aten._grouped_mm"])
+    assert ep["fused.moe_act"] == pytest.approx(2 * tp["fused.moe_act"])
     assert work("train", 2)["aten._grouped_mm"] == pytest.approx(work("train", 1)["aten._grouped_mm"])
+    dp = work("prefill", 2, "vllm", tp=1)           # 2 ranks of tp 1, 4 sequences each, experts split by ep
+    one = _estimate(model="OLMoE-1B-7B-0924", device="h100", workload="prefill", batch=4, seq=512, runtime="vllm",
+                    top_ops=300)
+    assert dp["fused.moe_act"] == pytest.approx(next(o.flops for o in one.top_ops if o.name == "fused.moe_act"))
 
 
 @pytest.mark.parametrize("runtime", ["vllm", "graphs"])

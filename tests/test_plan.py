@@ -214,18 +214,13 @@ def test_slo_text_takes_both_spellings_and_the_printed_form():
 def test_a_saturated_device_reports_the_configuration_needing_the_fewest_gpus():
     """When no configuration carries the rate within --max-gpus, the bound is the best one's (the default
     max_num_seqs), not the last one tried (max_num_seqs 8 saturates far lower)."""
-    from aisim.errors import AisimError
-
-    def reason(**fields) -> str:    # no configuration simulated: one error naming each device's reason
-        with pytest.raises(AisimError) as err:
-            plan_serve(plan_request(**{**SERVE, "devices": ["l4"], "max_gpus": 1, **fields}, rate_per_s=2000.0,
-                                    slo={}))
-        return str(err.value)
-
-    best = reason()
-    assert "max_num_seqs 8)" not in best and "needs at least" in best
-    gpus = int(best.split("replicas (")[1].split(" GPUs")[0])
-    assert gpus < int(reason(max_num_seqs=[8]).split("replicas (")[1].split(" GPUs")[0])
+    result = plan_serve(plan_request(**{**SERVE, "devices": ["l4"], "max_gpus": 1}, rate_per_s=2000.0, slo={}))
+    (reason,) = result.not_feasible.values()     # a capacity answer, not an error
+    assert "max_num_seqs 8)" not in reason and "needs at least" in reason
+    gpus = int(reason.split("replicas (")[1].split(" GPUs")[0])
+    eight = plan_serve(plan_request(**{**SERVE, "devices": ["l4"], "max_gpus": 1, "max_num_seqs": [8]},
+                                    rate_per_s=2000.0, slo={}))
+    assert gpus < int(next(iter(eight.not_feasible.values())).split("replicas (")[1].split(" GPUs")[0])
 
 
 def test_plan_serve_refuses_a_system_name_with_the_reason():
@@ -360,9 +355,7 @@ def test_plan_energy_is_the_steady_states_within_the_board_or_its_limit_whatever
     for n, limit in ((40, None), (400, None), (400, 300.0)):
         c = plan_serve(plan_request(num_requests=n, power_limit_w=limit, **base)).cheapest_per_device["h100-sxm"]
         watts_per_gpu = c.kwh_per_day * 1e3 / 24 / 1.2 / c.gpus
-        assert 75 < watts_per_gpu <= (limit or 700), (n, limit, watts_per_gpu)   # above idle (75 W), at most the cap
-        assert c.joules_per_output_token == pytest.approx(watts_per_gpu * c.gpus / (c.output_tokens_per_s_per_gpu
-                                                                                    * c.gpus))
+        assert 70 < watts_per_gpu <= (limit or 700), (n, limit, watts_per_gpu)   # above idle (70 W), at most the cap
         found[(n, limit)] = c.joules_per_output_token
     assert found[(40, None)] == pytest.approx(found[(400, None)], rel=0.15)   # was 2-4x apart
     assert found[(400, 300.0)] < found[(400, None)] * 1.5
@@ -386,3 +379,23 @@ def test_plan_serve_searches_a_gpu_named_twice_once():
     r = plan_serve(plan_request(**{**SERVE, "devices": ["h100", "h100-sxm", "H100"]}, rate_per_s=2.0, slo={}))
     one = plan_serve(plan_request(**{**SERVE, "devices": ["h100"]}, rate_per_s=2.0, slo={}))
     assert (r.considered, r.simulated, len(r.ranked)) == (one.considered, one.simulated, len(one.ranked))
+
+
+def test_the_steady_window_counts_the_part_of_each_step_inside_it():
+    """Warm-up (the first quarter of the arrivals) and drain (after the last arrival) are left out; a step that
+    straddles an edge counts pro rata, so the window's power never exceeds a step's."""
+    from aisim.studies.serve.engine import RequestState
+    from aisim.studies.serve.metrics import steady_window
+    from aisim.studies.serve.simulate import ReplicaStats, SimRun
+
+    requests = [RequestState(i, a, 10, 10) for i, a in enumerate([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])]
+    stats = ReplicaStats(0, 100, step_end_s=[1.5, 3.0, 6.0, 9.0], step_s=[1.5, 1.5, 3.0, 3.0],
+                         step_energy_j=[150.0, 150.0, 300.0, 300.0])
+    w = steady_window(SimRun(requests, None, [stats], "round-robin"))
+    # window [2, 7]: the step 1.5-3.0 counts 1.0 of its 1.5 s, 3.0-6.0 whole, 6.0-9.0 1.0 of its 3.0 s
+    assert (w.start_s, w.end_s, w.duration_s) == (2.0, 7.0, 5.0)
+    assert w.busy_s == pytest.approx(1.0 + 3.0 + 1.0)
+    assert w.energy_j == pytest.approx(100.0 + 300.0 + 100.0)      # 100 W throughout, as every step
+    assert steady_window(SimRun(requests[:3], None, [stats], "round-robin")) is None       # under 4 requests
+    at_once = [RequestState(i, 0.0, 10, 10) for i in range(8)]
+    assert steady_window(SimRun(at_once, None, [stats], "round-robin")) is None            # rate = inf

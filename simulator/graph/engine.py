@@ -96,9 +96,11 @@ def moe_routing(config: dict, plan=None, quant: str = "none") -> dict | None:
         return None
     groups = max(plan.ep // plan.tp, 1) if plan is not None else 1
     out = {"experts": int(experts), "top_k": int(top_k), "token_groups": groups}
-    if plan is not None and plan.ep > 1:
-        # the routed rows this GPU's experts compute, of the rows traced: E / ep experts get 1 / ep of them, from
-        # token_groups ranks (formulas.expert_parallel_rows)
+    if plan is not None and plan.ep > plan.tp:
+        # tokens travel by all-to-all: this GPU receives only its experts' rows, token_groups / ep of the traced
+        # ones (formulas.expert_parallel_rows). With ep <= tp every GPU holds every token, and both vLLM
+        # (TritonExperts: the activation over all num_tokens x top_k rows, expert_map marking other GPUs' experts)
+        # and transformers (grouped_mm_experts_forward masks them) run the non-GEMM kernels over every routed row
         out["rows_share"] = groups / plan.ep
     element = expert_weight_bytes(config, quant)
     if (config.get("quantization_config") or {}).get("quant_method") == "mxfp4":

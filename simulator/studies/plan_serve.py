@@ -12,7 +12,7 @@ Costs: $/hour = GPUs x price per GPU-hour (the GPU spec's default price, or --pr
 the offered load (rate / replicas x the output tokens per simulated request): a stable queue serves what arrives
 (the search simulates only shares within a replica's saturated throughput), and a finite run's duration adds the
 drain after the last arrival; power from the steps' energy in the run's steady window (after a quarter of the
-arrivals, up to the last; a run too short for one is lengthened) plus the GPUs' idle power while no step runs;
+arrivals, up to the last; a run too short for one is lengthened) plus the GPUs' waiting power while no step runs;
 J per output token = that power / the offered tokens per second; kWh per day = that power x 24 h x PUE; CO2 per
 day = kWh x grid intensity.
 """
@@ -29,7 +29,7 @@ from ..catalog import gpu_device, resolve_gpu, resolve_model
 from ..errors import AisimError
 from ..graph.engine import EXPERT_COUNT_KEYS
 from ..plan import check_tp
-from ..scenario import ScenarioRequest, calibration_note, resolve_scenario, serving_notes
+from ..scenario import Scenario, ScenarioRequest, calibration_note, resolve_scenario, serving_notes
 from ..specs import all_hardware, all_runtimes
 from .common import refuse_gpu_count
 from .serve import ArrivalSpec, ServeRequest, ServeRun, validated
@@ -51,6 +51,7 @@ class _Search:
     simulated: int = 0
     scenario_notes: dict[tuple[str, str, int], list[str]] = field(default_factory=dict)
     uncalibrated: set[str] = field(default_factory=set)
+    capacity_bound: bool = False   # some configuration saturated within --max-gpus or did not fit
 
 
 class PlanServeRequest(BaseModel):
@@ -213,7 +214,8 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
               "replica's finite simulation at rate / replicas with the router's even share (lengthened to cover "
               f"{STEADY_WINDOW_E2EL:g} mean end-to-end latencies between its warm-up and its drain); the deployment's "
               "tok/s, $, J/tok and kWh/day are at its steady state: the offered load (rate x output tokens per "
-              "request), the steady window's step energy plus the GPUs' idle power between steps")
+              "request), the steady window's step energy plus the GPUs' waiting power between steps (the "
+              "calibration's waiting_power_w)")
     notes.add("J/tok and kWh/day: aisim's serving energy is checked only against transformers-cb runs on an H100, "
               "where it was low on every run (docs/accuracy.md, serving section): read them as a lower bound")
     if req.devices == ["all"]:
@@ -229,7 +231,9 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
             if reason:   # serve's advice names serve's flags; here the tp degrees searched are --tp and --max-gpus
                 infeasible[f"{device}/{runtime}"] = reason.replace(
                     "use more GPUs (--tp)", "search more GPUs (--max-gpus, --tp)")
-    if not search.simulated:   # nothing could run: an error, not an empty table
+    if not search.simulated and not search.capacity_bound:
+        # nothing could run, and not for want of GPUs (a setting every device refuses, requests no engine takes):
+        # an error; a rate beyond --max-gpus or a model that does not fit is the plan's answer, with its reasons
         raise AisimError("plan serve found no configuration to simulate: "
                          + "; ".join(f"{k}: {v}" for k, v in infeasible.items()))
     # every configuration serves the same offered load, so equal GPUs at one price tie on $/M: the one further
@@ -240,7 +244,7 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
     for c in ok:
         cheapest.setdefault(c.device, c)
         min_gpus[c.device] = min(min_gpus.get(c.device, c.gpus), c.gpus)
-    for c in cheapest.values():
+    for c in ok:
         notes.update(search.scenario_notes.get((c.device, c.runtime, c.tp), ()))
     if search.uncalibrated:
         notes.add(f"no measured calibration for {', '.join(sorted(search.uncalibrated))}: efficiencies and overheads "
@@ -274,10 +278,15 @@ def _check_request(req: PlanServeRequest, config: dict, model: str, percentiles,
         if tp > req.max_gpus:
             dropped[tp] = f"above --max-gpus {req.max_gpus}"
             continue
-        try:
-            check_tp(config, tp, "all", False)
-        except AisimError as exc:
-            dropped[tp] = str(exc)
+        errors = []
+        for runtime in dict.fromkeys(req.runtimes):   # vLLM replicates KV heads over more GPUs than it has
+            spec = all_runtimes().get(runtime)
+            try:
+                check_tp(config, tp, "all", bool(spec and spec.replicate_kv_heads))
+            except AisimError as exc:
+                errors.append(str(exc))
+        if len(errors) == len(dict.fromkeys(req.runtimes)):
+            dropped[tp] = errors[0]
     if len(dropped) == len(req.tp):
         raise AisimError("no --tp degree can be searched: " + "; ".join(f"tp {t}: {why}" for t, why in dropped.items()))
     for tp, why in dropped.items():
@@ -312,11 +321,13 @@ def _search_device(req, device, runtime, percentiles, search, found, notes, prog
             try:
                 cand = _min_replicas(req, sc, tp, knobs, percentiles, search, notes)
             except Saturated as exc:
+                search.capacity_bound = True
                 if fewest is None or exc.gpus < fewest.gpus:
                     fewest = exc
                 continue
             except AisimError as exc:
                 last_reason = str(exc)
+                search.capacity_bound |= last_reason.startswith(("does not fit", f"tp {tp}: does not fit"))
                 continue
             if progress:
                 progress(f"{device} {runtime} tp {tp} seqs {seqs or 'default'}")
@@ -337,23 +348,25 @@ def _search_device(req, device, runtime, percentiles, search, found, notes, prog
     return None
 
 
-def _simulate(req, sc, knobs, replicas, percentiles, search, rate=None, num_requests=None):
+def _simulate(req: "PlanServeRequest", sc: Scenario, knobs: dict, replicas: int, percentiles: list[float],
+              search: "_Search", rate_per_s: float | None = None, num_requests: int | None = None):
     """One replica at its share of the rate (or saturated at ``rate`` = inf). A run at the load whose steady window
     (warm-up and drain excluded) is shorter than STEADY_WINDOW_E2EL mean end-to-end latencies is run once more
     with proportionally more requests (at most MAX_STEADY_REQUESTS): 40 requests at 500 req/s arrive in 0.08 s,
     and such a run is its warm-up and drain, its latencies and energy too."""
-    search.simulated += int(rate is None)   # a configuration at the load; the saturated run is its bound
-    per_replica = (rate or req.rate_per_s) / replicas
+    search.simulated += int(rate_per_s is None)   # a configuration at the load; the saturated run is its bound
+    per_replica = (rate_per_s or req.rate_per_s) / replicas
     n = num_requests or req.num_requests
     while True:
         sreq = validated(ServeRequest, {"num_requests": n, "input_len": req.input_len, "output_len": req.output_len,
                                         "rate_per_s": per_replica, "seed": req.seed, "arrival": req.arrival,
                                         "metric_percentiles": percentiles})
         run, cfg, _ = serve(sc, sreq, knobs)
-        need = STEADY_WINDOW_E2EL * run.result.mean_e2el_ms / 1e3
-        if rate is not None or run.steady is None or run.steady.seconds >= need or n >= MAX_STEADY_REQUESTS:
+        need_s = STEADY_WINDOW_E2EL * run.result.mean_e2el_ms / 1e3
+        steady_enough = run.steady is None or run.steady.duration_s >= need_s
+        if rate_per_s is not None or steady_enough or n >= MAX_STEADY_REQUESTS:
             return run, cfg
-        n = min(MAX_STEADY_REQUESTS, math.ceil(n * need / max(run.steady.seconds, 1e-9)) + 1)
+        n = min(MAX_STEADY_REQUESTS, math.ceil(n * need_s / max(run.steady.duration_s, 1e-9)) + 1)
 
 
 class Saturated(AisimError):
@@ -377,7 +390,7 @@ def _min_replicas(req, sc, tp, knobs, percentiles, search, notes) -> Candidate |
     max_seqs = engine_config(sc, knobs)[0].max_num_seqs
     capacity = 0.0
     for n in sorted({req.num_requests, max(req.num_requests, SATURATION_SEQS_FACTOR * max_seqs)}):
-        run, cfg = _simulate(req, sc, knobs, 1, percentiles, search, rate=math.inf, num_requests=n)
+        run, cfg = _simulate(req, sc, knobs, 1, percentiles, search, rate_per_s=math.inf, num_requests=n)
         sat = run.result
         if sat.failed and set(sat.failed_reasons) == {"max_model_len"} and sat.completed:
             # the engine rejects a request longer than the model's context whatever the plan: plan for the others
@@ -422,16 +435,19 @@ def steady_output_tokens_per_s(rate_per_s: float, r: ServeResult) -> float:
     return rate_per_s * r.total_output_tokens / max(r.completed + r.failed, 1)
 
 
-def steady_power_w(run: ServeRun, gpu, tp: int) -> float:
+def steady_power_w(run: ServeRun, sc: Scenario, tp: int) -> float:
     """One replica's average draw at its share of the load, all tp GPUs: its steps' energy over the steady window
-    (warm-up and drain excluded), and the GPUs' idle power while no step runs (datasheet idle_power_w). The whole
-    run where it has no window."""
+    (warm-up and drain excluded), and the GPUs' power while they wait between steps (the calibration's
+    waiting_power_w: a loaded serving process, not the datasheet's empty idle). The whole run where it has no
+    window (its steps back to back)."""
+    from ..cost.energy import waiting_power_w
+
     w, r = run.steady, run.result
-    if w is None or w.seconds <= 0:
-        busy = min(r.duration_s, r.energy_j / max(gpu.board_power_w * tp, 1e-9))
-        return (r.energy_j + (r.duration_s - busy) * gpu.idle_power_w * tp) / max(r.duration_s, 1e-9)
-    idle_s = max(w.seconds * w.replicas - w.busy_s, 0.0)
-    return (w.energy_j + idle_s * gpu.idle_power_w * tp) / (w.seconds * w.replicas)
+    if w is None:
+        return r.energy_j / max(r.duration_s, 1e-9)
+    idle_s = max(w.duration_s * w.replicas - w.busy_s, 0.0)
+    waiting_w = waiting_power_w(sc.device.gpu, sc.calibration) * tp
+    return (w.energy_j + idle_s * waiting_w) / (w.duration_s * w.replicas)
 
 
 def _candidate(req, sc, tp, replicas, max_num_seqs, run: ServeRun) -> Candidate:
@@ -441,7 +457,7 @@ def _candidate(req, sc, tp, replicas, max_num_seqs, run: ServeRun) -> Candidate:
     price = req.prices.get(sc.device.gpu.name, sc.device.gpu.price_usd_per_gpu_hour)
     tokens_per_s = steady_output_tokens_per_s(req.rate_per_s / replicas, r) * replicas
     usd_h = gpus * price if price else None
-    watts = steady_power_w(run, sc.device.gpu, tp) * replicas   # the GPUs' average draw at the load
+    watts = steady_power_w(run, sc, tp) * replicas   # the GPUs' average draw at the load
     j_per_tok = watts / tokens_per_s if tokens_per_s else r.energy_j_per_output_token
     kwh_day = watts * HOURS_PER_DAY / 1e3 * req.pue
     tpot = r.median_tpot_ms or math.inf

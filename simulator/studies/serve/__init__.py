@@ -152,7 +152,7 @@ def run_serving(request: ServeRequest, timer: StepTimer, engine_config: EngineCo
     run = simulate(workload, timer, engine, replicas=request.replicas, router=request.router, progress=progress)
     tokens = token_times(run)
     result, table = summarize(run, request.metric_percentiles, tokens)
-    return ServeRun(result, table, *tokens, steady=steady_window(run, tokens[0]))
+    return ServeRun(result, table, *tokens, steady=steady_window(run))
 
 
 def simulate_serving(request: ServeRequest, timer: StepTimer, engine_config: EngineConfig,

@@ -96,22 +96,22 @@ class RequestTable:
 @dataclass(frozen=True)
 class SteadyWindow:
     """The run between its warm-up and its drain: from the arrival of the first quarter's last request to the last
-    arrival. What the replicas' steps did in it (steps ending inside it), summed over the replicas."""
+    arrival. What the replicas' steps did in it (the part of each step inside it), summed over the replicas."""
 
     start_s: float
     end_s: float
     energy_j: float
     busy_s: float
-    output_tokens: int
     replicas: int
 
     @property
-    def seconds(self) -> float:
+    def duration_s(self) -> float:
         return self.end_s - self.start_s
 
 
-def steady_window(run: SimRun, token_time_s: np.ndarray) -> SteadyWindow | None:
-    """The steady part of a run at a finite rate (None at rate = inf, or with under 4 requests)."""
+def steady_window(run: SimRun) -> SteadyWindow | None:
+    """The steady part of a run at a finite rate (None at rate = inf, or with under 4 requests). A step that
+    straddles an edge counts for the part of it inside the window, its energy pro rata."""
     arrivals = np.sort([r.arrival_s for r in run.requests])
     if len(arrivals) < 4:
         return None
@@ -121,11 +121,12 @@ def steady_window(run: SimRun, token_time_s: np.ndarray) -> SteadyWindow | None:
     energy = busy = 0.0
     for st in run.replicas:
         ends = np.asarray(st.step_end_s, dtype=np.float64)
-        inside = (ends > start) & (ends <= end)
-        energy += float(np.asarray(st.step_energy_j, dtype=np.float64)[inside].sum())
-        busy += float(np.asarray(st.step_s, dtype=np.float64)[inside].sum())
-    tokens = int(((token_time_s > start) & (token_time_s <= end)).sum())
-    return SteadyWindow(start, end, energy, busy, tokens, len(run.replicas))
+        steps = np.asarray(st.step_s, dtype=np.float64)
+        inside = np.clip(np.minimum(ends, end) - np.maximum(ends - steps, start), 0.0, None)
+        share = np.divide(inside, steps, out=np.zeros_like(steps), where=steps > 0)
+        energy += float(np.dot(share, np.asarray(st.step_energy_j, dtype=np.float64)))
+        busy += float(inside.sum())
+    return SteadyWindow(start, end, energy, busy, len(run.replicas))
 
 
 def percentile_key(p: float, metric: str) -> str:
