@@ -8,8 +8,9 @@ on 2 CPU cores.
 
 Measured 2026-11-26 on this 2-core machine while other jobs ran (load average 6-8):
   plan serve: 1,080 candidates (46 simulation runs, saturated bound runs included), 33 s wall.
-Measured 2026-11-27 (the bound run with 8 x max_num_seqs requests; configurations simulated at the load counted):
-  plan serve: 1,080 candidates (10 simulated), 19.5 s wall.
+Measured 2026-11-27 (two saturated bound runs, the second with 8 x max_num_seqs requests; runs at the load
+lengthened to a steady window; configurations simulated at the load counted):
+  plan serve: 1,080 candidates (12 simulated), 22.1 s wall.
   plan train (llama-2-70b, h100,a100 x 256,512,1024, default space): 2,304 candidates (1,113 pruned without a
   trace, 1,191 costed, 148 graphs traced), 24 s with the graph cache warm; 220-290 s wall (90-105 s CPU) cold,
   where tracing dominates (about 0.6 s CPU per graph). Traces are shared across GPU counts and devices, not yet

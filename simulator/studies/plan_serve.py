@@ -244,7 +244,8 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
     for c in ok:
         cheapest.setdefault(c.device, c)
         min_gpus[c.device] = min(min_gpus.get(c.device, c.gpus), c.gpus)
-    for c in ok:
+    front = pareto(ok)
+    for c in [*cheapest.values(), *front]:   # the configurations the table and the plot show
         notes.update(search.scenario_notes.get((c.device, c.runtime, c.tp), ()))
     if search.uncalibrated:
         notes.add(f"no measured calibration for {', '.join(sorted(search.uncalibrated))}: efficiencies and overheads "
@@ -252,7 +253,7 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
                   "GPU measures them")
     return PlanServeResult(model=model, rate_per_s=req.rate_per_s, slo=req.slo, considered=search.considered,
                            simulated=search.simulated, ranked=ok, cheapest_per_device=cheapest,
-                           min_gpus_per_device=min_gpus, pareto=pareto(ok), not_feasible=infeasible,
+                           min_gpus_per_device=min_gpus, pareto=front, not_feasible=infeasible,
                            assumptions=sorted(notes))
 
 
