@@ -351,8 +351,8 @@ def _search_device(req, device, runtime, percentiles, search, found, notes, prog
 
 def _simulate(req: "PlanServeRequest", sc: Scenario, knobs: dict, replicas: int, percentiles: list[float],
               search: "_Search", rate_per_s: float | None = None, num_requests: int | None = None):
-    """One replica at its share of the rate (or saturated at ``rate`` = inf). A run at the load whose steady window
-    (warm-up and drain excluded) is shorter than STEADY_WINDOW_E2EL mean end-to-end latencies is run once more
+    """One replica at its share of the rate (or saturated at ``rate_per_s`` = inf). A run at the load whose steady
+    window (warm-up and drain excluded) is shorter than STEADY_WINDOW_E2EL mean end-to-end latencies is run again
     with proportionally more requests (at most MAX_STEADY_REQUESTS): 40 requests at 500 req/s arrive in 0.08 s,
     and such a run is its warm-up and drain, its latencies and energy too."""
     search.simulated += int(rate_per_s is None)   # a configuration at the load; the saturated run is its bound
