@@ -85,7 +85,8 @@ def _grad_allreduce_blocks(model, blocks: set[str]) -> set[str]:
     """The modules whose input gradient is all-reduced in backward (Megatron's f): each block with sharded
     linears, but one MoE block for everything inside it (a shared expert, the experts), as Megatron does at the MoE
     layer's input."""
-    moe = {name.rpartition(".")[0] for name, m in model.named_modules() if m in expert_modules(model)}
+    experts = {id(m) for m in expert_modules(model)}
+    moe = {name.rpartition(".")[0] for name, m in model.named_modules() if id(m) in experts}
     return {next((b for b in moe if name.startswith(b + ".")), name) for name in blocks}
 
 
