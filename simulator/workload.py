@@ -114,6 +114,10 @@ class ParallelPlan(BaseModel):
     tp_scope: TpScope = "all"
     ep: int = Field(1, ge=1, le=100_000, description="expert parallel degree: MoE experts spread over ep of the "
                     "tp x dp GPUs of a stage (vLLM --enable-expert-parallel); 1: experts tensor-parallel")
+    moe_reduce_once: bool = Field(False, description="MoE with a shared expert under tp: the shared and routed "
+                                  "experts' partial outputs summed, then one all-reduce (vLLM's FusedMoE and "
+                                  "shared-expert MLP with reduce_results=False); False: each row-parallel output "
+                                  "all-reduced, as HF's modules run them")
     kv_replicas: int = Field(1, ge=1, le=100_000, description="copies of each KV head over the tp GPUs (vLLM's "
                              "num_kv_head_replicas, tp / num_key_value_heads where tp exceeds it); 1: KV heads "
                              "sharded")

@@ -115,6 +115,18 @@ def test_expert_parallelism_computes_this_gpus_share_of_the_routed_rows():
     assert dp["fused.moe_act"] == pytest.approx(next(o.flops for o in one.top_ops if o.name == "fused.moe_act"))
 
 
+def test_vllm_all_reduces_a_shared_expert_with_the_routed_experts_once():
+    """Qwen1.5-MoE under tp 2: HF's modules all-reduce the shared expert's down_proj and the experts' output apart
+    (3 per layer with attention's o_proj); vLLM builds both with reduce_results=False and all-reduces their sum
+    once (2 per layer; its vocab-parallel embedding adds one)."""
+    counts = {}
+    for runtime in ("vllm", "eager"):
+        est = _estimate(model="Qwen1.5-MoE-A2.7B", device="h100x2", workload="decode", batch=8, seq=1024, tp=2,
+                        runtime=runtime, top_ops=300)
+        counts[runtime] = next(o.count for o in est.top_ops if o.name == "nccl.all_reduce")
+    assert counts == {"vllm": 2 * 24 + 1, "eager": 3 * 24}
+
+
 @pytest.mark.parametrize("runtime", ["vllm", "graphs"])
 def test_engines_write_the_kv_cache_in_place(runtime):
     est = _estimate(model="Meta-Llama-3-8B", device="h100", workload="decode", batch=32, seq=7512, runtime=runtime)

@@ -24,15 +24,19 @@ KV_PROJECTIONS = frozenset({"k_proj", "v_proj"})
 FUSED_QKV = frozenset({"qkv_proj", "query_key_value", "Wqkv", "c_attn"})
 
 
-def shard_model(model, tp: int, scope: str, tracer, kv_replicas: int = 1) -> int:
+def shard_model(model, tp: int, scope: str, tracer, kv_replicas: int = 1, moe_reduce_once: bool = False) -> int:
     """Shard the meta model in place for one rank; returns how many linears were sharded. ``kv_replicas`` > 1:
     tp exceeds the KV heads and each rank keeps one KV head (vLLM's QKVParallelLinear: k_proj and v_proj keep
-    out_features x kv_replicas / tp, the attention its query heads / tp over one KV head)."""
+    out_features x kv_replicas / tp, the attention its query heads / tp over one KV head). ``moe_reduce_once``: a
+    shared expert's row-parallel output inside an MoE block is not all-reduced on its own; the block's routed
+    output and it are summed and all-reduced once (shard_experts' all-reduce), as vLLM's Qwen2MoE and DeepSeek-V2
+    blocks do (shared expert and FusedMoE built with reduce_results=False, one tensor_model_parallel_all_reduce)."""
     if tp == 1:
         return 0
     column, row = roles(scope)
     sharded = 0
     blocks = set()
+    in_moe = _moe_blocks(model) if moe_reduce_once else set()
     for name, module in list(model.named_modules()):
         if not is_linear(module):
             continue
@@ -52,7 +56,8 @@ def shard_model(model, tp: int, scope: str, tracer, kv_replicas: int = 1) -> int
             sharded += 1
         elif leaf in row or row_role(leaf, owner, scope):
             _resize(module, in_features=_features(module, "in") // tp)
-            module.register_forward_hook(_collective_hook(tracer, "all_reduce", tp))
+            if not any(name.startswith(b + ".") for b in in_moe):
+                module.register_forward_hook(_collective_hook(tracer, "all_reduce", tp))
             sharded += 1
     heads_sharded = scope in ("all", "full", "attention")
     for name, module in model.named_modules():
@@ -85,9 +90,14 @@ def _grad_allreduce_blocks(model, blocks: set[str]) -> set[str]:
     """The modules whose input gradient is all-reduced in backward (Megatron's f): each block with sharded
     linears, but one MoE block for everything inside it (a shared expert, the experts), as Megatron does at the MoE
     layer's input."""
-    experts = {id(m) for m in expert_modules(model)}
-    moe = {name.rpartition(".")[0] for name, m in model.named_modules() if id(m) in experts}
+    moe = _moe_blocks(model)
     return {next((b for b in moe if name.startswith(b + ".")), name) for name in blocks}
+
+
+def _moe_blocks(model) -> set[str]:
+    """The names of the modules holding an experts module (the MoE blocks), in one pass over the modules."""
+    experts = {id(m) for m in expert_modules(model)}
+    return {name.rpartition(".")[0] for name, m in model.named_modules() if id(m) in experts}
 
 
 def _hook_grad_allreduce(module, tracer, tp: int) -> None:
