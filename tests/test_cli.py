@@ -58,7 +58,7 @@ def test_default_plan_falls_back_to_data_parallel_where_tp_does_not_divide():
     r = run("estimate", "--model", "opt-125m", "--device", "h100x8", "--batch", "2", "--seq", "64", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["plan"] == {"tp": 4, "pp": 1, "dp": 2, "tp_scope": "all", "ep": 1,
-                                            "kv_replicas": 1}
+                                            "moe_reduce_once": False, "kv_replicas": 1}
 
 
 def test_plan_that_does_not_divide_names_the_dimension():
@@ -75,7 +75,8 @@ def test_dp_is_inferred_from_the_gpus_left_over():
     r = run("estimate", "--model", "opt-125m", "--device", "h100x2", "--tp", "1", "--batch", "4", "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
-    assert out["plan"] == {"tp": 1, "pp": 1, "dp": 2, "tp_scope": "all", "ep": 1, "kv_replicas": 1}
+    assert out["plan"] == {"tp": 1, "pp": 1, "dp": 2, "tp_scope": "all", "ep": 1, "moe_reduce_once": False,
+                           "kv_replicas": 1}
     assert any("--dp not given: 2 data-parallel replicas" in a for a in out["assumptions"])
 
 
