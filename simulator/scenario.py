@@ -107,11 +107,11 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     check_ep_experts(config, request.ep)
     plan, plan_notes = choose_plan(config, dev.count, dev.name, batch, request.tp, request.pp, request.dp, tp_scope,
                                   rt.replicate_kv_heads, shard_states)
-    from .graph.engine import EXPERT_COUNT_KEYS
+    from .graph.engine import moe_routing
 
     plan = plan.model_copy(update={"ep": check_ep(config, plan, request.ep),
                                    "moe_reduce_once": "fused_moe" in rt.fusions and plan.tp > 1
-                                   and any(config.get(k) for k in EXPERT_COUNT_KEYS)})
+                                   and moe_routing(config) is not None})
     if rt.vendors and dev.gpu.vendor not in rt.vendors:
         raise AisimError(f"runtime {rt.name} runs on {', '.join(rt.vendors)} GPUs; {dev.gpu.name} is "
                          f"{dev.gpu.vendor}: choose another --runtime (aisim list runtimes)")

@@ -36,7 +36,8 @@ def shard_model(model, tp: int, scope: str, tracer, kv_replicas: int = 1, moe_re
     column, row = roles(scope)
     sharded = 0
     blocks = set()
-    in_moe = _moe_blocks(model) if moe_reduce_once else set()
+    moe_blocks = _moe_blocks(model)   # once: the backward all-reduce placement below uses them too
+    in_moe = moe_blocks if moe_reduce_once else set()
     for name, module in list(model.named_modules()):
         if not is_linear(module):
             continue
@@ -75,7 +76,7 @@ def shard_model(model, tp: int, scope: str, tracer, kv_replicas: int = 1, moe_re
             sinks = getattr(module, "sinks", None)       # per-head attention sinks (gpt-oss): this rank's heads
             if heads_sharded and isinstance(sinks, torch.nn.Parameter) and sinks.dim() == 1:
                 module.sinks = torch.nn.Parameter(torch.empty(sinks.shape[0] // tp, device="meta", dtype=sinks.dtype))
-    for name in _grad_allreduce_blocks(model, blocks):
+    for name in _grad_allreduce_blocks(blocks, moe_blocks):
         _hook_grad_allreduce(model.get_submodule(name), tracer, tp)
     if heads_sharded:
         for name in blocks:
@@ -86,11 +87,10 @@ def shard_model(model, tp: int, scope: str, tracer, kv_replicas: int = 1, moe_re
     return sharded
 
 
-def _grad_allreduce_blocks(model, blocks: set[str]) -> set[str]:
+def _grad_allreduce_blocks(blocks: set[str], moe: set[str]) -> set[str]:
     """The modules whose input gradient is all-reduced in backward (Megatron's f): each block with sharded
     linears, but one MoE block for everything inside it (a shared expert, the experts), as Megatron does at the MoE
-    layer's input."""
-    moe = _moe_blocks(model)
+    layer's input (``moe``: _moe_blocks)."""
     return {next((b for b in moe if name.startswith(b + ".")), name) for name in blocks}
 
 

@@ -3,9 +3,9 @@
 Search space: device x runtime (engines with a serving profile) x tensor-parallel degree x engine knobs
 (max_num_seqs) x replicas. For each (device, runtime, tp, knobs) the analytical model prunes first: the weights
 and a KV cache must fit (aisim.studies.serve.run.kv_capacity), and one replica's saturated throughput (a
-simulation at rate = inf at full concurrency, _min_replicas) bounds the replicas needed from below; then the request-level simulator of one replica
-at its share of the load (rate / replicas: a round-robin split of Poisson arrivals is Poisson) checks the SLOs at
-that replica count and the next ones, up to --max-gpus. Every candidate considered is counted (pruned or simulated).
+simulation at rate = inf at full concurrency, _min_replicas) bounds the replicas needed from below; then the
+request-level simulator of one replica at its share of the load (rate / replicas: a round-robin split of Poisson
+arrivals is Poisson) checks the SLOs at that replica count and the next ones, up to --max-gpus. Every candidate considered is counted (pruned or simulated).
 
 Costs: $/hour = GPUs x price per GPU-hour (the GPU spec's default price, or --price); $ per million output tokens
 = $/hour / (output tokens per hour) x 1e6, where a replica's output tokens per second at its share of the load are
@@ -27,14 +27,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..catalog import gpu_device, resolve_gpu, resolve_model
 from ..errors import AisimError
-from ..graph.engine import EXPERT_COUNT_KEYS
+from ..graph.engine import moe_routing
 from ..plan import check_tp
 from ..scenario import Scenario, ScenarioRequest, calibration_note, resolve_scenario, serving_notes
 from ..specs import all_hardware, all_runtimes
 from .common import refuse_gpu_count
 from .serve import ArrivalSpec, ServeRequest, ServeRun, validated
 from .serve.metrics import ServeResult, percentile_key
-from .serve.run import engine_config, failure_summary, serve
+from .serve.run import engine_config, failure_summary, refuse_encoder_decoder, serve
 
 SLO_KEY = re.compile(r"^(mean|median|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 HOURS_PER_DAY = 24.0
@@ -207,7 +207,7 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
     infeasible: dict[str, str] = {}
     notes: set[str] = set()
     model, config = resolve_model(req.model)   # the resolved name, as `aisim serve` reports it
-    moe = any(config.get(k) for k in EXPERT_COUNT_KEYS)
+    moe = moe_routing(config) is not None
     if req.enable_expert_parallel and not moe:
         notes.add(f"--enable-expert-parallel: {model} has no experts; like vLLM's flag, it changes nothing")
     notes.add("each configuration's metrics (latencies, request_throughput, duration_s, completed) are one "
@@ -271,9 +271,7 @@ def _check_request(req: PlanServeRequest, config: dict, model: str, percentiles,
     validated(ServeRequest, {"num_requests": req.num_requests, "input_len": req.input_len,
                              "output_len": req.output_len, "rate_per_s": req.rate_per_s, "seed": req.seed,
                              "arrival": req.arrival, "metric_percentiles": percentiles}, PLAN_SERVE_FLAGS)
-    if config.get("is_encoder_decoder"):
-        raise AisimError(f"{model} is an encoder-decoder model: the serving simulator runs decoder-only text "
-                         "models; for speech use `aisim estimate --workload transcribe`")
+    refuse_encoder_decoder(model, config)
     dropped = {}
     for tp in req.tp:
         if tp > req.max_gpus:

@@ -141,15 +141,20 @@ def blocks_override(cap: KvCapacity, blocks: int, block_size: int) -> KvCapacity
     return replace(cap, blocks=blocks, tokens=blocks // groups * block_size, how=f"--num-gpu-blocks-override {blocks}")
 
 
+def refuse_encoder_decoder(model: str, config: dict) -> None:
+    """The serving simulator runs decoder-only text models (one line where the model is not one)."""
+    if config.get("is_encoder_decoder"):
+        raise AisimError(f"{model} is an encoder-decoder model: the serving simulator runs decoder-only text "
+                         "models; for speech use `aisim estimate --workload transcribe`")
+
+
 def engine_config(sc: Scenario, knobs: dict[str, Any]) -> tuple[EngineConfig, KvCapacity]:
     """The runtime profile's serving defaults with ``knobs`` (CLI overrides) applied, and the KV capacity."""
     s = sc.runtime.serving
     if s is None:
         raise AisimError(f"runtime {sc.runtime.name} has no continuous-batching engine profile; choose "
                          "--runtime transformers-cb or vllm (aisim list runtimes)")
-    if sc.config.get("is_encoder_decoder"):
-        raise AisimError(f"{sc.model} is an encoder-decoder model: the serving simulator runs decoder-only text "
-                         "models; for speech use `aisim estimate --workload transcribe`")
+    refuse_encoder_decoder(sc.model, sc.config)
     unknown = set(knobs) - set(ENGINE_KNOBS)
     if unknown:
         raise AisimError(f"unknown engine setting(s) {sorted(unknown)}; known: {', '.join(ENGINE_KNOBS)}")
