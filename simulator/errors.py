@@ -16,3 +16,15 @@ class UnknownNameError(AisimError):
         near = f" Did you mean: {', '.join(close)}?" if close else ""
         super().__init__(f"unknown {kind} {name!r}.{near} {hint}")
         self.close_matches = close
+
+
+class DoesNotFit(AisimError):
+    """A configuration whose memory does not hold what it must ("does not fit: <detail>; <hint>"). ``hint`` names the
+    flags of the command that raised it; a study that searches those settings itself gives its own (``advise``)."""
+
+    def __init__(self, detail: str, hint: str = ""):
+        super().__init__(f"does not fit: {detail}" + (f"; {hint}" if hint else ""))
+        self.detail, self.hint = detail, hint
+
+    def advise(self, hint: str) -> "DoesNotFit":
+        return DoesNotFit(self.detail, hint)

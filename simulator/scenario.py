@@ -69,6 +69,7 @@ class Scenario(BaseModel):
     with_loss: bool = False
     optimizer: Literal["adamw", "sgd"] = "adamw"
     assumptions: tuple[str, ...] = ()
+    default_rules_asked: bool = Field(False, description="--calibration none: the default rules were asked for")
     key: str = Field(description="hash of everything that changes a step's cost (cache key)")
 
     def workload(self, shape: StepShape, **overrides) -> Workload:
@@ -138,6 +139,7 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     return Scenario(model=name, config=config, device=dev, calibration=cal, runtime=rt, power=power, plan=plan,
                     dtype=request.dtype, quant=request.quant, kv_dtype=request.kv_dtype, with_loss=request.with_loss,
                     optimizer=request.optimizer, assumptions=tuple(notes),
+                    default_rules_asked=isinstance(request.calibration, str) and request.calibration == "none",
                     key=_key(config, dev, cal, rt, power, plan, request.dtype, request.quant, request.with_loss,
                              request.optimizer, request.kv_dtype))
 
@@ -430,7 +432,7 @@ def _runtime_notes(rt: RuntimeSpec, dev: Device, dtype: str) -> list[str]:
 def calibration_note(sc: Scenario) -> str | None:
     """Said with every estimate whose calibration is not a measurement."""
     cal = sc.calibration
-    if cal.measured or any(a.startswith("--calibration none") for a in sc.assumptions):   # asked for: said once
+    if cal.measured or sc.default_rules_asked:   # asked for: its own note says so once
         return None
     source = ("the documented default rules (hardware_specs/calibration/default.yaml)" if cal.device == "default"
               else f"documented rules for this GPU (hardware_specs/calibration/{cal.device}.yaml)")

@@ -196,6 +196,25 @@ def test_plan_serve_says_when_no_request_fits_the_model():
     assert "no configuration to simulate" in reason and "max_model_len 2048" in reason and "0.00 req/s" not in reason
 
 
+def test_a_model_that_does_not_fit_is_the_plans_answer_with_the_plans_own_advice():
+    """Llama-3-70B on L4s (24 GB) up to 2 GPUs: not an error but a per-device reason saying the weights do not fit,
+    advising the plan's flags (--max-gpus), not serve's (--gpu-memory-utilization); aisim serve says the same with
+    its own flags."""
+    from aisim.errors import DoesNotFit
+    from aisim.scenario import ScenarioRequest, resolve_scenario
+    from aisim.studies.serve.run import engine_config
+
+    result = plan_serve(plan_request(model="Meta-Llama-3-70B", devices=["l4"], input_len="256", output_len="32",
+                                     num_requests=20, max_gpus=2, rate_per_s=1.0, slo={}))
+    (reason,) = result.not_feasible.values()
+    assert reason.startswith("does not fit: ") and "weights take" in reason and "--max-gpus" in reason
+    assert "--gpu-memory-utilization" not in reason
+    sc = resolve_scenario(ScenarioRequest(model="Meta-Llama-3-70B", device="l4", dtype="bf16", runtime="vllm"),
+                          "prefill")
+    with pytest.raises(DoesNotFit, match=r"weights take 141\.\d+ GB per GPU.*use more GPUs \(--tp\)"):
+        engine_config(sc, {})
+
+
 def test_slo_text_takes_both_spellings_and_the_printed_form():
     """--slo accepts aisim's ttft_p90_ms=..., vLLM's p90_ttft_ms=... and the 'p90_ttft_ms<=...' form the plan prints;
     a name that is no latency metric or a non-positive limit is one clear error."""

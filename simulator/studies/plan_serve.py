@@ -26,7 +26,7 @@ from typing import Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..catalog import gpu_device, resolve_gpu, resolve_model
-from ..errors import AisimError
+from ..errors import AisimError, DoesNotFit
 from ..graph.engine import moe_routing
 from ..plan import check_tp
 from ..scenario import Scenario, ScenarioRequest, calibration_note, resolve_scenario, serving_notes
@@ -228,9 +228,8 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
             if runtime not in all_runtimes() or all_runtimes()[runtime].serving is None:
                 raise AisimError(f"runtime {runtime!r} has no serving profile (aisim list runtimes)")
             reason = _search_device(req, device, runtime, percentiles, search, found, notes, progress, moe)
-            if reason:   # serve's advice names serve's flags; here the tp degrees searched are --tp and --max-gpus
-                infeasible[f"{device}/{runtime}"] = reason.replace(
-                    "use more GPUs (--tp)", "search more GPUs (--max-gpus, --tp)")
+            if reason:
+                infeasible[f"{device}/{runtime}"] = reason
     if not search.simulated and not search.capacity_bound:
         # nothing could run, and not for want of GPUs (a setting every device refuses, requests no engine takes):
         # an error; a rate beyond --max-gpus or a model that does not fit is the plan's answer, with its reasons
@@ -324,9 +323,11 @@ def _search_device(req, device, runtime, percentiles, search, found, notes, prog
                 if fewest is None or exc.gpus < fewest.gpus:
                     fewest = exc
                 continue
+            except DoesNotFit as exc:   # serve's advice names serve's flags; the plan searches --tp and --max-gpus
+                last_reason, search.capacity_bound = str(exc.advise(FIT_HINT) if exc.hint else exc), True
+                continue
             except AisimError as exc:
                 last_reason = str(exc)
-                search.capacity_bound |= last_reason.startswith(("does not fit", f"tp {tp}: does not fit"))
                 continue
             if progress:
                 progress(f"{device} {runtime} tp {tp} seqs {seqs or 'default'}")
@@ -368,6 +369,11 @@ def _simulate(req: "PlanServeRequest", sc: Scenario, knobs: dict, replicas: int,
         n = min(MAX_STEADY_REQUESTS, math.ceil(n * need_s / max(run.steady.duration_s, 1e-9)) + 1)
 
 
+# advice where a configuration does not fit: the plan searches the tp degrees and replica counts itself
+FIT_HINT = "search more GPUs (--max-gpus, --tp), a smaller --quant or a larger GPU"
+KV_FIX = "search more GPUs per replica (--tp, --max-gpus) or a larger GPU"
+
+
 class Saturated(AisimError):
     """Even --max-gpus replicas of one configuration cannot carry the rate (``gpus``: the GPUs it would need)."""
 
@@ -397,7 +403,8 @@ def _min_replicas(req, sc, tp, knobs, percentiles, search, notes) -> Candidate |
                       f"are over the model's max_model_len {cfg.max_model_len} and rejected, as the engine rejects "
                       "them; the plan serves the rest")
         elif sat.failed:      # requests no replica count can run (the KV cache, the batch): say why, as serve
-            raise AisimError(f"tp {tp}: {failure_summary(run, cfg)}")
+            why = f"tp {tp}: {failure_summary(run, cfg, kv_fix=KV_FIX)}"
+            raise DoesNotFit(why) if "kv_capacity" in sat.failed_reasons else AisimError(why)
         # requests per second of the arrival stream: the ones over max_model_len are rejected at once
         capacity = max(capacity, sat.request_throughput * (sat.completed + sat.failed) / max(sat.completed, 1))
     max_replicas = max(req.max_gpus // tp, 1)

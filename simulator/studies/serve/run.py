@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from math import gcd
 from typing import Any
 
-from ...errors import AisimError
+from ...errors import AisimError, DoesNotFit
 from ...scenario import Scenario, calibration_note, serving_notes
 from ...step import step_cost
 from ...workload import StepShape
@@ -117,9 +117,11 @@ def kv_capacity(sc: Scenario, block_size: int, max_batched_tokens: int, utilizat
     if blocks < 1:
         where = (f"{sc.device.gpu.name} (per GPU of tp {sc.plan.tp} x pp {sc.plan.pp})"
                  if sc.plan.tp * sc.plan.pp > 1 else sc.device.gpu.name)
-        raise AisimError(f"does not fit: {sc.model} on {where} leaves no room for a KV cache "
-                         f"({how} = {budget / 1e9:.2f} GB for KV at {per_token / 1e6:.3f} MB per token); use more "
-                         "GPUs (--tp), a smaller --quant or a larger GPU")
+        detail = (f"{sc.model}'s weights take {weights / 1e9:.2f} GB per GPU, more than the "
+                  f"{sc.device.gpu.memory_bytes / 1e9:.1f} GB of {where}" if weights >= sc.device.gpu.memory_bytes else
+                  f"{sc.model} on {where} leaves no room for a KV cache ({how} = {budget / 1e9:.2f} GB for KV at "
+                  f"{per_token / 1e6:.3f} MB per token)")
+        raise DoesNotFit(detail, "use more GPUs (--tp), a smaller --quant or a larger GPU")
     if sliding:   # one engine block = block_size tokens of one KV group of dims.layers / (full + sliding) layers
         return KvCapacity(int(tokens * (full + sliding) // block_size), blocks * block_size, per_token, budget,
                           weights, how, full, sliding, window_blocks)
@@ -135,8 +137,8 @@ def blocks_override(cap: KvCapacity, blocks: int, block_size: int) -> KvCapacity
     groups = cap.full_groups + cap.sliding_groups
     need = blocks * block_size * cap.bytes_per_token / groups
     if need > cap.budget_bytes:
-        raise AisimError(f"does not fit: --num-gpu-blocks-override {blocks} needs {need / 1e9:.2f} GB of KV cache per "
-                         f"GPU, more than the {cap.budget_bytes / 1e9:.2f} GB the memory policy leaves ({cap.how}); "
+        raise DoesNotFit(f"--num-gpu-blocks-override {blocks} needs {need / 1e9:.2f} GB of KV cache per GPU, more "
+                         f"than the {cap.budget_bytes / 1e9:.2f} GB the memory policy leaves ({cap.how})",
                          f"give at most {cap.blocks} blocks")
     return replace(cap, blocks=blocks, tokens=blocks // groups * block_size, how=f"--num-gpu-blocks-override {blocks}")
 
@@ -195,9 +197,13 @@ def _check_knobs(runtime: str, values: dict[str, Any]) -> None:
                          f"({RECOMPUTE_ONLY[runtime]}); drop --preemption-mode")
 
 
-def failure_summary(run: ServeRun, cfg: EngineConfig, overridden: bool = False) -> str | None:
+KV_FIX = "raise --gpu-memory-utilization, use more GPUs per replica (--tp) or a larger GPU"
+
+
+def failure_summary(run: ServeRun, cfg: EngineConfig, overridden: bool = False, kv_fix: str = KV_FIX) -> str | None:
     """The failed requests by reason, each with what to do; None when every request completed. ``overridden``: the
-    KV blocks came from --num-gpu-blocks-override."""
+    KV blocks came from --num-gpu-blocks-override; ``kv_fix``: the advice for requests the KV cache cannot hold (a
+    study that searches the GPUs itself names its own flags)."""
     reasons = run.result.failed_reasons
     if not reasons:
         return None
@@ -205,8 +211,7 @@ def failure_summary(run: ServeRun, cfg: EngineConfig, overridden: bool = False) 
     fill = {"max_model_len": cfg.max_model_len,
             "kv_tokens": "no request" if not longest else f"a request of {longest:,} tokens at most",
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
-            "kv_fix": "raise --num-gpu-blocks-override" if overridden else
-                      "raise --gpu-memory-utilization, use more GPUs per replica (--tp) or a larger GPU"}
+            "kv_fix": "raise --num-gpu-blocks-override" if overridden else kv_fix}
     return "; ".join(f"{n} request(s) " + FAILURE_HINTS.get(why, why).format(**fill) for why, n in reasons.items())
 
 
