@@ -215,6 +215,19 @@ def test_a_model_that_does_not_fit_is_the_plans_answer_with_the_plans_own_advice
         engine_config(sc, {})
 
 
+def test_plan_serve_token_rate_and_cost_do_not_move_with_the_number_of_simulated_requests():
+    """tok/s and $/M are the offered load: the rate x the output distribution's mean (ShareGPT: 203.1 tokens), not
+    the simulated sample's mean, which moves with --num-requests."""
+    def row(n):
+        res = plan_serve(plan_request(model="opt-125m", devices=["h100"], num_requests=n, max_gpus=1, rate_per_s=2.0,
+                                      slo={}, max_num_seqs=[None]))
+        (cand,) = [c for c in res.ranked if c.gpus == 1]
+        return cand
+    few, many = row(40), row(400)
+    assert few.output_tokens_per_s_per_gpu == pytest.approx(2.0 * 203.1, rel=1e-3) == many.output_tokens_per_s_per_gpu
+    assert few.usd_per_million_output_tokens == pytest.approx(many.usd_per_million_output_tokens, rel=1e-9)
+
+
 def test_slo_text_takes_both_spellings_and_the_printed_form():
     """--slo accepts aisim's ttft_p90_ms=..., vLLM's p90_ttft_ms=... and the 'p90_ttft_ms<=...' form the plan prints;
     a name that is no latency metric or a non-positive limit is one clear error."""

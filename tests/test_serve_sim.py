@@ -173,6 +173,10 @@ def test_length_distributions_parse_and_have_their_means():
         x = parse_length("sharegpt", role).sample(200_000, rng)
         assert x.mean() == pytest.approx(mean, rel=0.01) and x.min() >= 4 and x.max() <= 1024
     assert SHAREGPT["input"]._clipped_mean(SHAREGPT["input"].mu()) == pytest.approx(229.7)
+    # expected_tokens (plan serve's offered load) is the distribution's mean, clipping included
+    for spec in ("64", "uniform:1:100", "normal:500:50", "normal:20:40", "lognormal:200:0.8", "sharegpt"):
+        dist = parse_length(spec, "output")
+        assert dist.sample(400_000, rng).mean() == pytest.approx(dist.expected_tokens(), rel=0.01), spec
     gaps = np.diff(arrival_times_s(200_000, 4.0, parse_arrival_cv("gamma:2"), rng))
     assert gaps.mean() == pytest.approx(0.25, rel=0.02) and gaps.std() / gaps.mean() == pytest.approx(2, rel=0.03)
     gaps = np.diff(arrival_times_s(200_000, 4.0, parse_arrival_cv("poisson"), rng))

@@ -62,6 +62,9 @@ class ClippedLogNormal:
         body = math.exp(mu + s * s / 2) * (_phi(z_hi - s) - _phi(z_lo - s))
         return self.lo * _phi(z_lo) + self.hi * (1.0 - _phi(z_hi)) + body
 
+    def expected_tokens(self) -> float:
+        return self.mean_tokens
+
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         x = rng.lognormal(self.mu(), self.sigma, size=n)
         return np.clip(np.rint(x), self.lo, self.hi).astype(np.int64)
@@ -75,6 +78,9 @@ def _phi(z: float) -> float:
 class FixedLength:
     tokens: int
 
+    def expected_tokens(self) -> float:
+        return float(self.tokens)
+
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         return np.full(n, self.tokens, dtype=np.int64)
 
@@ -84,6 +90,9 @@ class UniformLength:
     lo: int
     hi: int
 
+    def expected_tokens(self) -> float:
+        return (self.lo + self.hi) / 2
+
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         return rng.integers(self.lo, self.hi + 1, size=n, dtype=np.int64)
 
@@ -92,6 +101,14 @@ class UniformLength:
 class NormalLength:
     mean_tokens: float
     sd_tokens: float
+
+    def expected_tokens(self) -> float:
+        """E[max(X, 1)], X ~ Normal(mean, sd) (the clip at 1; the rounding moves it by less than half a token)."""
+        if self.sd_tokens == 0:
+            return max(self.mean_tokens, 1.0)
+        z = (1.0 - self.mean_tokens) / self.sd_tokens
+        density = math.exp(-z * z / 2) / math.sqrt(2 * math.pi)
+        return _phi(z) + self.mean_tokens * (1.0 - _phi(z)) + self.sd_tokens * density
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         x = rng.normal(self.mean_tokens, self.sd_tokens, size=n)
