@@ -71,7 +71,7 @@ def estimate(
     batch: int = typer.Option(1, help="batch size"),
     seq: int = typer.Option(1024, help="input length; for decode the context length"),
     gen: Optional[int] = typer.Option(None, help="generate: new tokens [default: 128]"),
-    dtype: str = typer.Option("fp16", help="fp32|tf32|fp16|bf16"),
+    dtype: str = typer.Option("fp16", help="fp32|tf32|fp16|bf16|auto (as the runtime picks it from config.json)"),
     tp: Optional[int] = typer.Option(None, help="tensor parallel degree (default: the most GPUs of the device "
                                      "that divide the model's heads and widths, the rest data parallel; "
                                      "training with --zero 1-3 or --fsdp: data parallel first)"),
@@ -258,7 +258,8 @@ def serve(
     ctx: typer.Context,
     model: str = typer.Option(..., "--model", "-m", help="shipped name or config.json path"),
     device: str = typer.Option(..., "--device", "-d", help="GPU, NAMExN or system; GPUs beyond tp x pp hold replicas"),
-    dtype: str = typer.Option("bf16", help="fp16|bf16|fp32"),
+    dtype: str = typer.Option("auto", help="auto (as the engine picks it from config.json's torch_dtype and the "
+                              "GPU) | fp16 | bf16 | fp32"),
     tp: Optional[int] = typer.Option(None, help="tensor parallel degree of a replica (default 1)"),
     pp: int = typer.Option(1, help="pipeline parallel degree of a replica"),
     ep: int = typer.Option(1, "--ep", help="MoE expert parallel degree inside a replica: experts spread over ep of "
@@ -387,7 +388,8 @@ def plan_serve_cmd(
     output_len: str = typer.Option("sharegpt", "--output-len", help="output tokens, as --input-len"),
     slo: str = typer.Option("", help="e.g. ttft_p90_ms=2000,tpot_p50_ms=50 (any percentile; mean_/median_ too)"),
     max_gpus: int = typer.Option(8, "--max-gpus", help="GPUs per device and runtime, at most (tp x replicas)"),
-    dtype: str = typer.Option("bf16", help="fp16|bf16|fp32"),
+    dtype: str = typer.Option("auto", help="auto (per GPU, as the engine picks it from config.json's torch_dtype: "
+                              "vLLM runs bf16 checkpoints in fp16 on GPUs without bf16) | fp16 | bf16 | fp32"),
     quant: str = typer.Option("none", help="weight quantization of every candidate: none|int8|fp8|int4"),
     kv_dtype: str = typer.Option("auto", "--kv-dtype", help="KV cache dtype of every candidate: auto | fp16 | bf16 | "
                                  "fp8"),

@@ -33,7 +33,8 @@ class ScenarioRequest(BaseModel):
     model: Union[str, Path] = Field(description="shipped name (opt-6.7b, llama-3-70b), HF repo id, or config.json "
                                     "path")
     device: Union[str, Path, Device] = Field(description="GPU name, NAMExN, system name, or a GPU/system YAML path")
-    dtype: DType = "fp16"
+    dtype: Union[DType, Literal["auto"]] = Field("fp16", description="compute dtype; auto: as the engine picks it "
+                                                   "from config.json (auto_dtype)")
     quant: Quant = "none"
     tp: int | None = Field(None, ge=1, le=100_000)
     pp: int = Field(1, ge=1, le=100_000)
@@ -116,13 +117,14 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     if rt.vendors and dev.gpu.vendor not in rt.vendors:
         raise AisimError(f"runtime {rt.name} runs on {', '.join(rt.vendors)} GPUs; {dev.gpu.name} is "
                          f"{dev.gpu.vendor}: choose another --runtime (aisim list runtimes)")
-    _check_capability(rt, dev.gpu, request.dtype, request.quant)
+    dtype, dtype_note = auto_dtype(config, rt, dev.gpu) if request.dtype == "auto" else (request.dtype, None)
+    _check_capability(rt, dev.gpu, dtype, request.quant)
     power, power_note = resolve_power_mode(dev.gpu, cal, request.power_mode, request.power_limit_w,
                                            request.gpu_clock_mhz)
     notes = list(dev.assumptions) + [n for n in (catalog.defaults_note(config), *plan_notes, default_note, cal_note,
-                                                 host_note, power_note) if n]
-    notes += _precision_notes(dev, request.dtype, request.quant, plan, config, rt)
-    notes += _runtime_notes(rt, dev, request.dtype)
+                                                 host_note, power_note, dtype_note) if n]
+    notes += _precision_notes(dev, dtype, request.quant, plan, config, rt)
+    notes += _runtime_notes(rt, dev, dtype)
     if request.kv_dtype == "fp8" and rt.name == "transformers-cb":
         raise AisimError("--kv-dtype fp8 with --runtime transformers-cb: transformers' continuous batching keeps its "
                          "paged cache in the model dtype (generation/continuous_batching/cache.py 166, 251-252); "
@@ -137,10 +139,10 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
                      "priced at 1 byte per element as a serving engine stores them, the cache concatenation at the "
                      "model dtype. --runtime vllm models an fp8 cache end to end")
     return Scenario(model=name, config=config, device=dev, calibration=cal, runtime=rt, power=power, plan=plan,
-                    dtype=request.dtype, quant=request.quant, kv_dtype=request.kv_dtype, with_loss=request.with_loss,
+                    dtype=dtype, quant=request.quant, kv_dtype=request.kv_dtype, with_loss=request.with_loss,
                     optimizer=request.optimizer, assumptions=tuple(notes),
                     default_rules_asked=isinstance(request.calibration, str) and request.calibration == "none",
-                    key=_key(config, dev, cal, rt, power, plan, request.dtype, request.quant, request.with_loss,
+                    key=_key(config, dev, cal, rt, power, plan, dtype, request.quant, request.with_loss,
                              request.optimizer, request.kv_dtype))
 
 
@@ -267,6 +269,40 @@ def resolve_power_mode(gpu, cal, mode: str | None, limit_w: float | None,
             "limit holds, the clock of their calibration loops), memory-bound ones keep their time until their "
             "compute floor overtakes (aisim.cost.power)" + (f"; {named.source}" if named else ""))
     return PowerMode(limit, clock), text
+
+
+CONFIG_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+# vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS: model types vLLM never runs in fp16 (numerical instability)
+FP16_UNSUPPORTED_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "plamo2"})
+
+
+def auto_dtype(config: dict, rt: RuntimeSpec, gpu) -> tuple[str, str]:
+    """--dtype auto, as the engine resolves it, and the note that says how.
+
+    An engine that checks the GPU's dtypes (RuntimeSpec.min_compute_capability: vLLM) follows vLLM's
+    ``_resolve_auto_dtype`` (vllm/config/model.py): the GPU's dtypes in its order (vllm/platforms/cuda.py
+    supported_dtypes: bf16, fp16, fp32 from compute capability 8.0; fp16, fp32 below), less fp16 for the model types
+    that refuse it; a float32 checkpoint runs in the first of them; a checkpoint dtype the GPU lacks (bf16 on a V100
+    or T4) runs in the first of them too, with vLLM's warning. Other runtimes load as transformers'
+    ``from_pretrained(dtype="auto")`` does: config.json's torch_dtype, float32 where it has none."""
+    raw = config.get("torch_dtype") or config.get("dtype")
+    given = CONFIG_DTYPES.get(str(raw).lower()) if raw else None
+    source = f"config.json's torch_dtype {raw}" if given else "no torch_dtype in config.json: float32"
+    if not rt.min_compute_capability:
+        chosen = given or "fp32"
+        return chosen, f"--dtype auto: {chosen} ({source}, as transformers' from_pretrained(dtype=\"auto\") loads it)"
+    need = rt.min_compute_capability.get("bf16")
+    have = _capability(gpu.compute_capability)
+    bf16 = gpu.vendor != "nvidia" or not need or have is None or have >= _capability(need)
+    supported = [d for d in ("bf16", "fp16", "fp32") if (d != "bf16" or bf16)
+                 and (d != "fp16" or config.get("model_type") not in FP16_UNSUPPORTED_MODEL_TYPES)]
+    wanted = given or "fp32"
+    chosen = supported[0] if wanted == "fp32" or wanted not in supported else wanted
+    why = ("" if chosen == wanted else
+           f"; {rt.name} runs a float32 checkpoint in {chosen}" if wanted == "fp32" else
+           f"; {gpu.name} (compute capability {gpu.compute_capability}) has no {wanted}: {rt.name} casts to {chosen}, "
+           "with a warning")
+    return chosen, f"--dtype auto: {chosen} ({source}{why}; vLLM's _resolve_auto_dtype, vllm/config/model.py)"
 
 
 def _check_capability(rt, gpu, dtype: str, quant: str) -> None:

@@ -420,3 +420,40 @@ def test_serve_and_plan_serve_say_which_gpus_have_no_measured_calibration_and_no
     assert planned.exit_code == 0, planned.output
     assert "no measured calibration for a100-sxm4-80gb:" in text and "h100-sxm" not in text.split("no measured")[1][:40]
     assert "a100-sxm4-80gb has no fp8 tensor cores" in text and "fp8 on h100-sxm with vllm" in text
+
+
+@pytest.mark.parametrize("model, device, runtime, want, said", [
+    ("Meta-Llama-3-8B", "h100", "vllm", "bf16", "torch_dtype bfloat16"),
+    ("Meta-Llama-3-8B", "t4", "vllm", "fp16", "t4 (compute capability 7.5) has no bf16: vllm casts to fp16"),
+    ("gpt2", "h100", "vllm", "bf16", "vllm runs a float32 checkpoint in bf16"),
+    ("gpt2", "v100-sxm2-32gb", "vllm", "fp16", "float32 checkpoint in fp16"),
+    ("gpt2", "h100", "transformers-cb", "fp32", "from_pretrained"),
+    ("opt-1.3b", "h100", "transformers-cb", "fp16", "torch_dtype float16"),
+])
+def test_dtype_auto_is_the_engines_choice_from_the_config_and_the_gpu(model, device, runtime, want, said):
+    """--dtype auto (serve's and plan serve's default): vLLM's _resolve_auto_dtype for vLLM, transformers'
+    from_pretrained(dtype="auto") for the HF runtimes; the note says which and why."""
+    sc = scenario(model, device, dtype="auto", runtime=runtime)
+    assert sc.dtype == want
+    (note,) = [a for a in sc.assumptions if a.startswith("--dtype auto")]
+    assert said in note
+
+
+def test_dtype_auto_keeps_fp16_away_from_models_vllm_never_runs_in_fp16():
+    from aisim.scenario import auto_dtype
+    from aisim.catalog import resolve_gpu
+    from aisim.specs import all_runtimes
+
+    vllm = all_runtimes()["vllm"]
+    assert auto_dtype({"model_type": "gemma2", "torch_dtype": "bfloat16"}, vllm, resolve_gpu("t4"))[0] == "fp32"
+    assert auto_dtype({"model_type": "llama", "torch_dtype": "bfloat16"}, vllm, resolve_gpu("t4"))[0] == "fp16"
+
+
+def test_plan_serve_runs_a_bf16_model_on_gpus_without_bf16_as_vllm_does():
+    """vLLM serves Llama-3-8B on a T4 in fp16: the plan searches it (it reported 'runtime vllm runs bf16 on compute
+    capability 8.0 or newer' for the T4 and the V100 when the default was bf16)."""
+    from aisim.studies.plan_serve import plan_request, plan_serve
+
+    res = plan_serve(plan_request(model="Meta-Llama-3-8B", devices=["t4"], runtimes=["vllm"], num_requests=20,
+                                  max_gpus=2, rate_per_s=0.5, slo={}, max_num_seqs=[None]))
+    assert res.ranked and not res.not_feasible

@@ -77,7 +77,7 @@ class PlanServeRequest(BaseModel):
                                          "--enable-expert-parallel), not every expert split over them")
     power_limit_w: float | None = Field(None, gt=0, description="board power limit of every GPU (W)")
     gpu_clock_mhz: float | None = Field(None, gt=0, description="core clock cap of every GPU (MHz)")
-    dtype: Literal["fp16", "bf16", "fp32"] = "bf16"
+    dtype: Literal["auto", "fp16", "bf16", "fp32"] = "auto"
     quant: Literal["none", "int8", "fp8", "int4"] = "none"
     kv_dtype: Literal["auto", "fp16", "bf16", "fp8"] = "auto"
     prices: dict[str, float] = Field(default_factory=dict, description="device name -> USD per GPU-hour")
