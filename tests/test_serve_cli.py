@@ -457,3 +457,20 @@ def test_plan_serve_runs_a_bf16_model_on_gpus_without_bf16_as_vllm_does():
     res = plan_serve(plan_request(model="Meta-Llama-3-8B", devices=["t4"], runtimes=["vllm"], num_requests=20,
                                   max_gpus=2, rate_per_s=0.5, slo={}, max_num_seqs=[None]))
     assert res.ranked and not res.not_feasible
+
+
+def test_serve_energy_counts_the_gpus_waiting_between_steps_and_agrees_with_plan_serve():
+    """At 0.05 req/s an H100 mostly waits: serve's average draw is at least the calibration's waiting power (it was
+    17 W when the gaps cost nothing) and within the board power; its J/token is plan serve's at the same load, within
+    the 60-request sample's arrival noise (it was 8x below)."""
+    from aisim.cost.energy import waiting_power_w
+    from aisim.studies.plan_serve import plan_request, plan_serve
+
+    sc = scenario("Meta-Llama-3-8B", "h100", dtype="bf16", runtime="vllm")
+    args = dict(num_requests=60, input_len="512", output_len="128", rate_per_s=0.05)
+    result = serve(sc, ServeRequest(**args))[0].result
+    watts = result.energy_j / result.duration_s
+    assert waiting_power_w(sc.device.gpu, sc.calibration) <= watts <= sc.device.gpu.board_power_w
+    plan = plan_serve(plan_request(model="Meta-Llama-3-8B", devices=["h100"], runtimes=["vllm"], tp=[1], max_gpus=1,
+                                   slo={}, max_num_seqs=[None], **args))
+    assert result.energy_j_per_output_token == pytest.approx(plan.ranked[0].joules_per_output_token, rel=0.2)

@@ -464,7 +464,7 @@ class BuildingTimer(RecordingTimer):
     transformers CB does (StepCostTimer.graph_build_s / attention_shapes)."""
 
     graph_build_s = 0.05
-    waiting_power_w = 100.0
+    idle_power_w = 100.0
 
     def attention_shapes(self, shape: BatchShape):
         return ((shape.tokens, round(shape.decode_ctx_tokens + shape.prefill_ctx_tokens)),)
@@ -497,7 +497,7 @@ def test_windowed_model_attention_shapes_are_unique_and_clip_to_the_window():
     from aisim.studies.serve.timer import StepCostTimer
 
     timer = StepCostTimer(scenario("gpt-oss-20b", "h100", dtype="bf16", runtime="transformers-cb"), 256)
-    assert timer.graph_build_s > 0 and timer.waiting_power_w > 0
+    assert timer.graph_build_s > 0 and timer.idle_power_w > 0
     assert timer.attention_shapes(BatchShape(100, 100.0 * 100, 1, 0, 0.0, 100.0)) == ((100, 100),)
     assert timer.attention_shapes(BatchShape(0, 0.0, 0, 4, 4 * 1000.0)) == ((4, 4000), (4, 4 * 128))
 

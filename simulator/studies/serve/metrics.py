@@ -55,9 +55,9 @@ class ServeResult(BaseModel):
     median_e2el_ms: float
     std_e2el_ms: float
     percentiles: dict[str, float] = Field(description="vLLM keys: p99_ttft_ms, p90_itl_ms, ... (milliseconds)")
-    energy_j: float = Field(description="sum of step energies (the engine's per-step host work at the step's "
-                            "power, attention graph builds at the GPU's waiting power); idle gaps and swaps cost "
-                            "none")
+    energy_j: float = Field(description="every replica's GPUs over duration_s: its steps' energies (the engine's "
+                            "per-step host work at the step's power, attention graph builds at the waiting power) "
+                            "plus the waiting power of the loaded process in the gaps between steps")
     energy_j_per_output_token: float
     kv_cache_peak_utilization: float = Field(description="peak used / total KV blocks, worst replica")
     num_preemptions: int
@@ -199,7 +199,9 @@ def _throughputs(table: RequestTable, duration_s: float) -> dict:
 def _engine_stats(run: SimRun, duration_s: float, total_out: int) -> dict:
     reps = run.replicas
     steps = sum(len(st.step_end_s) for st in reps)
-    energy = sum(st.energy_j for st in reps)
+    # the GPUs draw their waiting power whenever no step runs, before the first arrival and after a replica's last
+    # step included (a deployed server is up for the whole run)
+    energy = sum(st.energy_j + max(duration_s - sum(st.step_s), 0.0) * st.idle_power_w for st in reps)
     return {"energy_j": energy, "energy_j_per_output_token": energy / total_out if total_out else 0.0,
             "kv_cache_peak_utilization": max(st.peak_used_blocks / st.num_kv_blocks for st in reps),
             "num_preemptions": sum(st.num_preemptions for st in reps),

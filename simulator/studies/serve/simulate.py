@@ -70,6 +70,7 @@ class ReplicaStats:
     step_s: list[float] = field(default_factory=list)          # each step's duration (busy seconds)
     step_energy_j: list[float] = field(default_factory=list)   # each step's energy, graph builds included
     energy_j: float = 0.0
+    idle_power_w: float = 0.0    # the replica's GPUs while they wait for work or for the host (timer.idle_power_w)
     in_system_area: float = 0.0  # integral of (requests in the replica) dt over its steps, request-seconds
     batch_seqs_sum: int = 0
     num_preemptions: int = 0
@@ -84,10 +85,10 @@ class _Runner:
         self.timer, self.progress = timer, progress
         self.overhead_s = cfg.scheduler_overhead_s
         self.build_s = getattr(timer, "graph_build_s", 0.0)
-        self.build_w = timer.waiting_power_w if self.build_s else 0.0
+        self.build_w = getattr(timer, "idle_power_w", 0.0)
         self.built: set = set()      # the attention shapes this replica has built a graph for
         self.s_per_swap_byte = 1.0 / cfg.swap_bandwidth_bytes_per_s
-        self.stats = ReplicaStats(index, cfg.num_kv_blocks)
+        self.stats = ReplicaStats(index, cfg.num_kv_blocks, idle_power_w=self.build_w)
         self.pending: deque[RequestState] = deque()
         self.clock_s = 0.0
         self.outstanding = 0

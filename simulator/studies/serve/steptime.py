@@ -51,10 +51,10 @@ class BatchShape:
 @runtime_checkable
 class StepTimer(Protocol):
     """Time and energy of one engine step. Implementations must be pure functions of the shape and fast: the
-    simulator calls them once per step (tens of thousands of times per run). Optional, all three together: an
-    engine that builds an attention graph per new shape has ``graph_build_s`` (> 0), ``attention_shapes(shape)``
-    (hashable keys of the step's attention calls) and ``waiting_power_w`` (the GPU's power during a build);
-    simulate charges a replica's first step of each key (timer.StepCostTimer)."""
+    simulator calls them once per step (tens of thousands of times per run). Optional: ``idle_power_w``, the
+    replica's GPUs' power while they wait (between steps, and during a graph build); an engine that builds an
+    attention graph per new shape has ``graph_build_s`` (> 0) and ``attention_shapes(shape)`` (hashable keys of the
+    step's attention calls): simulate charges a replica's first step of each key (timer.StepCostTimer)."""
 
     def step_time_s(self, shape: BatchShape) -> float: ...
 

@@ -173,11 +173,12 @@ class StepCostTimer:
         return self.serving.attention_graph_build_s if self.serving is not None else 0.0
 
     @property
-    def waiting_power_w(self) -> float:
-        """The GPU's power while it waits for the host (an attention graph build)."""
+    def idle_power_w(self) -> float:
+        """The replica's tp x pp GPUs' power while they wait for work or for the host (an attention graph build):
+        the calibration's waiting power of a loaded process, per GPU (cost.energy.waiting_power_w)."""
         from ...cost.energy import waiting_power_w
 
-        return waiting_power_w(self.sc.device.gpu, self.sc.calibration)
+        return waiting_power_w(self.sc.device.gpu, self.sc.calibration) * self.sc.plan.tp * self.sc.plan.pp
 
     def attention_shapes(self, shape: BatchShape) -> tuple[tuple[int, int], ...]:
         """The (query tokens, key tokens) of the step's attention calls, one per distinct layer kind: the packed
