@@ -255,32 +255,36 @@ def _convolution(op: Op) -> Cost:
 
 # ------------------------------------------------------------------ attention
 
-def attention_pairs(q: TensorMeta, k: TensorMeta, is_causal: bool) -> float:
+def attention_pairs(q: TensorMeta, k: TensorMeta, is_causal: bool, window: int | None = None) -> float:
     """Query-key pairs one head computes: Sq*Skv, or, causal with the queries aligned to the last keys,
-    Sq*(Skv-Sq) + Sq*(Sq+1)/2 (query i sees Skv-Sq+i+1 keys), as flash attention skips masked blocks."""
+    Sq*(Skv-Sq) + Sq*(Sq+1)/2 (query i sees Skv-Sq+i+1 keys), as flash attention skips masked blocks; with a
+    sliding ``window`` query i sees min(Skv-Sq+i+1, window) keys (FlashAttention's window_size skips the blocks
+    outside the band)."""
     sq, skv = q.shape[-2], k.shape[-2]
     if not is_causal:
-        return float(sq * skv)
-    return float(sq * (skv - sq) + sq * (sq + 1) / 2)
+        return float(sq * min(skv, window or skv))
+    offset = skv - sq
+    inside = min(max((window or skv) - offset, 0), sq)   # the first queries, whose keys are all within the window
+    return float(inside * offset + inside * (inside + 1) / 2 + (sq - inside) * (window or skv))
 
 
-def attention_flops(q: TensorMeta, k: TensorMeta, v: TensorMeta, is_causal: bool) -> float:
+def attention_flops(q: TensorMeta, k: TensorMeta, v: TensorMeta, is_causal: bool, window: int | None = None) -> float:
     """QK^T and PV: 2 matmuls of 2 * pairs * D FLOPs each, per batch and query head."""
     batch_heads = math.prod(q.shape[:-2])
-    return 2.0 * 2.0 * batch_heads * attention_pairs(q, k, is_causal) * q.shape[-1]
+    return 2.0 * 2.0 * batch_heads * attention_pairs(q, k, is_causal, window) * q.shape[-1]
 
 
 @formula("attention.flash", "attention.efficient")
 def _attention(op: Op) -> Cost:
     q, k, v = op.inputs[:3]
-    return Cost(attention_flops(q, k, v, op.attrs["is_causal"]), _bytes(op.inputs), _bytes(op.outputs), 1,
-                "attention")
+    return Cost(attention_flops(q, k, v, op.attrs["is_causal"], op.attrs.get("window")), _bytes(op.inputs),
+                _bytes(op.outputs), 1, "attention")
 
 
 @formula("attention.flash_backward", "attention.efficient_backward")
 def _attention_backward(op: Op) -> Cost:
     q, k, v = op.inputs[:3]
-    flops = FLASH_BACKWARD_FLOPS_RATIO * attention_flops(q, k, v, op.attrs["is_causal"])
+    flops = FLASH_BACKWARD_FLOPS_RATIO * attention_flops(q, k, v, op.attrs["is_causal"], op.attrs.get("window"))
     return Cost(flops, _bytes(op.inputs), _bytes(op.outputs), 1, "attention")
 
 

@@ -274,3 +274,45 @@ def test_fp8_decode_on_the_h200_streams_too():
     bf16 = estimate("Meta-Llama-3-8B", "h200", batch=1, **kw).runtime_ms
     fp8 = [estimate("Meta-Llama-3-8B", "h200", batch=b, quant="fp8", **kw).runtime_ms for b in (1, 2, 4, 8, 16, 32)]
     assert fp8[0] < 0.75 * bf16 and all(a <= b for a, b in zip(fp8, fp8[1:]))
+
+
+def test_windowed_causal_pairs_match_counting_them():
+    from hypothesis import given, settings, strategies as st
+
+    from aisim.formulas import attention_pairs
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.integers(1, 300), st.integers(0, 300), st.one_of(st.none(), st.integers(1, 400)))
+    def check(sq, extra, window):
+        skv = sq + extra
+        q, k = TensorMeta((1, 1, sq, 8), "bf16"), TensorMeta((1, 1, skv, 8), "bf16")
+        counted = sum(min(skv - sq + i + 1, window or skv) for i in range(sq))
+        assert attention_pairs(q, k, True, window) == counted
+
+    check()
+
+
+def test_engine_sliding_window_prefill_runs_the_band_and_decode_copies_no_kv_heads():
+    """Mistral-7B (window 4096) under vllm: from 4096 tokens transformers traces a masked kernel over every pair and
+    repeat_kv copies (the mask rules out SDPA's GQA); vLLM's FlashAttention takes the window and reads the KV heads.
+    Prefill at 4096 costs the causal triangle (Llama-3-8B's attention FLOPs at the same length), at 8192 the band
+    (8192 x 4096 - 4096 x 4095 / 2 pairs per head, not 8192 x 4096); decode activations at 4096 are not the 4x
+    copied K and V of a layer (1.07 GB at batch 16)."""
+    from aisim.scenario import scenario
+    from aisim.step import step_cost
+    from aisim.workload import StepShape
+
+    def attention(model, phase, batch, seq):
+        cost = step_cost(scenario(model, "h100", dtype="bf16", runtime="vllm"),
+                         StepShape(phase=phase, batch=batch, seq=seq))
+        rows = [r for r in cost.table if r.name.startswith("attention")]
+        return rows, cost
+
+    rows, _ = attention("Mistral-7B-v0.1", "prefill", 1, 4096)
+    llama, _ = attention("Meta-Llama-3-8B", "prefill", 1, 4096)
+    assert [r.name for r in rows] == ["attention.flash"] and rows[0].flops == pytest.approx(llama[0].flops)
+    rows, _ = attention("Mistral-7B-v0.1", "prefill", 1, 8192)
+    band = 8192 * 4096 - 4096 * 4095 / 2
+    assert rows[0].flops == pytest.approx(4 * 32 * 32 * 128 * band, rel=1e-6)
+    rows, cost = attention("Mistral-7B-v0.1", "decode", 16, 4096)
+    assert [r.name for r in rows] == ["attention.flash"] and cost.memory.activations_gb < 0.5

@@ -28,6 +28,7 @@ prefill where the engine computes prompt logprobs there, as TGI 0.x did).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ..specs import RuntimeSpec
 from ..workload import Workload
@@ -275,8 +276,20 @@ def fuse(ops: list[Op], repeats: list[float], fusions, kv_in_place: bool = False
         ops, repeats = fuse_moe(ops, repeats)
     out, rep = [], []
     i, kv_heads = 0, 0
+    # per attention scope: bytes of the repeat_kv copies dropped, and the traced live bytes at its attention (the
+    # copies are freed once the scope's live bytes fall below that level less them)
+    freed: dict[str, list[float]] = {}
     while i < len(ops):
         op, r = ops[i], repeats[i]
+        held = freed.get(op.scope)
+        if held and "live_bytes" in op.attrs:   # those copies never held memory in the engine
+            live = op.attrs["live_bytes"]
+            if held[1] and live <= held[1] - held[0] + 1.0:
+                del freed[op.scope]
+            else:
+                op = replace(op, attrs={**op.attrs, "live_bytes": max(live - held[0], 0.0), "gqa_freed": True})
+                if op.name in ATTENTION_OPS:
+                    held[1] = live
         j = _norm_group(ops, i) if "add_rms_norm" in fusions and _kernel(op) and _is_norm_scope(op.scope) else i
         group = [o for o in ops[i:j] if _kernel(o)]
         if group and not any(o.name == "aten.native_layer_norm" for o in group):   # RMSNorm chains only
@@ -302,6 +315,7 @@ def fuse(ops: list[Op], repeats: list[float], fusions, kv_in_place: bool = False
             continue
         if "native_gqa" in fusions and _is_repeat_kv(op):
             kv_heads = op.inputs[0].shape[1]                     # GQA read natively: no repeated K/V copy
+            freed.setdefault(op.scope, [0.0, 0.0])[0] += op.outputs[0].nbytes
             i += 1
             continue
         end = _eager_attention_end(ops, i) if "eager_attention" in fusions else None
@@ -517,7 +531,7 @@ def fused_attention_peak(graph, ops: list[Op]) -> float:
     """The traced activation peak less what HF's explicit attention held and the fused kernel does not (its
     S x S scores, probabilities and their copies): the trace's live-bytes peak minus the peak over the fused op list
     (the fused attention holding what was live before it plus its output); unchanged without such a fusion."""
-    if not any(op.attrs.get("eager_attention") for op in ops):
+    if not any(op.attrs.get("eager_attention") or op.attrs.get("gqa_freed") for op in ops):
         return graph.peak_activation_bytes
     traced = max((op.attrs.get("live_bytes", 0.0) for op in graph.ops), default=0.0)
     fused, held, base, layer = 0.0, 0.0, 0.0, None
@@ -637,8 +651,11 @@ def _windowed(scope: str, windows: dict) -> bool:
 
 def kv_rewrite(ops: list[Op], kv_dtype: str | None, windows: dict | None) -> list[Op]:
     """Attention reading an ``kv_dtype`` KV cache (vLLM --kv-cache-dtype fp8: one byte per element) and, in
-    windowed layers, only the last W keys (the engine's sliding-window attention and window-sized cache);
-    the in-place cache writes in ``kv_dtype`` too."""
+    windowed layers, the engine's sliding-window attention (FlashAttention's window_size, as vLLM's
+    FlashAttentionImpl passes sliding_window): a decode reads only the last W keys of its window-sized cache; a
+    prefill of several queries runs the causal kernel over the band of W keys per query (attrs ``window``), where
+    HF's trace ran a masked kernel over every pair (transformers builds an explicit sliding-window mask once the
+    sequence reaches the window); the in-place cache writes in ``kv_dtype`` too."""
     if kv_dtype is None and windows is None:
         return ops
     out = []
@@ -646,9 +663,15 @@ def kv_rewrite(ops: list[Op], kv_dtype: str | None, windows: dict | None) -> lis
         if op.name in ATTENTION_OPS or op.name == "kv_cache.write":
             win = windows["window"] if windows and op.name != "kv_cache.write" and _windowed(op.scope, windows) \
                 else None
+            attrs, name = op.attrs, op.name
+            if win is not None and op.name in ATTENTION_OPS:   # the engine's kernel takes the window, not a mask
+                attrs = {**attrs, "has_mask": False, "backend": "flash", "masked_kernel": False}
+                name = "attention.flash"
+                if op.inputs[0].shape[-2] > 1:                   # several queries: the band, keys kept whole
+                    attrs, win = {**attrs, "window": win, "is_causal": True}, None
             args = tuple(_kv_meta(t, i, op.name, kv_dtype, win) for i, t in enumerate(op.args))
-            op = Op(name=op.name, args=args, kwargs=op.kwargs, outputs=op.outputs, alias=op.alias, phase=op.phase,
-                    scope=op.scope, attrs=op.attrs)
+            op = Op(name=name, args=args, kwargs=op.kwargs, outputs=op.outputs, alias=op.alias, phase=op.phase,
+                    scope=op.scope, attrs=attrs)
         out.append(op)
     return out
 
