@@ -46,7 +46,7 @@ def pareto_png(result, path) -> Path:
     ax.scatter([c.output_tokens_per_s_per_user for c in front], [c.output_tokens_per_s_per_gpu for c in front],
                s=120, facecolors="none", edgecolors="k")
     ax.set_xlabel("output tokens/s per user (1000 / median TPOT)")
-    ax.set_ylabel("output tokens/s per GPU")
+    ax.set_ylabel("output tokens/s per GPU at the load (rate x output / GPUs)")
     ax.set_title(f"{result.model} at {result.rate_per_s:g} req/s")
     ax.legend(fontsize=8)
     return _save(fig, path)

@@ -192,7 +192,7 @@ def print_serve(r, notes: list[str] | None = None) -> None:
 
 
 PLAN_COLUMNS = ("device", "runtime", "tp", "replicas", "gpus", "max_num_seqs", "median_ttft_ms", "median_tpot_ms",
-                "p90_tpot_ms", "output_tokens_per_s_per_gpu", "usd_per_hour", "usd_per_million_output_tokens",
+                "p90_tpot_ms", "output_tokens_per_s_per_gpu", "max_output_tokens_per_s_per_gpu", "usd_per_hour", "usd_per_million_output_tokens",
                 "joules_per_output_token", "kwh_per_day", "electricity_usd_per_day", "co2_kg_per_day")
 
 
@@ -229,17 +229,18 @@ def print_plan(result) -> None:
     console.print(f"[bold]{result.model}[/] at {result.rate_per_s:g} req/s, SLO {slo}: {result.considered} "
                   f"configurations considered, {result.simulated} simulated")
     table = Table(title="cheapest configuration per GPU that meets the SLOs (latencies: one replica at the rate / "
-                  "replicas)", header_style="bold")
+                  "replicas; tok/s/GPU at the load, max: one replica saturated)", header_style="bold")
     # the latency columns are the SLO's own metrics where it names one (p90 TTFT, ...), else the medians
     ttft = next((k for k in result.slo if "ttft" in k), "median_ttft_ms")
     tpot = next((k for k in result.slo if "tpot" in k), "median_tpot_ms")
     for col in ("device", "runtime", "tp x replicas", "max seqs", "GPUs", _metric_label(ttft), _metric_label(tpot),
-                "tok/s/GPU", "$/hour", "$/M out tok", "J/tok", "kWh/day"):
+                "tok/s/GPU", "max tok/s/GPU", "$/hour", "$/M out tok", "J/tok", "kWh/day"):
         table.add_column(col, justify="right")
     for c in result.cheapest_per_device.values():
         table.add_row(c.device, c.runtime, f"{c.tp} x {c.replicas}", str(c.max_num_seqs), str(c.gpus),
                       _fmt(_metric(c.metrics, ttft)), _fmt(_metric(c.metrics, tpot)),
-                      _fmt(c.output_tokens_per_s_per_gpu, 1), _fmt(c.usd_per_hour),
+                      _fmt(c.output_tokens_per_s_per_gpu, 1), _fmt(c.max_output_tokens_per_s_per_gpu, 1),
+                      _fmt(c.usd_per_hour),
                       _fmt(c.usd_per_million_output_tokens, 3), _fmt(c.joules_per_output_token, 3),
                       _fmt(c.kwh_per_day, 1))
     console.print(table)

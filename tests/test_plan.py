@@ -61,6 +61,11 @@ def test_deployment_throughput_is_the_offered_load_not_a_finite_run_with_its_dra
     for c in r.ranked:
         assert c.output_tokens_per_s_per_gpu * c.gpus == pytest.approx(6.0 * 32)
         assert c.metrics["output_throughput"] * c.replicas < 6.0 * 32   # the finite run's, drain included
+        # the replicas were chosen from one replica's saturated throughput: together they carry the load
+        assert c.max_output_tokens_per_s_per_gpu * c.gpus >= 6.0 * 32 * (1 - 1e-9)
+    h100 = [c for c in r.ranked if c.device == "h100-sxm" and c.tp == 1]
+    l4 = [c for c in r.ranked if c.device == "l4" and c.tp == 1 and c.max_num_seqs == h100[0].max_num_seqs]
+    assert l4 and h100[0].max_output_tokens_per_s_per_gpu > l4[0].max_output_tokens_per_s_per_gpu
 
 
 def test_every_reported_serving_configuration_fits():

@@ -117,8 +117,10 @@ class Candidate(BaseModel):
     kwh_per_day: float
     electricity_usd_per_day: float
     co2_kg_per_day: float | None
-    output_tokens_per_s_per_gpu: float
-    output_tokens_per_s_per_user: float
+    output_tokens_per_s_per_gpu: float = Field(description="at the offered load: rate x output tokens / GPUs")
+    output_tokens_per_s_per_user: float = Field(description="1000 / median TPOT at the load")
+    max_output_tokens_per_s_per_gpu: float = Field(0.0, description="what one replica carries saturated (the "
+                                                   "replica bound's runs), per GPU: the configuration's capacity")
     memory_note: str = ""
 
 
@@ -420,7 +422,7 @@ def _min_replicas(req, sc, tp, knobs, percentiles, search, notes) -> Candidate |
         result = run.result
         if result.failed and set(result.failed_reasons) != {"max_model_len"}:
             continue
-        best = _candidate(req, sc, tp, replicas, cfg.max_num_seqs, run)
+        best = _candidate(req, sc, tp, replicas, cfg.max_num_seqs, run, capacity)
         if best.meets_slo or (previous is not None and not _improved(previous, best, req.slo)):
             break   # more replicas only shorten queues: once the SLO latencies stop falling, none will meet them
         previous = best
@@ -462,7 +464,7 @@ def steady_power_w(run: ServeRun, sc: Scenario, tp: int) -> float:
     return (w.energy_j + idle_s * waiting_w) / (w.duration_s * w.replicas)
 
 
-def _candidate(req, sc, tp, replicas, max_num_seqs, run: ServeRun) -> Candidate:
+def _candidate(req, sc, tp, replicas, max_num_seqs, run: ServeRun, capacity_req_s: float = 0.0) -> Candidate:
     r = run.result
     metrics = r.flat()
     gpus = tp * replicas
@@ -485,7 +487,8 @@ def _candidate(req, sc, tp, replicas, max_num_seqs, run: ServeRun) -> Candidate:
                      co2_kg_per_day=(kwh_day * req.grid_g_co2_per_kwh / 1e3 if req.grid_g_co2_per_kwh is not None
                                      else None),
                      output_tokens_per_s_per_gpu=tokens_per_s / gpus,
-                     output_tokens_per_s_per_user=1e3 / tpot if tpot and math.isfinite(tpot) else 0.0)
+                     output_tokens_per_s_per_user=1e3 / tpot if tpot and math.isfinite(tpot) else 0.0,
+                     max_output_tokens_per_s_per_gpu=steady_output_tokens_per_s(capacity_req_s, r, req.output_len) / tp)
 
 
 def pareto(cands: list[Candidate]) -> list[Candidate]:
