@@ -236,6 +236,8 @@ def print_plan(result) -> None:
     for col in ("device", "runtime", "tp x replicas", "max seqs", "GPUs", _metric_label(ttft), _metric_label(tpot),
                 "tok/s/GPU", "max tok/s/GPU", "$/hour", "$/M out tok", "J/tok", "kWh/day"):
         table.add_column(col, justify="right")
+    if not result.cheapest_per_device:
+        console.print("[red]no configuration meets the SLOs within --max-gpus[/]; why, per GPU and runtime:")
     for c in result.cheapest_per_device.values():
         table.add_row(c.device, c.runtime, f"{c.tp} x {c.replicas}", str(c.max_num_seqs), str(c.gpus),
                       _fmt(_metric(c.metrics, ttft)), _fmt(_metric(c.metrics, tpot)),
@@ -243,7 +245,8 @@ def print_plan(result) -> None:
                       _fmt(c.usd_per_hour),
                       _fmt(c.usd_per_million_output_tokens, 3), _fmt(c.joules_per_output_token, 3),
                       _fmt(c.kwh_per_day, 1))
-    console.print(table)
+    if result.cheapest_per_device:
+        console.print(table)
     for key, why in result.not_feasible.items():
         console.print(f"[red]{key}:[/] {why}")
     for a in result.assumptions:

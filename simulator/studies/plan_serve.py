@@ -301,7 +301,8 @@ def _search_device(req, device, runtime, percentiles, search, found, notes, prog
         resolve_scenario(_scenario_request(req, gpu, runtime, 1, moe), "prefill")
     except AisimError as exc:
         return str(exc)
-    shape_reason, last_reason = "no tensor-parallel degree fits", None   # a simulated tp's reason comes first
+    # a simulated tp's reason comes first, then a larger replica's saturation bound, then a smaller one's not fitting
+    shape_reason, last_reason, fit_reason = "no tensor-parallel degree fits", None, None
     fewest = None   # the saturated configuration that would need the fewest GPUs: the bound worth reporting
     for tp in (t for t in req.tp if t <= req.max_gpus):
         search.considered += len(req.max_num_seqs) * max(req.max_gpus // tp, 1)
@@ -327,7 +328,7 @@ def _search_device(req, device, runtime, percentiles, search, found, notes, prog
                     fewest = exc
                 continue
             except DoesNotFit as exc:   # serve's advice names serve's flags; the plan searches --tp and --max-gpus
-                last_reason, search.capacity_bound = str(exc.advise(FIT_HINT) if exc.hint else exc), True
+                fit_reason, search.capacity_bound = str(exc.advise(FIT_HINT) if exc.hint else exc), True
                 continue
             except AisimError as exc:
                 last_reason = str(exc)
@@ -343,7 +344,9 @@ def _search_device(req, device, runtime, percentiles, search, found, notes, prog
     if not mine:   # a configuration that failed for another reason comes first: the saturation bound is not why
         if last_reason:
             return last_reason + (f"; the fewest-GPU saturation bound: {fewest}" if fewest is not None else "")
-        return str(fewest) if fewest is not None else shape_reason
+        if fewest is not None:   # the replicas that fit cannot carry the rate: that is the answer
+            return str(fewest) + (f" (smaller replicas: {fit_reason})" if fit_reason else "")
+        return fit_reason or shape_reason
     if not any(c.meets_slo for c in mine):
         best = {k: min(_slo_value(c.metrics, k) for c in mine) for k in req.slo}
         return ("no configuration up to --max-gpus {} meets the SLOs; the best reached: {}".format(
