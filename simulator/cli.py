@@ -493,24 +493,9 @@ def plan_train_cmd(
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
         return
-    from rich.table import Table
+    from .report import print_train_plan
 
-    table = Table(title=f"{result.model}: {result.considered} candidates, {sum(result.pruned.values())} pruned, "
-                        f"{result.evaluated} costed, {len(result.ranked)} fit; fastest first")
-    for col in ("device", "GPUs", "tp.pp.dp", "ZeRO", "recomp", "mb x acc", "MFU", "days", "GB/GPU", "$", "MWh"):
-        table.add_column(col, justify="right")
-    for c in result.ranked[:top]:
-        table.add_row(c.device, str(c.gpus), f"{c.tp}.{c.pp}.{c.dp}", str(c.zero), c.recompute,
-                      f"{c.micro_batch} x {c.grad_accum}", f"{c.mfu:.0%}", f"{c.time_to_train_days:.3g}",
-                      f"{c.memory_per_gpu_gb:.1f}", f"{c.usd:,.0f}" if c.usd is not None else "-",
-                      f"{c.energy_mwh:.3g}")
-    from .report import console   # piped output printed full width, as plan serve's table
-
-    console.print(table)
-    for key, why in result.not_feasible.items():
-        typer.echo(f"{key}: {why}")
-    for a in result.assumptions:
-        console.print(f"[yellow]note:[/] {a}")
+    print_train_plan(result, top)
 
 
 @app.command("list")

@@ -251,3 +251,34 @@ def print_plan(result) -> None:
         console.print(f"[red]{key}:[/] {why}")
     for a in result.assumptions:
         console.print(f"[yellow]note:[/] {a}")
+
+
+def train_plan_rows(ranked: list, top: int) -> list:
+    """The rows plan train prints: the fastest plan of every (device, GPU count) first, fastest first, then the
+    next fastest plans up to ``top`` rows (a group whose best is slower than another group's tenth still shows)."""
+    best: dict = {}
+    for c in ranked:   # ranked is fastest first
+        best.setdefault((c.device, c.gpus), c)
+    firsts = list(best.values())
+    rest = [c for c in ranked if all(c is not b for b in firsts)]
+    return firsts + rest[:max(top - len(firsts), 0)]
+
+
+def print_train_plan(result, top: int) -> None:
+    table = Table(title=f"{result.model}: {result.considered} candidates, {sum(result.pruned.values())} pruned, "
+                        f"{result.evaluated} costed, {len(result.ranked)} fit; the fastest per device and GPU "
+                        "count, then the next fastest", header_style="bold")
+    for col in ("device", "GPUs", "tp.pp.dp", "ZeRO", "recomp", "mb x acc", "MFU", "days", "GB/GPU", "$", "MWh"):
+        table.add_column(col, justify="right")
+    for c in train_plan_rows(result.ranked, top):
+        table.add_row(c.device, str(c.gpus), f"{c.tp}.{c.pp}.{c.dp}", str(c.zero), c.recompute,
+                      f"{c.micro_batch} x {c.grad_accum}", f"{c.mfu:.0%}", _fmt(c.time_to_train_days, 3),
+                      f"{c.memory_per_gpu_gb:.1f}", _fmt(c.usd, 0), _fmt(c.energy_mwh, 3))
+    if result.ranked:
+        console.print(table)
+    else:
+        console.print("[red]no plan fits[/]; why, per device and GPU count:")
+    for key, why in result.not_feasible.items():
+        console.print(f"[red]{key}:[/] {why}")
+    for a in result.assumptions:
+        console.print(f"[yellow]note:[/] {a}")

@@ -436,3 +436,16 @@ def test_the_steady_window_counts_the_part_of_each_step_inside_it():
     assert steady_window(SimRun(requests[:3], None, [stats], "round-robin")) is None       # under 4 requests
     at_once = [RequestState(i, 0.0, 10, 10) for i in range(8)]
     assert steady_window(SimRun(at_once, None, [stats], "round-robin")) is None            # rate = inf
+
+
+def test_plan_train_table_shows_the_fastest_plan_of_every_device_and_gpu_count():
+    """--top rows: every (device, GPUs) group's fastest plan first, then the next fastest (a 15-row table of one
+    group hid another group that fits)."""
+    from types import SimpleNamespace as P
+
+    from aisim.report import train_plan_rows
+
+    ranked = [P(device="h100", gpus=16, n=i) for i in range(20)] + [P(device="h200", gpus=8, n=99)]
+    rows = train_plan_rows(ranked, 5)
+    assert [(r.device, r.n) for r in rows] == [("h100", 0), ("h200", 99), ("h100", 1), ("h100", 2), ("h100", 3)]
+    assert len(train_plan_rows(ranked[:2], 15)) == 2

@@ -46,7 +46,7 @@ S_PER_HOUR = 3600.0
 class PlanTrainRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     model: str
-    tokens: float = Field(gt=0, description="tokens to train on")
+    tokens: float = Field(gt=0, le=1e16, description="tokens to train on (at most 1e16: 600x Llama 3's 15T)")
     seq: int = Field(ge=1, le=MAX_TOKENS)
     global_batch: int = Field(ge=1, le=MAX_BATCH, description="sequences per optimizer step")
     devices: list[str] = Field(min_length=1, description="GPU names (h100, a100) or multi-node systems")
