@@ -118,12 +118,13 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
         raise AisimError(f"runtime {rt.name} runs on {', '.join(rt.vendors)} GPUs; {dev.gpu.name} is "
                          f"{dev.gpu.vendor}: choose another --runtime (aisim list runtimes)")
     dtype, dtype_note = auto_dtype(config, rt, dev.gpu) if request.dtype == "auto" else (request.dtype, None)
-    _check_capability(rt, dev.gpu, dtype, request.quant)
+    quant, quant_note = checkpoint_quant(config, request.quant)
+    _check_capability(rt, dev.gpu, dtype, quant)
     power, power_note = resolve_power_mode(dev.gpu, cal, request.power_mode, request.power_limit_w,
                                            request.gpu_clock_mhz)
     notes = list(dev.assumptions) + [n for n in (catalog.defaults_note(config), *plan_notes, default_note, cal_note,
-                                                 host_note, power_note, dtype_note) if n]
-    notes += _precision_notes(dev, dtype, request.quant, plan, config, rt)
+                                                 host_note, power_note, dtype_note, quant_note) if n]
+    notes += _precision_notes(dev, dtype, quant, plan, config, rt)
     notes += _runtime_notes(rt, dev, dtype)
     if request.kv_dtype == "fp8" and rt.name == "transformers-cb":
         raise AisimError("--kv-dtype fp8 with --runtime transformers-cb: transformers' continuous batching keeps its "
@@ -139,10 +140,10 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
                      "priced at 1 byte per element as a serving engine stores them, the cache concatenation at the "
                      "model dtype. --runtime vllm models an fp8 cache end to end")
     return Scenario(model=name, config=config, device=dev, calibration=cal, runtime=rt, power=power, plan=plan,
-                    dtype=dtype, quant=request.quant, kv_dtype=request.kv_dtype, with_loss=request.with_loss,
+                    dtype=dtype, quant=quant, kv_dtype=request.kv_dtype, with_loss=request.with_loss,
                     optimizer=request.optimizer, assumptions=tuple(notes),
                     default_rules_asked=isinstance(request.calibration, str) and request.calibration == "none",
-                    key=_key(config, dev, cal, rt, power, plan, dtype, request.quant, request.with_loss,
+                    key=_key(config, dev, cal, rt, power, plan, dtype, quant, request.with_loss,
                              request.optimizer, request.kv_dtype))
 
 
@@ -303,6 +304,21 @@ def auto_dtype(config: dict, rt: RuntimeSpec, gpu) -> tuple[str, str]:
            f"; {gpu.name} (compute capability {gpu.compute_capability}) has no {wanted}: {rt.name} casts to {chosen}, "
            "with a warning")
     return chosen, f"--dtype auto: {chosen} ({source}{why}; vLLM's _resolve_auto_dtype, vllm/config/model.py)"
+
+
+def checkpoint_quant(config: dict, quant: str) -> tuple[str, str | None]:
+    """--quant none of a checkpoint stored quantized: its own weights, as the engines load them (vLLM and
+    transformers read config.json's quantization_config): fp8 (DeepSeek-V3's block-scaled e4m3) -> fp8; AWQ and
+    GPTQ of 4 bits -> int4. MXFP4 experts (gpt-oss) are handled per expert tensor (graph.engine.moe_routing). A
+    --quant given explicitly is kept."""
+    q = config.get("quantization_config") or {}
+    method = str(q.get("quant_method", "")).lower()
+    found = "fp8" if method == "fp8" else "int4" if method in ("awq", "gptq") and q.get("bits", 4) == 4 else None
+    if quant != "none" or found is None:
+        return quant, None
+    return found, (f"--quant {found}: the checkpoint's own weights (config.json quantization_config: quant_method "
+                   f"{method}), as vLLM and transformers load them; the 16-bit model: give the unquantized checkpoint's "
+                   "config")
 
 
 def _check_capability(rt, gpu, dtype: str, quant: str) -> None:

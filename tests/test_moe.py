@@ -533,3 +533,15 @@ def test_vllm_fp8_runs_moe_experts_fp8_x_fp8_on_hopper_only():
 
     assert experts_ms("h100x2", "fp8") < 0.6 * experts_ms("h100x2", "none")
     assert experts_ms("a100x2", "fp8") == pytest.approx(experts_ms("a100x2", "none"), rel=0.02)
+
+
+def test_a_checkpoint_stored_in_fp8_is_priced_in_fp8_as_the_engines_load_it():
+    """DeepSeek-V3's config.json has quantization_config quant_method fp8: its weights are 1 byte each unless
+    --quant says otherwise (it said 'weights take 169.56 GB per GPU' on 8 H200s, where vLLM serves it)."""
+    from aisim.scenario import checkpoint_quant, scenario
+
+    sc = scenario("DeepSeek-V3", "h200x8", tp=8, runtime="vllm", dtype="bf16")
+    assert sc.quant == "fp8" and any(a.startswith("--quant fp8: the checkpoint's own") for a in sc.assumptions)
+    assert checkpoint_quant({"quantization_config": {"quant_method": "awq", "bits": 4}}, "none")[0] == "int4"
+    assert checkpoint_quant({"quantization_config": {"quant_method": "fp8"}}, "int4") == ("int4", None)
+    assert checkpoint_quant({}, "none") == ("none", None)
