@@ -536,4 +536,4 @@ def compare_reference(name: str, fmt: str = "rst", estimator: Callable | None = 
                    "summary": summary}
         return _render(fmt, "whisper.cpp (medium.en, GTX 1650 laptop): measured vs aisim", note, columns, cells,
                        sc, summary, payload)
-    raise ValueError(f"unknown reference {name!r}; available: torchcap, cs336, tgi-bloomz, whisper-cpp")
+    raise ValueError(f"unknown reference {name!r}; available: torchcap, cs336, tgi-bloomz, whisper-cpp, serve-cb")
