@@ -239,9 +239,11 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
         raise AisimError("plan serve found no configuration to simulate: "
                          + "; ".join(f"{k}: {v}" for k, v in infeasible.items()))
     # every configuration serves the same offered load, so equal GPUs at one price tie on $/M: the one further
-    # inside its SLOs (the largest metric / limit; without SLOs, median TPOT) comes first
+    # inside its SLOs (the largest metric / limit; without SLOs, median TPOT) comes first, and on a full tie (a
+    # load that never fills the smaller max_num_seqs) the larger one, the engine's default
     ok = sorted((c for c in found if c.meets_slo),
-                key=lambda c: (c.usd_per_million_output_tokens or math.inf, c.gpus, _slo_load(c, req.slo)))
+                key=lambda c: (c.usd_per_million_output_tokens or math.inf, c.gpus, _slo_load(c, req.slo),
+                               -c.max_num_seqs))
     cheapest, min_gpus = {}, {}
     for c in ok:
         cheapest.setdefault(c.device, c)
