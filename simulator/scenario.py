@@ -254,8 +254,9 @@ def resolve_power_mode(gpu, cal, mode: str | None, limit_w: float | None,
         modes = gpu.power_modes
         if mode not in modes:
             raise catalog.UnknownNameError("power mode", mode, sorted(modes),
-                                           f"{gpu.name} defines: {', '.join(sorted(modes)) or 'none'}; or give "
-                                           "--power-limit W / --gpu-clock MHz")
+                                           (f"{gpu.name} defines: {', '.join(sorted(modes))}; or give "
+                                            if modes else f"{gpu.name}'s spec names no power modes: give ")
+                                           + "--power-limit W / --gpu-clock MHz")
         named = modes[mode]
     limit = limit_w if limit_w is not None else (named.power_limit_w if named else None)
     clock = clock_mhz if clock_mhz is not None else (named.gpu_clock_mhz if named else None)
