@@ -194,6 +194,10 @@ def test_fit_collectives_records_and_single_gpu():
     assert fields["allreduce_bus_bw_bytes_per_s"] == pytest.approx(200e9)
     assert "3 sizes" in notes[0]
     assert fit_collectives([]) == ({"allreduce_latency_s": None, "allreduce_bus_bw_bytes_per_s": None}, [])
+    # the GPU-side times where recorded: host-paced small messages (a 45 us issue cost) do not become latency
+    paced = [{**r, "gpu_time_s": r["time_s"], "time_s": max(r["time_s"], 45e-6)} for r in recs]
+    assert fit_collectives(paced)[0]["allreduce_latency_s"] == pytest.approx(10e-6)
+    assert "gpu_time_s" in fit_collectives(paced)[1][0]
 
 
 # ---------------------------------------------------------------- the whole fit, the files, the CLI

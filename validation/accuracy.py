@@ -107,9 +107,10 @@ WHY = """\
   all-reduce `eager_collective_host_adds` (TP 2: 10.5 plain adds, the median over the three hosts' sweeps; TP 4:
   14.6, that times the same-host ratio; python -m
   aisim.validation.scripts.derive_collective_host), which took the tp runtime MAPE from 20.9% to 10.2% (TP 2) and
-  23.7% to 14.6% (TP 4). GPU-bound TP rows are within 3% (subset line of the tp2 dataset). On four H200s (TP 4,
-  all-reduce fit and issue cost measured on that host: hardware_specs/systems/h200x4.yaml) the GPU-bound rows are
-  within 3.4% MAPE (Llama-2-70B forward 4 x 1024: -4.0%); Llama-2-70B's host-bound rows stay 33-40% short (126 ms
+  23.7% to 14.6% (TP 4). GPU-bound TP rows are within 3% MAPE (the subset lines of the tp2 and tp4 datasets; the
+  all-reduces' GPU-side alpha-beta fits and the TP 4 host's issue cost measured on these fabrics:
+  hardware_specs/systems/h200x2.yaml, h200x4.yaml; Llama-2-70B forward 4 x 1024 within 3%); Llama-2-70B's
+  host-bound rows stay 33-40% short (126 ms
   at decode batch 1 and 16 alike, for 9 ms of weight reads per GPU, 160 all-reduces), and the batch 1-16 decode
   rows of the smaller models range -27..+10%: the per-all-reduce cost is a host property, up to 5x apart.
 - **Whisper decoder steps are host-bound on an H200** (10-15 ms for a step whose GPU work is 1-3 ms): two runs of

@@ -26,6 +26,8 @@ QUICK_SIZES_BYTES = SIZES_BYTES[::3]                          # 4 KiB, 256 KiB, 
 
 
 CPU_ISSUE_CALLS = 1000  # back-to-back 4-byte all-reduces, wall time / calls = issue cost (GPU-bound if larger)
+SLEEP_CYCLES_PER_CALL = 400_000   # torch.cuda._sleep ahead of the GPU-side timing: 200 us a call at 2 GHz, several
+#                                   times the host's issue cost of one collective (24-55 us measured here)
 
 
 def bus_bytes(op: str, size_bytes: float, world_size: int) -> float:
@@ -66,10 +68,12 @@ def fit_collectives(records: list[dict]) -> tuple[dict, list[str]]:
         if len({r["size_bytes"] for r in rows}) < 2:
             continue
         n = rows[0]["world_size"]
-        lat, bw = fit_alpha_beta([bus_bytes(op, r["size_bytes"], n) for r in rows], [r["time_s"] for r in rows])
-        notes.append(f"{op}: alpha-beta fit on {len(rows)} sizes {rows[0]['size_bytes']}..{rows[-1]['size_bytes']} "
-                     f"B, {n} GPUs (NCCL, nccl-tests bus bytes, relative least squares): latency {lat * 1e6:.2f} us, "
-                     f"bus bandwidth {bw / 1e9:.1f} GB/s")
+        # the GPU-side times where measured (the host issuing ahead); older records have only the host-paced ones
+        key = "gpu_time_s" if all(r.get("gpu_time_s") for r in rows) else "time_s"
+        lat, bw = fit_alpha_beta([bus_bytes(op, r["size_bytes"], n) for r in rows], [r[key] for r in rows])
+        notes.append(f"{op}: alpha-beta fit of {key} on {len(rows)} sizes {rows[0]['size_bytes']}.."
+                     f"{rows[-1]['size_bytes']} B, {n} GPUs (NCCL, nccl-tests bus bytes, relative least squares): "
+                     f"latency {lat * 1e6:.2f} us, bus bandwidth {bw / 1e9:.1f} GB/s")
         if op == "all_reduce":
             fields = {"allreduce_latency_s": lat, "allreduce_bus_bw_bytes_per_s": bw}
     issue = [r["wall_per_call_s"] for r in records if r["bench"] == "collective_issue"]
@@ -149,7 +153,18 @@ def _worker(rank: int, world_size: int, port: int, sizes: list[int], result_path
                 call()
             e.record()
             torch.cuda.synchronize()
-            mine.append(s.elapsed_time(e) * 1e-3 / n)
+            wall = s.elapsed_time(e) * 1e-3 / n
+            # the same calls with the host ahead: a sleep kernel queued first holds the stream while the host issues
+            # them, so they run back to back on the GPU (small messages above are bound by the host's issue cost)
+            dist.barrier()
+            torch.cuda.synchronize()
+            torch.cuda._sleep(int(n * SLEEP_CYCLES_PER_CALL))
+            s.record()
+            for _ in range(n):
+                call()
+            e.record()
+            torch.cuda.synchronize()
+            mine.append((wall, s.elapsed_time(e) * 1e-3 / n))
     tiny = torch.ones(1, device="cuda")
     for _ in range(20):
         dist.all_reduce(tiny)
@@ -159,17 +174,72 @@ def _worker(rank: int, world_size: int, port: int, sizes: list[int], result_path
     for _ in range(CPU_ISSUE_CALLS):
         dist.all_reduce(tiny)
     torch.cuda.synchronize()
-    mine.append((time.perf_counter() - t0) / CPU_ISSUE_CALLS)
+    mine.append(((time.perf_counter() - t0) / CPU_ISSUE_CALLS, None))
     every = [None] * world_size
     dist.all_gather_object(every, mine)
     if rank == 0:
         keys = [(op, size) for op in OPS for size in sizes]
         recs = [{"bench": "collective", "op": op, "world_size": world_size, "size_bytes": _bytes(op, size, world_size),
-                 "time_s": max(r[i] for r in every), "time_s_per_rank": [r[i] for r in every],
-                 "median_rank_time_s": statistics.median(r[i] for r in every)}
+                 "time_s": max(r[i][0] for r in every), "time_s_per_rank": [r[i][0] for r in every],
+                 "median_rank_time_s": statistics.median(r[i][0] for r in every),
+                 "gpu_time_s": max(r[i][1] for r in every), "gpu_time_s_per_rank": [r[i][1] for r in every]}
                 for i, (op, size) in enumerate(keys)]
         recs.append({"bench": "collective_issue", "op": "all_reduce", "world_size": world_size,
-                     "calls": CPU_ISSUE_CALLS, "wall_per_call_s": max(r[-1] for r in every)})
+                     "calls": CPU_ISSUE_CALLS, "wall_per_call_s": max(r[-1][0] for r in every)})
         Path(result_path).write_text(json.dumps(recs))
     dist.barrier()
     dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- CLI: raw files for a system spec
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m aisim.validation.collectives --device h100 --gpus 4,2 --out DIR: for each GPU count (the first n GPUs
+    of this host), NCCL all-reduce and all-gather over SIZES_BYTES and the issue cost, written at once to
+    DIR/<device>x<n>.raw.json (device, provenance, records; the shape of validation/data/collectives/) with the fit
+    printed. A count that fails is said and the next one still runs."""
+    import argparse
+    import datetime
+    import shlex
+    import socket
+    import subprocess
+    import sys
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--device", required=True, help="aisim GPU name (hardware_specs/gpus/)")
+    parser.add_argument("--gpus", default="2", help="comma-separated GPU counts")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--timeout-s", type=float, default=240.0, help="per GPU count")
+    args = parser.parse_args(argv)
+    import torch
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True).stdout.split("\n")[0].strip() or "unknown"
+    except OSError:
+        driver = "unknown (no nvidia-smi)"
+    for n in (int(x) for x in args.gpus.split(",")):
+        if n > torch.cuda.device_count():
+            print(f"{n} GPUs: only {torch.cuda.device_count()} visible, skipped", flush=True)
+            continue
+        t0 = time.monotonic()
+        records = measure_collectives(n, timeout_s=args.timeout_s)
+        fields, notes = fit_collectives(records)
+        provenance = {"gpu_name": torch.cuda.get_device_name(0), "driver": driver, "cuda": str(torch.version.cuda),
+                      "torch": torch.__version__,
+                      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                      "command": shlex.join([sys.executable, "-m", "aisim.validation.collectives", *(argv or
+                                                                                                     sys.argv[1:])]),
+                      "hostname": socket.gethostname(), "gpu_count": str(n), "host_gpu_count":
+                      str(torch.cuda.device_count()), "benchmark_wall_s": f"{time.monotonic() - t0:.0f}",
+                      "method": "one process per GPU, NCCL, NVLS off; mean of back-to-back iterations, slowest rank"}
+        path = args.out / f"{args.device}x{n}.raw.json"
+        path.write_text(json.dumps({"device": args.device, "provenance": provenance, "records": records,
+                                    "fit": fields}, indent=1))
+        print(f"{path}: {len(records)} records; " + "; ".join(notes), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
