@@ -46,7 +46,7 @@ class EstimateRequest(ScenarioRequest):
 
 def estimate(model: Union[str, Path], device: Union[str, Path, Device], workload: Phase = "forward",
              batch: int = 1, seq: int = 1024, gen: Optional[int] = None,
-             dtype: Literal["fp32", "tf32", "fp16", "bf16"] = "fp16", tp: Optional[int] = None, pp: int = 1,
+             dtype: Literal["fp32", "tf32", "fp16", "bf16", "auto"] = "fp16", tp: Optional[int] = None, pp: int = 1,
              dp: Optional[int] = None, tp_scope: Literal["all", "full", "mlp", "attention"] = "all",
              runtime: Union[str, RuntimeSpec, None] = None,
              calibration: Union[str, Path, CalibrationSpec] = "auto", with_loss: bool = False,
@@ -71,7 +71,8 @@ def estimate(model: Union[str, Path], device: Union[str, Path, Device], workload
         seq: input length (forward, prefill, forward-backward, train), or the context of a decode step (cached
             tokens plus the new one).
         gen: generate: new tokens (a prefill, then gen - 1 decode steps).
-        dtype: compute dtype of weights and activations.
+        dtype: compute dtype of weights and activations; auto: as the runtime picks it from config.json
+            (scenario.auto_dtype).
         tp: tensor parallel degree; None: the largest the model's dimensions allow over the device's GPUs.
         pp: pipeline parallel degree (stages run one after another; no micro-batching).
         dp: data parallel degree; None: GPUs / (tp x pp).
