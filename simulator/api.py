@@ -220,10 +220,9 @@ TRAIN_RUNTIMES = ("eager", "kernel-sum")
 
 def _train(req: EstimateRequest, scenario_fields: dict) -> Estimate:
     """One optimizer step of the training plan (aisim.studies.train): precision sets the traced dtype."""
-    from .studies.train import (DTYPE_PRECISION, PRECISION_DTYPE, TrainRequest, multi_node_device,
-                                train_estimate)
+    from .studies.train import PRECISION_DTYPE, TrainRequest, default_precision, multi_node_device, train_estimate
 
-    plan = req.train or TrainPlan(precision=DTYPE_PRECISION[req.dtype])
+    plan = req.train or TrainPlan(precision=default_precision(req.dtype, req.model))
     fields = dict(scenario_fields, device=multi_node_device(req.device, req.nodes),
                   dtype=PRECISION_DTYPE[plan.precision])
     sharding = (f"ZeRO stage {plan.stage}" if plan.fsdp == "none" else f"FSDP {plan.fsdp}") if plan.stage else None

@@ -124,7 +124,7 @@ def estimate(
     from . import report
     from .api import estimate as run_estimate
 
-    train_plan = _train_plan(workload, dtype, precision, zero, fsdp, recompute, micro_batch, grad_accum,
+    train_plan = _train_plan(model, workload, dtype, precision, zero, fsdp, recompute, micro_batch, grad_accum,
                              pp_schedule, virtual_stages, bucket_mb, optimizer_impl)
 
     result, notes = _run(run_estimate, model=model, device=device, workload=workload, batch=batch, seq=seq,
@@ -141,7 +141,7 @@ def estimate(
         report.print_estimate(result, notes)
 
 
-def _train_plan(workload, dtype, precision, zero, fsdp, recompute, micro_batch, grad_accum, pp_schedule,
+def _train_plan(model, workload, dtype, precision, zero, fsdp, recompute, micro_batch, grad_accum, pp_schedule,
                 virtual_stages, bucket_mb, optimizer_impl):
     """The TrainPlan the training flags give (None for other workloads; a training flag there is an error)."""
     from .scenario import build_request
@@ -161,10 +161,10 @@ def _train_plan(workload, dtype, precision, zero, fsdp, recompute, micro_batch, 
     if given["virtual_stages"] is not None and pp_schedule != "interleaved":
         _fail("--virtual-stages applies to --pp-schedule interleaved (model chunks per pipeline stage); add it or "
               "drop --virtual-stages")
-    from .studies.train import DTYPE_PRECISION
+    from .studies.train import default_precision
 
     try:
-        return build_request(TrainPlan, precision=precision or DTYPE_PRECISION.get(dtype, "bf16-true"), zero=zero,
+        return build_request(TrainPlan, precision=precision or default_precision(dtype, model), zero=zero,
                              fsdp=fsdp, recompute=recompute, micro_batch=micro_batch, grad_accum=grad_accum,
                              pp_schedule=pp_schedule, virtual_stages=virtual_stages, bucket_mb=bucket_mb,
                              optimizer_impl=optimizer_impl)
@@ -464,7 +464,8 @@ def plan_train_cmd(
     price_file: Optional[Path] = typer.Option(None, "--price-file", help="YAML/JSON mapping GPU -> USD per GPU-hour"),
     electricity: float = typer.Option(0.10, "--electricity-usd-per-kwh"),
     pue: float = typer.Option(1.2, "--pue", help="power usage effectiveness of the data center (kWh/day x PUE)"),
-    top: int = typer.Option(15, "--top", help="rows of the ranked table to print"),
+    top: int = typer.Option(15, "--top", help="rows of the ranked table to print (at least the fastest plan of "
+                            "every device and GPU count)"),
     csv_out: Optional[Path] = typer.Option(None, "--csv", help="write every plan that fits as CSV"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write time to train vs $ as png, pdf, svg or jpg "
                                         "(needs matplotlib)"),

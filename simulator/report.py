@@ -191,9 +191,10 @@ def print_serve(r, notes: list[str] | None = None) -> None:
         console.print(f"[yellow]note:[/] {note}")
 
 
-PLAN_COLUMNS = ("device", "runtime", "tp", "replicas", "gpus", "max_num_seqs", "median_ttft_ms", "median_tpot_ms",
-                "p90_tpot_ms", "output_tokens_per_s_per_gpu", "max_output_tokens_per_s_per_gpu", "usd_per_hour", "usd_per_million_output_tokens",
-                "joules_per_output_token", "kwh_per_day", "electricity_usd_per_day", "co2_kg_per_day")
+PLAN_COLUMNS = ("device", "runtime", "tp", "replicas", "gpus", "max_num_seqs", "dtype", "quant", "median_ttft_ms",
+                "median_tpot_ms", "p90_tpot_ms", "output_tokens_per_s_per_gpu", "max_output_tokens_per_s_per_gpu",
+                "usd_per_hour", "usd_per_million_output_tokens", "joules_per_output_token", "kwh_per_day",
+                "electricity_usd_per_day", "co2_kg_per_day")
 
 
 def _plan_row(c, columns: tuple[str, ...]) -> list:

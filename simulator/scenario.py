@@ -118,7 +118,8 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
         raise AisimError(f"runtime {rt.name} runs on {', '.join(rt.vendors)} GPUs; {dev.gpu.name} is "
                          f"{dev.gpu.vendor}: choose another --runtime (aisim list runtimes)")
     dtype, dtype_note = auto_dtype(config, rt, dev.gpu) if request.dtype == "auto" else (request.dtype, None)
-    quant, quant_note = checkpoint_quant(config, request.quant)
+    # a training step runs in its --precision: a quantized checkpoint is not re-read quantized there
+    quant, quant_note = checkpoint_quant(config, request.quant) if phase not in TRAIN_PHASES else (request.quant, None)
     _check_capability(rt, dev.gpu, dtype, quant)
     power, power_note = resolve_power_mode(dev.gpu, cal, request.power_mode, request.power_limit_w,
                                            request.gpu_clock_mhz)
@@ -274,6 +275,7 @@ def resolve_power_mode(gpu, cal, mode: str | None, limit_w: float | None,
 
 
 CONFIG_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+TRAIN_PHASES = ("train", "forward-backward")
 # vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS: model types vLLM never runs in fp16 (numerical instability)
 FP16_UNSUPPORTED_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "plamo2"})
 
@@ -287,12 +289,16 @@ def auto_dtype(config: dict, rt: RuntimeSpec, gpu) -> tuple[str, str]:
     that refuse it; a float32 checkpoint runs in the first of them; a checkpoint dtype the GPU lacks (bf16 on a V100
     or T4) runs in the first of them too, with vLLM's warning. Other runtimes load as transformers'
     ``from_pretrained(dtype="auto")`` does: config.json's torch_dtype, float32 where it has none."""
-    raw = config.get("torch_dtype") or config.get("dtype")
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    raw = config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype") or text.get("dtype")
     given = CONFIG_DTYPES.get(str(raw).lower()) if raw else None
-    source = f"config.json's torch_dtype {raw}" if given else "no torch_dtype in config.json: float32"
+    source = (f"config.json's torch_dtype {raw}" if given else
+              f"config.json's torch_dtype {raw} is none of {', '.join(CONFIG_DTYPES)}: float32" if raw else
+              "no torch_dtype in config.json: float32")
     if not rt.min_compute_capability:
         chosen = given or "fp32"
-        return chosen, f"--dtype auto: {chosen} ({source}, as transformers' from_pretrained(dtype=\"auto\") loads it)"
+        return chosen, (f"--dtype auto on {gpu.name}: {chosen} ({source}, as transformers' "
+                        "from_pretrained(dtype=\"auto\") loads it)")
     need = rt.min_compute_capability.get("bf16")
     have = _capability(gpu.compute_capability)
     bf16 = gpu.vendor != "nvidia" or not need or have is None or have >= _capability(need)
@@ -300,11 +306,14 @@ def auto_dtype(config: dict, rt: RuntimeSpec, gpu) -> tuple[str, str]:
                  and (d != "fp16" or config.get("model_type") not in FP16_UNSUPPORTED_MODEL_TYPES)]
     wanted = given or "fp32"
     chosen = supported[0] if wanted == "fp32" or wanted not in supported else wanted
+    unstable = wanted == "fp16" and config.get("model_type") in FP16_UNSUPPORTED_MODEL_TYPES
     why = ("" if chosen == wanted else
            f"; {rt.name} runs a float32 checkpoint in {chosen}" if wanted == "fp32" else
+           f"; vLLM never runs {config.get('model_type')} in fp16 (numerical instability): {chosen}" if unstable else
            f"; {gpu.name} (compute capability {gpu.compute_capability}) has no {wanted}: {rt.name} casts to {chosen}, "
            "with a warning")
-    return chosen, f"--dtype auto: {chosen} ({source}{why}; vLLM's _resolve_auto_dtype, vllm/config/model.py)"
+    return chosen, (f"--dtype auto on {gpu.name}: {chosen} ({source}{why}; vLLM's _resolve_auto_dtype, "
+                    "vllm/config/model.py)")
 
 
 def checkpoint_quant(config: dict, quant: str) -> tuple[str, str | None]:
@@ -314,12 +323,17 @@ def checkpoint_quant(config: dict, quant: str) -> tuple[str, str | None]:
     --quant given explicitly is kept."""
     q = config.get("quantization_config") or {}
     method = str(q.get("quant_method", "")).lower()
-    found = "fp8" if method == "fp8" else "int4" if method in ("awq", "gptq") and q.get("bits", 4) == 4 else None
-    if quant != "none" or found is None:
+    bits = q.get("bits", 4)
+    found = ("fp8" if method == "fp8" else "int4" if method in ("awq", "gptq") and bits == 4 else
+             "int8" if method == "gptq" and bits == 8 else None)
+    if quant != "none" or not method or method == "mxfp4":
         return quant, None
+    if found is None:
+        return quant, (f"config.json's quantization_config (quant_method {method}) is not read: the weights are "
+                       "priced at --dtype; give --quant fp8, int8 or int4 for a quantized checkpoint")
     return found, (f"--quant {found}: the checkpoint's own weights (config.json quantization_config: quant_method "
-                   f"{method}), as vLLM and transformers load them; the 16-bit model: give the unquantized checkpoint's "
-                   "config")
+                   f"{method}), as vLLM and transformers load them; the 16-bit model: give the unquantized "
+                   "checkpoint's config")
 
 
 def _check_capability(rt, gpu, dtype: str, quant: str) -> None:

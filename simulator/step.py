@@ -103,8 +103,10 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
     if rt.fusions and w.phase == "decode":
         ops, repeats = mla_absorb(ops, repeats, sc.config)
     if rt.fusions or sc.kv_dtype != "auto":   # engines with their own KV cache and attention kernels
+        # the sliding window as the engine's own attention kernel takes it (vLLM's FlashAttention window_size); HF's
+        # compiled runtime (graphs) runs transformers' masked SDPA, as traced
         ops = kv_rewrite(ops, None if sc.kv_dtype == "auto" else sc.kv_dtype,
-                         sliding_windows(sc.config) if rt.fusions else None)
+                         sliding_windows(sc.config) if "native_gqa" in rt.fusions else None)
     costs = [quantized(op_cost(op), op, w.quant) for op in ops]
     if moe is not None and moe.get("rows_share", 1.0) < 1.0:
         costs = [expert_parallel_rows(c, op, moe["rows_share"]) for c, op in zip(costs, ops)]

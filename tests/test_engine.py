@@ -316,3 +316,25 @@ def test_engine_sliding_window_prefill_runs_the_band_and_decode_copies_no_kv_hea
     assert rows[0].flops == pytest.approx(4 * 32 * 32 * 128 * band, rel=1e-6)
     rows, cost = attention("Mistral-7B-v0.1", "decode", 16, 4096)
     assert [r.name for r in rows] == ["attention.flash"] and cost.memory.activations_gb < 0.5
+
+
+def test_dropped_repeat_kv_copies_leave_the_peak_once_and_only_under_an_engine_with_native_gqa():
+    """The copies' bytes are counted once (the clone allocates; the reshape after it does not) and taken off the ops
+    between them and their release, the fused eager attention of gpt-oss included; HF's compiled runtime (graphs)
+    keeps transformers' masked kernel for a window, as it runs it."""
+    from aisim.scenario import scenario
+    from aisim.step import op_arrays, step_cost
+    from aisim.workload import StepShape
+
+    sc = scenario("Mistral-7B-v0.1", "h100", dtype="bf16", runtime="vllm")
+    ops = op_arrays(sc, sc.workload(StepShape(phase="decode", batch=16, seq=4096))).ops
+    attn = [o for o in ops if o.name == "attention.flash"]
+    assert attn and all(o.attrs["live_bytes"] > 0.5e9 for o in attn)   # the layer's activations, not clamped to 0
+    for model, shape in (("gpt-oss-20b", StepShape(phase="prefill", batch=1, seq=4096)),
+                         ("Mistral-7B-v0.1", StepShape(phase="decode", batch=16, seq=4096))):
+        engine = step_cost(scenario(model, "h100", dtype="bf16", runtime="vllm"), shape).memory.activations_gb
+        hf = step_cost(scenario(model, "h100", dtype="bf16", runtime="eager"), shape).memory.activations_gb
+        assert engine < hf, model
+    graphs = step_cost(scenario("Mistral-7B-v0.1", "h100", dtype="bf16", runtime="graphs"),
+                       StepShape(phase="prefill", batch=1, seq=8192))
+    assert [r.name for r in graphs.table if r.name.startswith("attention")] == ["attention.efficient"]

@@ -545,3 +545,11 @@ def test_a_checkpoint_stored_in_fp8_is_priced_in_fp8_as_the_engines_load_it():
     assert checkpoint_quant({"quantization_config": {"quant_method": "awq", "bits": 4}}, "none")[0] == "int4"
     assert checkpoint_quant({"quantization_config": {"quant_method": "fp8"}}, "int4") == ("int4", None)
     assert checkpoint_quant({}, "none") == ("none", None)
+    assert checkpoint_quant({"quantization_config": {"quant_method": "gptq", "bits": 8}}, "none")[0] == "int8"
+    quant, note = checkpoint_quant({"quantization_config": {"quant_method": "compressed-tensors"}}, "none")
+    assert quant == "none" and "not read" in note
+    train = scenario("DeepSeek-V2-Lite", "h100", dtype="bf16")   # a training step keeps its --precision
+    assert train.quant == "none"
+    from aisim.scenario import ScenarioRequest, resolve_scenario
+    ds = resolve_scenario(ScenarioRequest(model="DeepSeek-V3", device="h200x8", tp=8, dtype="bf16"), "train", 8)
+    assert ds.quant == "none" and not any("checkpoint's own" in a for a in ds.assumptions)

@@ -360,3 +360,12 @@ def test_training_with_a_vocab_parallel_head_traces_its_gather_and_reduce_scatte
     comm = {o.name: o for o in est.top_ops if o.name.startswith("nccl")}
     assert comm["nccl.all_gather"].count == comm["nccl.reduce_scatter"].count == 1
     assert comm["nccl.reduce_scatter"].bytes == comm["nccl.all_gather"].bytes
+
+
+def test_dtype_auto_trains_in_the_checkpoints_dtype():
+    from aisim.studies.train import default_precision
+
+    assert default_precision("auto", "gpt2") == "32-true"            # float32 checkpoint
+    assert default_precision("auto", "Meta-Llama-3-8B") == "bf16-true"
+    assert default_precision("auto", "opt-1.3b") == "16-true"
+    assert default_precision("fp16", "gpt2") == "16-true"

@@ -70,7 +70,9 @@ def fit_collectives(records: list[dict]) -> tuple[dict, list[str]]:
         n = rows[0]["world_size"]
         # the GPU-side times where measured (the host issuing ahead); older records have only the host-paced ones
         key = "gpu_time_s" if all(r.get("gpu_time_s") for r in rows) else "time_s"
-        lat, bw = fit_alpha_beta([bus_bytes(op, r["size_bytes"], n) for r in rows], [r[key] for r in rows])
+        times = [min(r["gpu_time_s_per_rank"]) if key == "gpu_time_s" and r.get("gpu_time_s_per_rank") else r[key]
+                 for r in rows]    # the last rank to arrive (files written before gpu_time_s took it)
+        lat, bw = fit_alpha_beta([bus_bytes(op, r["size_bytes"], n) for r in rows], times)
         notes.append(f"{op}: alpha-beta fit of {key} on {len(rows)} sizes {rows[0]['size_bytes']}.."
                      f"{rows[-1]['size_bytes']} B, {n} GPUs (NCCL, nccl-tests bus bytes, relative least squares): "
                      f"latency {lat * 1e6:.2f} us, bus bandwidth {bw / 1e9:.1f} GB/s")
@@ -182,7 +184,9 @@ def _worker(rank: int, world_size: int, port: int, sizes: list[int], result_path
         recs = [{"bench": "collective", "op": op, "world_size": world_size, "size_bytes": _bytes(op, size, world_size),
                  "time_s": max(r[i][0] for r in every), "time_s_per_rank": [r[i][0] for r in every],
                  "median_rank_time_s": statistics.median(r[i][0] for r in every),
-                 "gpu_time_s": max(r[i][1] for r in every), "gpu_time_s_per_rank": [r[i][1] for r in every]}
+                 # the rank that arrived last waited for no other: its time is the collective's (the others' add
+                 # the start skew of their sleeps)
+                 "gpu_time_s": min(r[i][1] for r in every), "gpu_time_s_per_rank": [r[i][1] for r in every]}
                 for i, (op, size) in enumerate(keys)]
         recs.append({"bench": "collective_issue", "op": "all_reduce", "world_size": world_size,
                      "calls": CPU_ISSUE_CALLS, "wall_per_call_s": max(r[-1][0] for r in every)})

@@ -276,20 +276,25 @@ def fuse(ops: list[Op], repeats: list[float], fusions, kv_in_place: bool = False
         ops, repeats = fuse_moe(ops, repeats)
     out, rep = [], []
     i, kv_heads = 0, 0
-    # per attention scope: bytes of the repeat_kv copies dropped, and the traced live bytes at its attention (the
-    # copies are freed once the scope's live bytes fall below that level less them)
+    # per attention scope: bytes the dropped repeat_kv copies allocated (the rise of the live bytes at each), and
+    # the traced live bytes at its attention (the copies are freed once the scope's live bytes fall below that level
+    # less them)
     freed: dict[str, list[float]] = {}
+
+    def unheld(op: Op) -> Op:   # the op's live bytes without the copies the engine never makes
+        held = freed.get(op.scope)
+        if not held or "live_bytes" not in op.attrs:
+            return op
+        live = op.attrs["live_bytes"]
+        if held[1] and live <= held[1] - held[0] + 1.0:
+            del freed[op.scope]
+            return op
+        if op.name in ATTENTION_OPS:
+            held[1] = live
+        return replace(op, attrs={**op.attrs, "live_bytes": max(live - held[0], 0.0), "gqa_freed": True})
+
     while i < len(ops):
         op, r = ops[i], repeats[i]
-        held = freed.get(op.scope)
-        if held and "live_bytes" in op.attrs:   # those copies never held memory in the engine
-            live = op.attrs["live_bytes"]
-            if held[1] and live <= held[1] - held[0] + 1.0:
-                del freed[op.scope]
-            else:
-                op = replace(op, attrs={**op.attrs, "live_bytes": max(live - held[0], 0.0), "gqa_freed": True})
-                if op.name in ATTENTION_OPS:
-                    held[1] = live
         j = _norm_group(ops, i) if "add_rms_norm" in fusions and _kernel(op) and _is_norm_scope(op.scope) else i
         group = [o for o in ops[i:j] if _kernel(o)]
         if group and not any(o.name == "aten.native_layer_norm" for o in group):   # RMSNorm chains only
@@ -315,7 +320,9 @@ def fuse(ops: list[Op], repeats: list[float], fusions, kv_in_place: bool = False
             continue
         if "native_gqa" in fusions and _is_repeat_kv(op):
             kv_heads = op.inputs[0].shape[1]                     # GQA read natively: no repeated K/V copy
-            freed.setdefault(op.scope, [0.0, 0.0])[0] += op.outputs[0].nbytes
+            before = ops[i - 1].attrs.get("live_bytes") if i else None
+            if before is not None and "live_bytes" in op.attrs:  # the clone allocates; the reshape after it does not
+                freed.setdefault(op.scope, [0.0, 0.0])[0] += max(op.attrs["live_bytes"] - before, 0.0)
             i += 1
             continue
         end = _eager_attention_end(ops, i) if "eager_attention" in fusions else None
@@ -347,7 +354,7 @@ def fuse(ops: list[Op], repeats: list[float], fusions, kv_in_place: bool = False
                 rep.append(r)
                 i = _rope_end(ops, i)
                 continue
-        out.append(op)
+        out.append(unheld(op))
         rep.append(r)
         i += 1
     return out, rep

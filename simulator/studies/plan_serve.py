@@ -107,6 +107,8 @@ class Candidate(BaseModel):
     replicas: int
     gpus: int
     max_num_seqs: int
+    dtype: str = Field("", description="the compute dtype (--dtype auto resolves it per GPU)")
+    quant: str = "none"
     meets_slo: bool
     metrics: dict[str, int | float] = Field(description="one replica's simulation at its share of the rate "
                                                        "(vLLM bench-serve names; counts are integers)")
@@ -481,7 +483,7 @@ def _candidate(req, sc, tp, replicas, max_num_seqs, run: ServeRun, capacity_req_
     kwh_day = watts * HOURS_PER_DAY / 1e3 * req.pue
     tpot = r.median_tpot_ms or math.inf
     return Candidate(device=sc.device.gpu.name, runtime=sc.runtime.name, tp=tp, replicas=replicas, gpus=gpus,
-                     max_num_seqs=max_num_seqs, meets_slo=_meets(metrics, req.slo),
+                     max_num_seqs=max_num_seqs, dtype=sc.dtype, quant=sc.quant, meets_slo=_meets(metrics, req.slo),
                      metrics={k: v for k, v in metrics.items()
                               if isinstance(v, (int, float)) and k != "replicas"},   # the simulated one replica
                      price_usd_per_gpu_hour=price, usd_per_hour=usd_h,

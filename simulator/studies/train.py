@@ -278,6 +278,18 @@ def multi_node_device(device, nodes: int | None = None):
 DTYPE_PRECISION = {"bf16": "bf16-true", "fp16": "16-true", "fp32": "32-true", "tf32": "32-true"}
 
 
+def default_precision(dtype: str, model) -> str:
+    """--precision when only --dtype is given: its true precision; auto: the checkpoint's dtype (config.json
+    torch_dtype), trained in it, 32-true where it is float32 or unmarked."""
+    if dtype == "auto":
+        from ..catalog import resolve_model
+        from ..scenario import CONFIG_DTYPES
+
+        raw = resolve_model(model)[1].get("torch_dtype")
+        dtype = CONFIG_DTYPES.get(str(raw).lower(), "fp32") if raw else "fp32"
+    return DTYPE_PRECISION.get(dtype, "bf16-true")
+
+
 def train_estimate(sc: Scenario, req: TrainRequest):
     """The training step as an aisim.results.Estimate (what ``aisim estimate --workload train`` prints): runtime =
     one optimizer step, phases = compute / bubble / exposed communication / optimizer, the DP collectives as op

@@ -85,7 +85,8 @@ class _Runner:
         self.timer, self.progress = timer, progress
         self.overhead_s = cfg.scheduler_overhead_s
         self.build_s = getattr(timer, "graph_build_s", 0.0)
-        self.build_w = getattr(timer, "idle_power_w", 0.0)
+        # a timer written for the per-GPU waiting_power_w (before idle_power_w): its replica of one GPU
+        self.build_w = getattr(timer, "idle_power_w", getattr(timer, "waiting_power_w", 0.0))
         self.built: set = set()      # the attention shapes this replica has built a graph for
         self.s_per_swap_byte = 1.0 / cfg.swap_bandwidth_bytes_per_s
         self.stats = ReplicaStats(index, cfg.num_kv_blocks, idle_power_w=self.build_w)
