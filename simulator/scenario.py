@@ -319,7 +319,7 @@ def auto_dtype(config: dict, rt: RuntimeSpec, gpu) -> tuple[str, str]:
 def checkpoint_quant(config: dict, quant: str) -> tuple[str, str | None]:
     """--quant none of a checkpoint stored quantized: its own weights, as the engines load them (vLLM and
     transformers read config.json's quantization_config): fp8 (DeepSeek-V3's block-scaled e4m3) -> fp8; AWQ and
-    GPTQ of 4 bits -> int4. MXFP4 experts (gpt-oss) are handled per expert tensor (graph.engine.moe_routing). A
+    GPTQ of 4 bits -> int4, GPTQ of 8 -> int8; another method gets a note. MXFP4 experts (gpt-oss) are handled per expert tensor (graph.engine.moe_routing). A
     --quant given explicitly is kept."""
     q = config.get("quantization_config") or {}
     method = str(q.get("quant_method", "")).lower()
