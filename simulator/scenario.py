@@ -322,6 +322,9 @@ def checkpoint_quant(config: dict, quant: str) -> tuple[str, str | None]:
     GPTQ of 4 bits -> int4, GPTQ of 8 -> int8; another method gets a note. MXFP4 experts (gpt-oss) are handled per expert tensor (graph.engine.moe_routing). A
     --quant given explicitly is kept."""
     q = config.get("quantization_config") or {}
+    if not isinstance(q, dict):
+        raise AisimError(f"config.json's quantization_config is a {type(q).__name__}, not an object with a "
+                         "quant_method: fix the config (or remove the key for a 16-bit checkpoint)")
     method = str(q.get("quant_method", "")).lower()
     bits = q.get("bits", 4)
     found = ("fp8" if method == "fp8" else "int4" if method in ("awq", "gptq") and bits == 4 else

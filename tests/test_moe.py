@@ -545,6 +545,9 @@ def test_a_checkpoint_stored_in_fp8_is_priced_in_fp8_as_the_engines_load_it():
     assert checkpoint_quant({"quantization_config": {"quant_method": "awq", "bits": 4}}, "none")[0] == "int4"
     assert checkpoint_quant({"quantization_config": {"quant_method": "fp8"}}, "int4") == ("int4", None)
     assert checkpoint_quant({}, "none") == ("none", None)
+    from aisim.errors import AisimError
+    with pytest.raises(AisimError, match="quantization_config is a str"):
+        checkpoint_quant({"quantization_config": "fp8"}, "none")
     assert checkpoint_quant({"quantization_config": {"quant_method": "gptq", "bits": 8}}, "none")[0] == "int8"
     quant, note = checkpoint_quant({"quantization_config": {"quant_method": "compressed-tensors"}}, "none")
     assert quant == "none" and "not read" in note

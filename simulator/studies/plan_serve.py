@@ -243,9 +243,9 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
     # every configuration serves the same offered load, so equal GPUs at one price tie on $/M: the one further
     # inside its SLOs (the largest metric / limit; without SLOs, median TPOT) comes first, and on a full tie (a
     # load that never fills the smaller max_num_seqs) the larger one, the engine's default
-    ok = sorted((c for c in found if c.meets_slo),
-                key=lambda c: (c.usd_per_million_output_tokens or math.inf, c.gpus, _slo_load(c, req.slo),
-                               -c.max_num_seqs))
+    ok = sorted((c for c in found if c.meets_slo),   # SLO headroom to 2 significant digits: a hair is a tie
+                key=lambda c: (c.usd_per_million_output_tokens or math.inf, c.gpus,
+                               float(f"{_slo_load(c, req.slo):.2g}"), -c.max_num_seqs))
     cheapest, min_gpus = {}, {}
     for c in ok:
         cheapest.setdefault(c.device, c)
