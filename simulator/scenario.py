@@ -280,6 +280,14 @@ TRAIN_PHASES = ("train", "forward-backward")
 FP16_UNSUPPORTED_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "plamo2"})
 
 
+def checkpoint_dtype(config: dict) -> tuple[object, str | None]:
+    """config.json's torch_dtype (or dtype, or its text_config's, as vLLM reads them) and aisim's name for it (None
+    where it has none or one aisim does not run)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    raw = config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype") or text.get("dtype")
+    return raw, CONFIG_DTYPES.get(str(raw).lower()) if raw else None
+
+
 def auto_dtype(config: dict, rt: RuntimeSpec, gpu) -> tuple[str, str]:
     """--dtype auto, as the engine resolves it, and the note that says how.
 
@@ -289,9 +297,7 @@ def auto_dtype(config: dict, rt: RuntimeSpec, gpu) -> tuple[str, str]:
     that refuse it; a float32 checkpoint runs in the first of them; a checkpoint dtype the GPU lacks (bf16 on a V100
     or T4) runs in the first of them too, with vLLM's warning. Other runtimes load as transformers'
     ``from_pretrained(dtype="auto")`` does: config.json's torch_dtype, float32 where it has none."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    raw = config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype") or text.get("dtype")
-    given = CONFIG_DTYPES.get(str(raw).lower()) if raw else None
+    raw, given = checkpoint_dtype(config)
     source = (f"config.json's torch_dtype {raw}" if given else
               f"config.json's torch_dtype {raw} is none of {', '.join(CONFIG_DTYPES)}: float32" if raw else
               "no torch_dtype in config.json: float32")

@@ -57,7 +57,7 @@ def shard_model(model, tp: int, scope: str, tracer, kv_replicas: int = 1, moe_re
             sharded += 1
         elif leaf in row or row_role(leaf, owner, scope):
             _resize(module, in_features=_features(module, "in") // tp)
-            if not any(name.startswith(b + ".") for b in in_moe):
+            if _enclosing(name, in_moe) is None:
                 module.register_forward_hook(_collective_hook(tracer, "all_reduce", tp))
             sharded += 1
     heads_sharded = scope in ("all", "full", "attention")
@@ -91,7 +91,12 @@ def _grad_allreduce_blocks(blocks: set[str], moe: set[str]) -> set[str]:
     """The modules whose input gradient is all-reduced in backward (Megatron's f): each block with sharded
     linears, but one MoE block for everything inside it (a shared expert, the experts), as Megatron does at the MoE
     layer's input (``moe``: _moe_blocks)."""
-    return {next((b for b in moe if name.startswith(b + ".")), name) for name in blocks}
+    return {_enclosing(name, moe) or name for name in blocks}
+
+
+def _enclosing(name: str, blocks: set[str]) -> str | None:
+    """The block of ``blocks`` that module ``name`` sits inside, if any."""
+    return next((b for b in blocks if name.startswith(b + ".")), None)
 
 
 def _moe_blocks(model) -> set[str]:

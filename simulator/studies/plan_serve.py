@@ -5,7 +5,8 @@ Search space: device x runtime (engines with a serving profile) x tensor-paralle
 and a KV cache must fit (aisim.studies.serve.run.kv_capacity), and one replica's saturated throughput (a
 simulation at rate = inf at full concurrency, _min_replicas) bounds the replicas needed from below; then the
 request-level simulator of one replica at its share of the load (rate / replicas: a round-robin split of Poisson
-arrivals is Poisson) checks the SLOs at that replica count and the next ones, up to --max-gpus. Every candidate considered is counted (pruned or simulated).
+arrivals is Poisson) checks the SLOs at that replica count and the next ones, up to --max-gpus. Every candidate
+considered is counted (pruned or simulated).
 
 Costs: $/hour = GPUs x price per GPU-hour (the GPU spec's default price, or --price); $ per million output tokens
 = $/hour / (output tokens per hour) x 1e6, where a replica's output tokens per second at its share of the load are
@@ -332,7 +333,7 @@ def _search_device(req, device, runtime, percentiles, search, found, notes, prog
                     fewest = exc
                 continue
             except DoesNotFit as exc:   # serve's advice names serve's flags; the plan searches --tp and --max-gpus
-                fit_reason, search.capacity_bound = str(exc.advise(FIT_HINT) if exc.hint else exc), True
+                fit_reason, search.capacity_bound = str(exc.advise(PLAN_FIT_HINT) if exc.hint else exc), True
                 continue
             except AisimError as exc:
                 last_reason = str(exc)
@@ -380,8 +381,8 @@ def _simulate(req: "PlanServeRequest", sc: Scenario, knobs: dict, replicas: int,
 
 
 # advice where a configuration does not fit: the plan searches the tp degrees and replica counts itself
-FIT_HINT = "search more GPUs (--max-gpus, --tp), a smaller --quant or a larger GPU"
-KV_FIX = "search more GPUs per replica (--tp, --max-gpus) or a larger GPU"
+PLAN_FIT_HINT = "search more GPUs (--max-gpus, --tp), a smaller --quant or a larger GPU"
+PLAN_KV_FIX = "search more GPUs per replica (--tp, --max-gpus) or a larger GPU"
 
 
 class Saturated(AisimError):
@@ -413,7 +414,7 @@ def _min_replicas(req, sc, tp, knobs, percentiles, search, notes) -> Candidate |
                       f"are over the model's max_model_len {cfg.max_model_len} and rejected, as the engine rejects "
                       "them; the plan serves the rest")
         elif sat.failed:      # requests no replica count can run (the KV cache, the batch): say why, as serve
-            why = f"tp {tp}: {failure_summary(run, cfg, kv_fix=KV_FIX)}"
+            why = f"tp {tp}: {failure_summary(run, cfg, kv_fix=PLAN_KV_FIX)}"
             raise DoesNotFit(why) if "kv_capacity" in sat.failed_reasons else AisimError(why)
         # requests per second of the arrival stream: the ones over max_model_len are rejected at once
         capacity = max(capacity, sat.request_throughput * (sat.completed + sat.failed) / max(sat.completed, 1))
@@ -443,17 +444,16 @@ def _improved(before: Candidate, after: Candidate, slo: dict[str, float], rel: f
     return any(_slo_value(after.metrics, k) < (1 - rel) * _slo_value(before.metrics, k) for k in slo)
 
 
-def steady_output_tokens_per_s(rate_per_s: float, r: ServeResult, output_len: str = "") -> float:
-    """One replica's output tokens per second at ``rate_per_s``: the offered load, arrivals x the mean output
-    length of ``output_len``'s distribution (not of the simulated sample, whose mean moves with --num-requests:
-    ShareGPT's by about 7% between 400 and 4,000 requests). Where the engine rejected requests (over
-    max_model_len), which bring none and are the long ones, the sample's output tokens per arrival. A stable queue
-    serves what arrives; the search simulates only replica counts whose share of the rate is within one replica's
-    saturated throughput. A finite run's own output_throughput divides by a duration that includes the drain after
-    the last arrival."""
-    if output_len and not r.failed:
-        return rate_per_s * parse_length(output_len, "output").expected_tokens()
-    return rate_per_s * r.total_output_tokens / max(r.completed + r.failed, 1)
+def output_tokens_per_arrival(r: ServeResult, output_len: str) -> float:
+    """Output tokens each arriving request brings: the mean of ``output_len``'s distribution (not of the simulated
+    sample, whose mean moves with --num-requests: ShareGPT's by about 7% between 400 and 4,000 requests); where the
+    engine rejected requests (over max_model_len), which bring none and are the long ones, the sample's. Times a
+    rate, the offered load: a stable queue serves what arrives (the search simulates only replica counts whose share
+    of the rate is within one replica's saturated throughput); a finite run's own output_throughput divides by a
+    duration that includes the drain after the last arrival."""
+    if not r.failed:
+        return parse_length(output_len, "output").expected_tokens()
+    return r.total_output_tokens / max(r.completed + r.failed, 1)
 
 
 def steady_power_w(run: ServeRun, sc: Scenario, tp: int) -> float:
@@ -476,7 +476,8 @@ def _candidate(req, sc, tp, replicas, max_num_seqs, run: ServeRun, capacity_req_
     metrics = r.flat()
     gpus = tp * replicas
     price = req.prices.get(sc.device.gpu.name, sc.device.gpu.price_usd_per_gpu_hour)
-    tokens_per_s = steady_output_tokens_per_s(req.rate_per_s / replicas, r, req.output_len) * replicas
+    per_arrival = output_tokens_per_arrival(r, req.output_len)
+    tokens_per_s = req.rate_per_s * per_arrival   # the offered load, carried by the replicas together
     usd_h = gpus * price if price else None
     watts = steady_power_w(run, sc, tp) * replicas   # the GPUs' average draw at the load
     j_per_tok = watts / tokens_per_s if tokens_per_s else r.energy_j_per_output_token
@@ -495,7 +496,7 @@ def _candidate(req, sc, tp, replicas, max_num_seqs, run: ServeRun, capacity_req_
                                      else None),
                      output_tokens_per_s_per_gpu=tokens_per_s / gpus,
                      output_tokens_per_s_per_user=1e3 / tpot if tpot and math.isfinite(tpot) else 0.0,
-                     max_output_tokens_per_s_per_gpu=steady_output_tokens_per_s(capacity_req_s, r, req.output_len) / tp)
+                     max_output_tokens_per_s_per_gpu=capacity_req_s * per_arrival / tp)
 
 
 def pareto(cands: list[Candidate]) -> list[Candidate]:

@@ -283,10 +283,9 @@ def default_precision(dtype: str, model) -> str:
     torch_dtype), trained in it, 32-true where it is float32 or unmarked."""
     if dtype == "auto":
         from ..catalog import resolve_model
-        from ..scenario import CONFIG_DTYPES
+        from ..scenario import checkpoint_dtype
 
-        raw = resolve_model(model)[1].get("torch_dtype")
-        dtype = CONFIG_DTYPES.get(str(raw).lower(), "fp32") if raw else "fp32"
+        dtype = checkpoint_dtype(resolve_model(model)[1])[1] or "fp32"
     return DTYPE_PRECISION.get(dtype, "bf16-true")
 
 
