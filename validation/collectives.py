@@ -26,6 +26,9 @@ QUICK_SIZES_BYTES = SIZES_BYTES[::3]                          # 4 KiB, 256 KiB, 
 
 
 CPU_ISSUE_CALLS = 1000  # back-to-back 4-byte all-reduces, wall time / calls = issue cost (GPU-bound if larger)
+METHOD = ("one process per GPU, NCCL, NVLS off; per op and size the mean of back-to-back iterations: time_s "
+          "host-paced (slowest rank), gpu_time_s with a sleep kernel queued ahead so the calls run back to back on "
+          "the GPU (the rank that arrived last); the issue cost: wall time of tiny all-reduces (slowest rank)")
 SLEEP_CYCLES_PER_CALL = 400_000   # torch.cuda._sleep ahead of the GPU-side timing: 200 us a call at 2 GHz, several
 #                                   times the host's issue cost of one collective (24-55 us measured here)
 
@@ -69,9 +72,10 @@ def fit_collectives(records: list[dict]) -> tuple[dict, list[str]]:
             continue
         n = rows[0]["world_size"]
         # the GPU-side times where measured (the host issuing ahead); older records have only the host-paced ones
+        # (the rank that arrived last: its per-rank minimum; gpu_time_s of the files written before it took that
+        # was the slowest rank's)
         key = "gpu_time_s" if all(r.get("gpu_time_s") for r in rows) else "time_s"
-        times = [min(r["gpu_time_s_per_rank"]) if key == "gpu_time_s" and r.get("gpu_time_s_per_rank") else r[key]
-                 for r in rows]    # the last rank to arrive (files written before gpu_time_s took it)
+        times = [min(r.get("gpu_time_s_per_rank") or [r[key]]) if key == "gpu_time_s" else r[key] for r in rows]
         lat, bw = fit_alpha_beta([bus_bytes(op, r["size_bytes"], n) for r in rows], times)
         notes.append(f"{op}: alpha-beta fit of {key} on {len(rows)} sizes {rows[0]['size_bytes']}.."
                      f"{rows[-1]['size_bytes']} B, {n} GPUs (NCCL, nccl-tests bus bytes, relative least squares): "
@@ -237,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                                                      sys.argv[1:])]),
                       "hostname": socket.gethostname(), "gpu_count": str(n), "host_gpu_count":
                       str(torch.cuda.device_count()), "benchmark_wall_s": f"{time.monotonic() - t0:.0f}",
-                      "method": "one process per GPU, NCCL, NVLS off; mean of back-to-back iterations, slowest rank"}
+                      "method": METHOD}
         path = args.out / f"{args.device}x{n}.raw.json"
         path.write_text(json.dumps({"device": args.device, "provenance": provenance, "records": records,
                                     "fit": fields}, indent=1))
