@@ -456,19 +456,15 @@ def output_tokens_per_arrival(r: ServeResult, output_len: str) -> float:
     return r.total_output_tokens / max(r.completed + r.failed, 1)
 
 
-def steady_power_w(run: ServeRun, sc: Scenario, tp: int) -> float:
-    """One replica's average draw at its share of the load, all tp GPUs: its steps' energy over the steady window
-    (warm-up and drain excluded), and the GPUs' power while they wait between steps (the calibration's
-    waiting_power_w: a loaded serving process, not the datasheet's empty idle). The whole run where it has no
-    window (its steps back to back)."""
-    from ..cost.energy import waiting_power_w
-
+def steady_power_w(run: ServeRun) -> float:
+    """One replica's average draw at its share of the load, all tp GPUs: its energy over the steady window (warm-up
+    and drain excluded): its steps', and the GPUs' power while they wait between steps (the calibration's
+    waiting_power_w: a loaded serving process, not the datasheet's empty idle; metrics.steady_window). The whole
+    run where it has no window (its steps back to back)."""
     w, r = run.steady, run.result
     if w is None:
         return r.energy_j / max(r.duration_s, 1e-9)
-    idle_s = max(w.duration_s * w.replicas - w.busy_s, 0.0)
-    waiting_w = waiting_power_w(sc.device.gpu, sc.calibration) * tp
-    return (w.energy_j + idle_s * waiting_w) / (w.duration_s * w.replicas)
+    return w.energy_j / (w.duration_s * w.replicas)
 
 
 def _candidate(req, sc, tp, replicas, max_num_seqs, run: ServeRun, capacity_req_s: float = 0.0) -> Candidate:
@@ -479,7 +475,7 @@ def _candidate(req, sc, tp, replicas, max_num_seqs, run: ServeRun, capacity_req_
     per_arrival = output_tokens_per_arrival(r, req.output_len)
     tokens_per_s = req.rate_per_s * per_arrival   # the offered load, carried by the replicas together
     usd_h = gpus * price if price else None
-    watts = steady_power_w(run, sc, tp) * replicas   # the GPUs' average draw at the load
+    watts = steady_power_w(run) * replicas   # the GPUs' average draw at the load
     j_per_tok = watts / tokens_per_s if tokens_per_s else r.energy_j_per_output_token
     kwh_day = watts * HOURS_PER_DAY / 1e3 * req.pue
     tpot = r.median_tpot_ms or math.inf

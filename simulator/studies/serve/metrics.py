@@ -111,7 +111,8 @@ class SteadyWindow:
 
 def steady_window(run: SimRun) -> SteadyWindow | None:
     """The steady part of a run at a finite rate (None at rate = inf, or with under 4 requests). A step that
-    straddles an edge counts for the part of it inside the window, its energy pro rata."""
+    straddles an edge counts for the part of it inside the window, its energy pro rata; between steps each
+    replica's GPUs draw their idle power (ReplicaStats.idle_power_w), as in ServeResult.energy_j."""
     arrivals = np.sort([r.arrival_s for r in run.requests])
     if len(arrivals) < 4:
         return None
@@ -125,6 +126,7 @@ def steady_window(run: SimRun) -> SteadyWindow | None:
         inside = np.clip(np.minimum(ends, end) - np.maximum(ends - steps, start), 0.0, None)
         share = np.divide(inside, steps, out=np.zeros_like(steps), where=steps > 0)
         energy += float(np.dot(share, np.asarray(st.step_energy_j, dtype=np.float64)))
+        energy += max(end - start - float(inside.sum()), 0.0) * st.idle_power_w
         busy += float(inside.sum())
     return SteadyWindow(start, end, energy, busy, len(run.replicas))
 
