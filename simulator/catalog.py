@@ -179,6 +179,10 @@ POSITIVE_INT_KEYS = ("hidden_size", "n_embd", "d_model", "num_hidden_layers", "n
                      "n_positions", "num_local_experts", "num_experts", "num_experts_per_tok", "head_dim",
                      "moe_intermediate_size", "sliding_window")
 MAX_DIM = 10_000_000
+# config.json torch_dtype / dtype values transformers turns into a torch.dtype (getattr(torch, name)), and "auto"
+TORCH_DTYPE_NAMES = frozenset({"auto", "float32", "float", "float64", "double", "float16", "half", "bfloat16",
+                               "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
+                               "float4_e2m1fn_x2", "int8", "uint8", "int16", "int32", "int64", "bool"})
 
 
 def _model_dir() -> Path:
@@ -352,3 +356,8 @@ def check_config(config, where: str) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIM:
             raise AisimError(f"{where}: {key} must be a positive integer up to {MAX_DIM:,} (got {value!r})")
+    for key in ("torch_dtype", "dtype"):
+        value = config.get(key)
+        if value is not None and (not isinstance(value, str) or value not in TORCH_DTYPE_NAMES):
+            raise AisimError(f"{where}: {key} {value!r} is not a torch dtype; write one transformers reads (e.g. "
+                             "bfloat16, float16, float32) or remove the key")

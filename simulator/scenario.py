@@ -120,7 +120,7 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     dtype, dtype_note = auto_dtype(config, rt, dev.gpu) if request.dtype == "auto" else (request.dtype, None)
     # a training step runs in its --precision: a quantized checkpoint is not re-read quantized there
     quant, quant_note = checkpoint_quant(config, request.quant) if phase not in TRAIN_PHASES else (request.quant, None)
-    _check_capability(rt, dev.gpu, dtype, quant)
+    _check_capability(rt, dev.gpu, dtype, quant, config if phase not in TRAIN_PHASES else {})
     power, power_note = resolve_power_mode(dev.gpu, cal, request.power_mode, request.power_limit_w,
                                            request.gpu_clock_mhz)
     notes = list(dev.assumptions) + [n for n in (catalog.defaults_note(config), *plan_notes, default_note, cal_note,
@@ -345,14 +345,18 @@ def checkpoint_quant(config: dict, quant: str) -> tuple[str, str | None]:
                    "checkpoint's config")
 
 
-def _check_capability(rt, gpu, dtype: str, quant: str) -> None:
+def _check_capability(rt, gpu, dtype: str, quant: str, config: dict | None = None) -> None:
     """The engine refuses a dtype or quantization the GPU's compute capability lacks (RuntimeSpec
-    min_compute_capability; NVIDIA GPUs only); every refusal in one line."""
+    min_compute_capability; NVIDIA GPUs only), a checkpoint's MXFP4 experts (``config``'s quantization_config,
+    as loaded for inference) included; every refusal in one line."""
     if gpu.vendor != "nvidia" or not rt.min_compute_capability:
         return
     have = _capability(gpu.compute_capability)
+    q = (config or {}).get("quantization_config")
+    mxfp4 = quant == "none" and isinstance(q, dict) and str(q.get("quant_method", "")).lower() == "mxfp4"
     missing = [(what, need, hint) for what, given, hint in (("bf16", dtype == "bf16", "--dtype fp16"),
-                                                            ("fp8", quant == "fp8", "--quant int8 or int4"))
+                                                            ("fp8", quant == "fp8", "--quant int8 or int4"),
+                                                            ("mxfp4", mxfp4, "a --model whose config.json has no MXFP4 quantization_config"))
                if given and (need := rt.min_compute_capability.get(what)) and have is not None
                and have < _capability(need)]
     if missing:

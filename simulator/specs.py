@@ -542,9 +542,9 @@ class RuntimeSpec(Spec):
     matvec_max_tokens: int = Field(0, ge=0, description="matmuls of at most this many tokens (rows) run as the "
                                    "engine's weight-streaming mat-vec kernels: costed on the memory curve")
     vendors: list[str] | None = Field(None, description="GPU vendors the engine runs on (all if absent)")
-    min_compute_capability: dict[Literal["bf16", "fp8"], Annotated[str, Field(pattern=r"^\d+\.\d+$")]] = Field(
+    min_compute_capability: dict[Literal["bf16", "fp8", "mxfp4"], Annotated[str, Field(pattern=r"^\d+\.\d+$")]] = Field(
         default_factory=dict, description="the lowest NVIDIA compute capability on which the engine runs bf16 models "
-        "(bf16) or fp8 quantization (fp8); cite the check in source")
+        "(bf16), fp8 quantization (fp8) or a checkpoint's MXFP4 weights (mxfp4); cite the check in source")
     prefill_logits: Literal["last", "all"] = Field("last", description="logits at prefill: last position only "
                                                    "(HF generate, logits_to_keep=1) or every position")
     request_loop: RequestLoopSpec | None = None

@@ -250,6 +250,12 @@ def test_vllm_refuses_bf16_and_fp8_below_compute_capability_8():
         estimate("Meta-Llama-3-8B", "v100-sxm2-32gb", dtype="fp16", quant="fp8", **kw)
     assert estimate("Meta-Llama-3-8B", "a100", dtype="bf16", quant="fp8", **kw).runtime_ms > 0
     assert estimate("opt-1.3b", "t4", dtype="fp16", **kw).runtime_ms > 0
+    # gpt-oss's experts are stored MXFP4: Mxfp4Config.get_min_capability 80 (vllm/model_executor/layers/
+    # quantization/mxfp4.py); transformers (eager) loads them on a T4, and training re-reads no checkpoint quant
+    with pytest.raises(AisimError, match="mxfp4 on compute capability 8.0.*no MXFP4 quantization_config"):
+        estimate("gpt-oss-20b", "t4", dtype="fp16", **kw)
+    assert estimate("gpt-oss-20b", "a100", dtype="bf16", **kw).runtime_ms > 0
+    assert estimate("gpt-oss-20b", "t4", dtype="fp16", workload="decode", seq=1024).runtime_ms > 0
 
 
 def test_capability_refusals_come_together_and_unusual_capability_strings_pass():

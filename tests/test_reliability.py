@@ -189,6 +189,16 @@ def test_auto_map_config_cannot_run_its_code(tmp_path, tiny_llama):
     assert "auto_map" in r.output and "model_type" in r.output and not sentinel.exists()
 
 
+@pytest.mark.parametrize("dtype", ["banana", 16, "torch.bfloat16"])
+def test_a_config_dtype_torch_does_not_have_is_one_line(tmp_path, tiny_llama, dtype):
+    (tmp_path / "config.json").write_text(json.dumps({**tiny_llama, "torch_dtype": dtype}))
+    r = cli("estimate", "-m", tmp_path, "-d", DEV, "--seq", "16", "--dtype", "auto")
+    check_clean(r, 2)
+    assert "torch_dtype" in r.output and "not a torch dtype" in r.output
+    (tmp_path / "config.json").write_text(json.dumps({**tiny_llama, "torch_dtype": "bfloat16"}))
+    assert cli("estimate", "-m", tmp_path, "-d", DEV, "--seq", "16").exit_code == 0
+
+
 class _Payload:
     def __init__(self, path):
         self.path = path
