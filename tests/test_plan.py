@@ -218,6 +218,15 @@ def test_a_model_that_does_not_fit_is_the_plans_answer_with_the_plans_own_advice
                           "prefill")
     with pytest.raises(DoesNotFit, match=r"weights take 141\.\d+ GB per GPU.*use more GPUs \(--tp\)"):
         engine_config(sc, {})
+    # weights under the card's memory but over what the engine's policy lets them use: said so, not a negative KV
+    # budget (Llama-3-8B on a 16 GB T4: 16.06 GB of weights, vLLM 0.9 x 16.1 GB, transformers 14.8 GB free)
+    for runtime, share in (("vllm", r"14\.50 GB .*gpu_memory_utilization 0\.9 of 16\.1 GB"),
+                           ("transformers-cb", r"14\.80 GB .*14\.8 GB free after the CUDA context")):
+        sc = resolve_scenario(ScenarioRequest(model="Meta-Llama-3-8B", device="t4", dtype="fp16", runtime=runtime),
+                              "prefill")
+        with pytest.raises(DoesNotFit, match=r"weights take 16\.06 GB per GPU, more than the " + share) as err:
+            engine_config(sc, {})
+        assert "= -" not in str(err.value)
 
 
 def test_plan_serve_token_rate_and_cost_do_not_move_with_the_number_of_simulated_requests():

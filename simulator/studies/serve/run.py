@@ -117,8 +117,14 @@ def kv_capacity(sc: Scenario, block_size: int, max_batched_tokens: int, utilizat
     if blocks < 1:
         where = (f"{sc.device.gpu.name} (per GPU of tp {sc.plan.tp} x pp {sc.plan.pp})"
                  if sc.plan.tp * sc.plan.pp > 1 else sc.device.gpu.name)
+        # the memory the engine's policy lets the weights and the KV cache share (before its reserves)
+        usable = total * utilization if s.memory_of == "total" else total
+        share = (f"gpu_memory_utilization {utilization:g} of {total / 1e9:.1f} GB"
+                 if s.memory_of == "total" else f"{total / 1e9:.1f} GB free after the CUDA context")
         detail = (f"{sc.model}'s weights take {weights / 1e9:.2f} GB per GPU, more than the "
                   f"{sc.device.gpu.memory_bytes / 1e9:.1f} GB of {where}" if weights >= sc.device.gpu.memory_bytes else
+                  f"{sc.model}'s weights take {weights / 1e9:.2f} GB per GPU, more than the {usable / 1e9:.2f} GB the "
+                  f"engine can use on {where} ({share})" if weights >= usable else
                   f"{sc.model} on {where} leaves no room for a KV cache ({how} = {budget / 1e9:.2f} GB for KV at "
                   f"{per_token / 1e6:.3f} MB per token)")
         raise DoesNotFit(detail, "use more GPUs (--tp), a smaller --quant or a larger GPU")
