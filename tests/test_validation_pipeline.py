@@ -34,6 +34,13 @@ TINY = {
             "word_embed_proj_dim": 64, "do_layer_norm_before": True, "enable_bias": True},
     "bloom": {"model_type": "bloom", "_name_or_path": "tiny-bloom", "hidden_size": 64, "n_layer": 2, "n_head": 4,
               "vocab_size": 1000},
+    "mixtral": {"model_type": "mixtral", "_name_or_path": "tiny-mixtral", "hidden_size": 64, "intermediate_size": 96,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+                "num_local_experts": 4, "num_experts_per_tok": 2, "max_position_embeddings": 256},
+    "qwen2_moe": {"model_type": "qwen2_moe", "_name_or_path": "tiny-qwen2-moe", "hidden_size": 64,
+                  "intermediate_size": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+                  "num_experts": 4, "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_attention_heads": 4,
+                  "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 256},
 }
 FAST = {"warmup": 1, "min_trials": 2, "min_time_s": 0.0, "energy_min_s": 0.0}
 
@@ -318,7 +325,9 @@ def test_tp2_sharded_logits_match_the_unsharded_model(tmp_path, configs):
 
     from aisim.validation.measure import build_model
 
-    order = ["llama", "opt", "bloom"]     # GQA llama, OPT, BLOOM (fused per-head qkv, ALiBi)
+    # GQA llama, OPT, BLOOM (fused per-head qkv, ALiBi), MoE experts as 3D parameters (Mixtral; Qwen2-MoE with a
+    # gated shared expert)
+    order = ["llama", "opt", "bloom", "mixtral", "qwen2_moe"]
     for attempt in range(2):  # a worker killed by the process group's start-up or teardown gets one more try
         try:
             mp.start_processes(_tp_worker, args=(2, [configs[k] for k in order], _free_port(), str(tmp_path)),
@@ -360,6 +369,16 @@ def test_shard_model_splits_weights_and_heads(configs):
     assert opt_layer.fc2.bias is not None                     # rank 0 keeps the row-parallel bias
     with pytest.raises(ValueError, match="divide"):
         shard_model(build_model(configs["llama"], "fp32", torch.device("cpu")).model, rank=0, world=3)
+    moe = build_model(configs["mixtral"], "fp32", torch.device("cpu"))
+    experts = moe.model.model.layers[0].mlp.experts
+    gate_up, down = experts.gate_up_proj.detach().clone(), experts.down_proj.detach().clone()
+    shard_model(moe.model, rank=1, world=2)
+    assert experts.gate_up_proj.shape == (4, 96, 64) and experts.down_proj.shape == (4, 64, 48)
+    # rank 1 keeps intermediate features 48..95 of the gate half and of the up half, and those columns of down
+    assert torch.equal(experts.gate_up_proj[:, :48], gate_up[:, 48:96])
+    assert torch.equal(experts.gate_up_proj[:, 48:], gate_up[:, 144:])
+    assert torch.equal(experts.down_proj, down[:, :, 48:])
+    assert moe.model.model.layers[0].mlp.gate.weight.shape == (4, 64)    # the router stays whole
 
 
 @pytest.mark.skipif(not AISIM_INSTALLED, reason="spawned TP workers import aisim: needs `pip install -e .`")

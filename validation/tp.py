@@ -2,6 +2,10 @@
 
 ``shard_model(model, rank, world, scope)`` slices the weights of every attention and MLP block in place:
 
+- MoE experts stored as 3D parameters (transformers 5: Mixtral, Qwen2/3-MoE, OLMoE): every expert's intermediate
+  features split (gate_up_proj's gate and up halves column-wise, down_proj row-wise), the experts' output
+  all-reduced, the router replicated (transformers' own TP plan for Mixtral: packed_colwise / rowwise /
+  moe_tp_experts); a shared expert is an MLP block below;
 - column-parallel (output features split, heads kept whole): Llama q/k/v/gate/up_proj, OPT q/k/v_proj and fc1,
   BLOOM query_key_value (fused per head: [heads, 3, head_dim] rows) and dense_h_to_4h;
 - row-parallel (input features split, bias kept on rank 0 only): Llama o_proj/down_proj, OPT out_proj/fc2,
@@ -53,7 +57,22 @@ def find_blocks(model) -> list[_Block]:
             blocks.append(_Block("mlp", m, [(m.dense_h_to_4h, "plain")], [m.dense_4h_to_h]))
         elif _has(m, "fc1", "fc2") and not _has(m, "gate_proj"):
             blocks.append(_Block("mlp", m.fc1, [(m.fc1, "plain")], [m.fc2]))
+        elif _expert_params(m) is not None:
+            blocks.append(_Block("experts", m))
     return blocks
+
+
+def _expert_params(m):
+    """(gate_up_proj, down_proj) of a transformers 5 MoE experts module that stores every expert's weights as one
+    3D parameter each, [experts, 2 x intermediate, hidden] (gate rows, then up rows) and [experts, hidden,
+    intermediate] (Mixtral, Qwen2/3-MoE, OLMoE: models/*/modeling_*.py *Experts); None for anything else."""
+    gate_up, down = getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None)
+    if getattr(gate_up, "ndim", 0) != 3 or getattr(down, "ndim", 0) != 3:
+        return None
+    experts, two_inter, hidden = gate_up.shape
+    if two_inter % 2 or tuple(down.shape) != (experts, hidden, two_inter // 2):
+        return None
+    return gate_up, down
 
 
 def _new_param(old, data):
@@ -92,6 +111,35 @@ def _shard_row(linear, rank: int, world: int) -> None:
     linear.in_features = n
     if linear.bias is not None and rank != 0:
         linear.bias = None
+
+
+def _shard_experts(experts, rank: int, world: int) -> None:
+    """Megatron's split of every expert (as transformers' TP plan for Mixtral: gate_up_proj packed_colwise,
+    down_proj rowwise): this rank keeps its slice of each expert's intermediate features, in the gate half and in
+    the up half of gate_up_proj, and the matching columns of down_proj; the experts' output is then a partial sum
+    that the forward hook all-reduces. A down-projection bias stays on rank 0 only (zeros elsewhere)."""
+    import torch
+
+    gate_up, down = _expert_params(experts)
+    inter = down.shape[2]
+    if inter % world:
+        raise ValueError(f"{type(experts).__name__}: expert intermediate size {inter} does not divide by tp={world}")
+    n = inter // world
+    keep = slice(rank * n, (rank + 1) * n)
+    experts.gate_up_proj = _new_param(gate_up, torch.cat([gate_up[:, :inter][:, keep], gate_up[:, inter:][:, keep]],
+                                                         dim=1))
+    experts.down_proj = _new_param(down, down[:, :, keep])
+    bias = getattr(experts, "gate_up_proj_bias", None)
+    if bias is not None:
+        experts.gate_up_proj_bias = _new_param(bias, torch.cat([bias[:, :inter][:, keep], bias[:, inter:][:, keep]],
+                                                               dim=1))
+    bias = getattr(experts, "down_proj_bias", None)
+    if bias is not None and rank != 0:
+        experts.down_proj_bias = _new_param(bias, torch.zeros_like(bias))
+    for name in ("intermediate_dim", "intermediate_size", "expert_dim"):
+        value = getattr(experts, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value == inter:
+            setattr(experts, name, n)
 
 
 def _attention_heads(block: _Block) -> tuple[int, int]:
@@ -216,11 +264,16 @@ def shard_model(model, rank: int, world: int, scope: str = "all", group=None):
         raise ValueError(f"tp scope {scope!r}: use 'all' or 'mlp'")
     if world == 1:
         return model
-    blocks = [b for b in find_blocks(model) if scope == "all" or b.kind == "mlp"]
+    blocks = [b for b in find_blocks(model) if scope == "all" or b.kind in ("mlp", "experts")]
     if not blocks:
         raise ValueError(f"{type(model).__name__}: no Llama-, OPT- or BLOOM-style attention/MLP blocks found "
                          "to shard; tensor parallelism supports those architectures")
     for block in blocks:
+        if block.kind == "experts":
+            _shard_experts(block.entry, rank, world)
+            block.entry.register_forward_hook(_row_output_hook(group))
+            block.entry.register_forward_pre_hook(_entry_pre_hook(group), with_kwargs=True)
+            continue
         heads = None
         if block.kind == "attention":
             heads, kv_heads = _attention_heads(block)
@@ -234,7 +287,7 @@ def shard_model(model, rank: int, world: int, scope: str = "all", group=None):
             _shard_row(linear, rank, world)
             linear.register_forward_hook(_row_output_hook(group))
         block.entry.register_forward_pre_hook(_entry_pre_hook(group), with_kwargs=True)
-    if scope == "all" and any(b.column[0][1] == "bloom-qkv" for b in blocks):
+    if scope == "all" and any(b.column and b.column[0][1] == "bloom-qkv" for b in blocks):
         _slice_bloom_alibi(model, rank, world)
         for layer in getattr(getattr(model, "transformer", None), "h", []):
             _divide_head_attrs(layer, world)
