@@ -22,7 +22,12 @@ DATA_DIR = Path(__file__).parent / "data"
 DATASETS = (("h100.jsonl", "one H100 SXM 80GB"), ("h200.jsonl", "one H200"),
             ("tp2-h200.jsonl", "two H200 (tensor parallel 2, with TP=1 twins)"),
             ("tp4-h200.jsonl", "four H200 (tensor parallel 4, with TP=1 twins; Llama-2-70B at TP 4)"),
-            ("whisper-h200.jsonl", "one H200, Whisper encoder-decoder (encode, decoder steps, prompt calls)"))
+            ("whisper-h200.jsonl", "one H200, Whisper encoder-decoder (encode, decoder steps, prompt calls)"),
+            ("tp2-moe-h100.jsonl", "two H100 SXM 80GB, MoE at tensor parallel 2 (every expert split; Mixtral-8x7B "
+             "with 16 of its layers and Qwen1.5-MoE-A2.7B, with TP=1 twins)"),
+            ("tp2-moe-h100-run2.jsonl", "the same MoE suite again, right after, on the same two H100s"),
+            ("tp2-mixtral-h200.jsonl", "two H200, the whole Mixtral-8x7B at tensor parallel 2 (48 GB per GPU, what "
+             "two 80 GB H100s would hold) with its TP=1 twin"))
 GPU_BOUND_TOKENS = 2048
 # Goals (validation issue): category -> maximum MAPE in percent
 GOALS = {"forward/prefill runtime": 5.0, "decode runtime": 10.0, "forward-backward/train runtime": 10.0,
@@ -43,6 +48,12 @@ CEILINGS = {
                        "peak memory": 0.7, "energy per token": 28.1},
     "whisper-h200.jsonl": {"encode runtime": 8.2, "decode runtime": 9.6, "peak memory": 1.7,
                            "energy per token": 25.95},
+    "tp2-moe-h100.jsonl": {"forward/prefill runtime": 4.7, "decode runtime": 5.8, "tp runtime": 12.8,
+                           "peak memory": 0.6, "energy per token": 26.7},
+    "tp2-moe-h100-run2.jsonl": {"forward/prefill runtime": 4.9, "decode runtime": 4.2, "tp runtime": 7.0,
+                                "peak memory": 0.6, "energy per token": 25.1},
+    "tp2-mixtral-h200.jsonl": {"forward/prefill runtime": 9.6, "decode runtime": 22.0, "tp runtime": 27.2,
+                               "peak memory": 0.5, "energy per token": 30.5},
 }
 
 WHY = """\

@@ -796,7 +796,7 @@ def moe_section(path: Path = DATA) -> list[str]:
               "runs' rows pooled, and against each case's median over the runs:", "",
               *runs_lines(per_run), "", *run_to_run_lines(per_run), "",
               *spread_lines(per_run), "", *mixtral_lines(per_run=per_run), "", *mixtral_h200_lines(), "",
-              *moe_h200_lines(), "", *new_arch_lines(), "",
+              *moe_h200_lines(), "", *new_arch_lines(), "", *tp_lines(), "",
               *host_scopes_lines(), "",
               "", "Each case of the first run (scored), with its median over the runs beside it:", "",
               "| model | phase | batch | context | measured ms | estimated ms | error % | median of runs ms | "
@@ -829,6 +829,56 @@ def moe_section(path: Path = DATA) -> list[str]:
               "curve and the per-op host costs, eager_op_dispatch_s, come from them), though in isolation, on no "
               "judged step.", "",
               *host_lines(rows)]
+    return lines
+
+
+TP_RUNS = tuple(Path(__file__).parent / "data" / f for f in ("tp2-moe-h100.jsonl", "tp2-moe-h100-run2.jsonl",
+                                                               "tp2-mixtral-h200.jsonl"))
+
+
+def tp_lines(paths: tuple[Path, ...] = TP_RUNS) -> list[str]:
+    """Markdown lines: the MoE tensor-parallel suites (validation/suites/tp2-moe.yaml, tp2-mixtral.yaml), each TP=2
+    case beside its TP=1 twin, runtime and peak memory per GPU against the estimates."""
+    from .report import compare, load_measurements
+
+    existing = [p for p in paths if p.exists()]
+    if not existing:
+        return []
+    lines = ["### Tensor parallel 2 (measured)", "",
+             "Every expert's intermediate features split over the two GPUs and the experts' output all-reduced, as "
+             "transformers' TP plan for Mixtral and vLLM's FusedMoE without expert parallelism shard them "
+             "(validation/tp.py; validation/suites/tp2-moe.yaml and tp2-mixtral.yaml, each TP=2 case with its TP=1 "
+             "twin; HF eager, grouped-GEMM experts, random bf16 weights). The suites' commits came before their runs "
+             "and nothing changed since, so the estimates are predictions. Memory is the peak per GPU "
+             "(torch.cuda.max_memory_allocated of the busiest rank).", "",
+             "| run | model | step | tp | measured ms | estimated ms | error % | measured GB/GPU | estimated GB/GPU | "
+             "error % |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    errors: dict[str, list[float]] = {"time": [], "memory": []}
+    for path in existing:
+        header = _header(path)
+        for r in compare(load_measurements([path])):
+            t, m = r.metrics["runtime_ms"], r.metrics["memory_gb"]
+            if t.error is None or m.error is None:
+                continue
+            errors["time"].append(abs(t.error))
+            errors["memory"].append(abs(m.error))
+            step = f"{r.workload} {r.batch} x {r.seq}"
+            lines.append(f"| {path.name} ({header.get('gpu_name', '?')}) | {Path(r.model).stem} | {step} | {r.tp} | "
+                         f"{t.measured:.2f} | {t.estimated:.2f} | {100 * t.error:+.1f} | {m.measured:.2f} | "
+                         f"{m.estimated:.2f} | {100 * m.error:+.2f} |")
+    full = [r for path in existing if "mixtral-h200" in path.name
+            for r in compare(load_measurements([path])) if r.tp == 2 and r.metrics["memory_gb"].measured]
+    peak = max((r.metrics["memory_gb"].measured for r in full), default=None)
+    lines += ["", f"Runtime MAPE {100 * statistics.mean(errors['time']):.1f}% over {len(errors['time'])} steps, "
+              f"peak memory per GPU {100 * statistics.mean(errors['memory']):.2f}%."
+              + (f" The whole Mixtral-8x7B at tensor parallel 2 peaked at {peak:.2f} GB per GPU over its steps "
+                 "(measured on two H200s, whose 141 GB let each rank build the whole model before keeping its "
+                 "shard): it fits two 80 GB H100s, as `aisim estimate --model Mixtral-8x7B-v0.1 --device h100x2 "
+                 "--tp 2` says." if peak else "")
+              + " The misses are host-bound steps: the H200 machine's host was slow (the whole Mixtral's TP=1 decode "
+              "at batch 1 took 57.9 ms where the H100 machine's 16-layer model took 18.6), and the first H100 run's "
+              "Mixtral TP=2 decode at batch 16 took 34.8 ms where the second, minutes later on the same machine, "
+              "took 24.5."]
     return lines
 
 
