@@ -325,6 +325,12 @@ def fuse(ops: list[Op], repeats: list[float], fusions, kv_in_place: bool = False
                 freed.setdefault(op.scope, [0.0, 0.0])[0] += max(op.attrs["live_bytes"] - before, 0.0)
             i += 1
             continue
+        if "eager_attention" in fusions and op.name == "aten.clone" and i + 2 < len(ops) \
+                and _copied_operand(ops, i + 2) == i and _eager_attention_end(ops, i + 2) is not None:
+            if "native_gqa" in fusions:                          # the kernel reads the KV heads themselves
+                kv_heads = _heads_before_repeat(ops, i) or kv_heads
+            i += 1                                               # matmul's K^T copy: the kernel reads K in place
+            continue
         end = _eager_attention_end(ops, i) if "eager_attention" in fusions else None
         if end is not None:     # the chain's views go too: their live_bytes hold the scores no engine allocates
             op = _eager_attention(ops, i, end)
@@ -495,7 +501,8 @@ def _eager_attention_end(ops: list[Op], i: int) -> int | None:
     follows its softmax in the same attention module, and the reshape of its output; None if ``ops[i]`` is not
     such a bmm."""
     op = ops[i]
-    if op.name != "aten.bmm" or "attn" not in _leaf(op.scope) or not op.attrs.get("transposed"):
+    if op.name != "aten.bmm" or "attn" not in _leaf(op.scope) or not (op.attrs.get("transposed")
+                                                                       or _copied_operand(ops, i) is not None):
         return None
     softmax = False
     for j in range(i + 1, min(i + 40, len(ops))):
@@ -513,6 +520,37 @@ def _eager_attention_end(ops: list[Op], i: int) -> int | None:
     return None
 
 
+def _copied_operand(ops: list[Op], i: int) -> int | None:
+    """The index of the copy torch.matmul made of the bmm ``ops[i]``'s second operand (clone, then _unsafe_view
+    into it), or None. matmul materialises a broadcast K^T that bmm cannot read as a view: with one KV head per
+    GPU (gpt-oss at tp 8) repeat_kv's expand needs no copy, so K^T reaches matmul expanded over the query heads."""
+    if i < 2 or ops[i - 1].name != "aten._unsafe_view" or ops[i - 2].name != "aten.clone":
+        return None
+    view, copy = ops[i - 1], ops[i - 2]
+    if copy.scope != ops[i].scope or view.inputs[0] != copy.outputs[0] or ops[i].inputs[1] != view.outputs[0]:
+        return None
+    return i - 2
+
+
+_REPEAT_VIEWS = ("aten.expand", "aten.view", "aten.transpose.int", "aten._unsafe_view", "aten.unsqueeze")
+
+
+def _heads_before_repeat(ops: list[Op], c: int) -> int | None:
+    """The KV heads of the keys that reach the copy ``ops[c]`` through repeat_kv's views (unsqueeze, expand,
+    reshape, transpose) without a copy of their own: the head count of the 4D tensor repeat_kv unsqueezed."""
+    t = ops[c].inputs[0]
+    for j in range(c - 1, max(c - 40, -1), -1):
+        o = ops[j]
+        if not o.outputs or o.outputs[0] != t or o.scope != ops[c].scope:
+            continue
+        if o.name not in _REPEAT_VIEWS:
+            return None
+        if o.name == "aten.unsqueeze" and len(o.inputs[0].shape) == 4:
+            return o.inputs[0].shape[1]
+        t = o.inputs[0]
+    return None
+
+
 def _eager_attention(ops: list[Op], i: int, end: int) -> Op:
     """The fused attention op for the explicit chain ops[i:end]: Q (B, H, Sq, D), K and V (B, H, Skv, D) from the
     two bmms, heads from the reshape of the scores; causal where there is more than one query row."""
@@ -524,7 +562,9 @@ def _eager_attention(ops: list[Op], i: int, end: int) -> Op:
     sq, d, skv = q.shape[1], q.shape[2], kt.shape[2]
     q4, kv4 = TensorMeta((b, h, sq, d), q.dtype), TensorMeta((b, h, skv, d), q.dtype)
     out = TensorMeta((b, h, sq, pv.outputs[0].shape[-1]), pv.outputs[0].dtype)
-    before = ops[i - 1].attrs.get("live_bytes", 0.0) if i else 0.0
+    first = _copied_operand(ops, i)          # matmul's copy of K^T goes with the chain
+    first = i if first is None else first
+    before = ops[first - 1].attrs.get("live_bytes", 0.0) if first else 0.0
     after = ops[end - 1].attrs.get("live_bytes", before + out.nbytes)
     # held: what the chain left allocated beyond its output (HF returns the probabilities with the output; the
     # decoder layer keeps them until it returns)
