@@ -209,9 +209,9 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
 
 def expert_memory(mem: MemoryBreakdown, sc: Scenario, dtype: str) -> MemoryBreakdown:
     """The breakdown with quantized expert weights (gpt-oss MXFP4, or --quant): the gate/up and down expert tensors, E x 3 x
-    hidden x moe width per MoE layer, at their stored width; per GPU over max(tp, ep) (experts and their widths
-    are split over both)."""
-    from .graph.engine import expert_weight_bytes
+    hidden x moe width per MoE layer (graph.engine.moe_layer_count: not DeepSeek's first dense layers), at their
+    stored width; per GPU over max(tp, ep) (experts and their widths are split over both)."""
+    from .graph.engine import expert_weight_bytes, moe_layer_count
     from .units import DTYPE_BYTES
 
     element = expert_weight_bytes(sc.config, sc.quant)
@@ -220,7 +220,7 @@ def expert_memory(mem: MemoryBreakdown, sc: Scenario, dtype: str) -> MemoryBreak
     if element is None or not experts:
         return mem
     width = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
-    params = cfg["num_hidden_layers"] * experts * 3 * cfg["hidden_size"] * width / max(sc.plan.tp, sc.plan.ep)
+    params = moe_layer_count(cfg) * experts * 3 * cfg["hidden_size"] * width / max(sc.plan.tp, sc.plan.ep)
     saved = params * (DTYPE_BYTES[dtype] - element) / sc.plan.pp / GB
     return mem.model_copy(update={"weights_gb": mem.weights_gb - saved, "total_gb": mem.total_gb - saved})
 

@@ -536,6 +536,23 @@ def test_config_json_missing_fields_take_transformers_defaults_with_a_note(tmp_p
     assert not any("config.json leaves out" in n for n in notes)
 
 
+def test_expert_weights_count_only_the_layers_that_have_experts():
+    """DeepSeek-V3's first 3 layers are dense (first_k_dense_replace): its fp8 checkpoint holds 58 x 256 experts x
+    3 x 7168 x 2048 expert weights, about 654 GB, and 673 GB in all; the fp8 expert saving was taken over all 61
+    layers (639.2 GB). Qwen-MoE's decoder_sparse_step / mlp_only_layers count too."""
+    import aisim
+    from aisim.graph.engine import moe_layer_count
+
+    assert moe_layer_count({"num_hidden_layers": 61, "n_routed_experts": 256, "first_k_dense_replace": 3}) == 58
+    assert moe_layer_count({"num_hidden_layers": 4, "num_experts": 4, "decoder_sparse_step": 2,
+                            "mlp_only_layers": [3]}) == 1
+    assert moe_layer_count({"num_hidden_layers": 32, "num_local_experts": 8}) == 32
+    assert moe_layer_count({"num_hidden_layers": 32}) == 0
+    est = aisim.estimate("DeepSeek-V3", "b200", workload="decode", seq=128, runtime="vllm", dtype="bf16",
+                         top_ops=None)
+    assert est.memory.weights_gb == pytest.approx(673.0, abs=1.0)
+
+
 def test_ep_that_does_not_divide_the_experts_is_named_before_the_batch_check():
     import aisim
     from aisim.errors import AisimError

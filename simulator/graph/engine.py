@@ -88,6 +88,22 @@ EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_top_k")
 
 
+def moe_layer_count(config: dict) -> int:
+    """How many decoder layers hold routed experts, as transformers builds them: DeepSeek-V2/V3 from layer
+    first_k_dense_replace on, every moe_layer_freq-th (modeling_deepseek_v3.py DeepseekV3DecoderLayer); Qwen2/3-MoE
+    every decoder_sparse_step-th layer not in mlp_only_layers (modeling_qwen2_moe.py Qwen2MoeDecoderLayer); every
+    layer otherwise (Mixtral, OLMoE, gpt-oss). 0 for a dense model."""
+    if not next((config[k] for k in EXPERT_COUNT_KEYS if config.get(k)), 0):
+        return 0
+    layers = int(config["num_hidden_layers"])
+    lead = int(config.get("first_k_dense_replace") or 0)
+    freq = max(int(config.get("moe_layer_freq") or 1), 1)
+    step = max(int(config.get("decoder_sparse_step") or 1), 1)
+    dense_only = set(config.get("mlp_only_layers") or ())
+    return sum(1 for i in range(layers)
+               if i >= lead and i % freq == 0 and (i + 1) % step == 0 and i not in dense_only)
+
+
 def moe_routing(config: dict, plan=None, quant: str = "none") -> dict | None:
     """{'experts': E, 'top_k': k, 'token_groups': g} of a mixture-of-experts config (Mixtral, Qwen-MoE, OLMoE,
     DeepSeek, gpt-oss key names), else None; g = ep / tp ranks send their tokens to each expert-parallel rank."""

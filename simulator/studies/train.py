@@ -222,10 +222,10 @@ def model_flops_per_token(config: dict, seq: int) -> float:
 def matmul_params(config: dict, active: bool = True) -> float:
     """Weights of the decoder layers' matmuls and the logit layer (not the input embedding). MoE layers: the routed
     top-k experts, the shared experts and the router with ``active`` (what a token runs through: MFU), every expert
-    without (what the GPUs hold: the planner's memory bound); DeepSeek's first dense layers (first_k_dense_replace)
-    their dense MLP. Known inaccuracy: MLA's low-rank attention projections are counted as plain multi-head ones."""
+    without (what the GPUs hold: the planner's memory bound); the layers without experts (graph.engine.moe_layer_count:
+    DeepSeek's first_k_dense_replace, Qwen-MoE's mlp_only_layers) their dense MLP. Known inaccuracy: MLA's low-rank attention projections are counted as plain multi-head ones."""
     from ..graph.build import make_config
-    from ..graph.engine import EXPERT_COUNT_KEYS, TOP_K_KEYS
+    from ..graph.engine import EXPERT_COUNT_KEYS, TOP_K_KEYS, moe_layer_count
 
     hf = make_config(config)
     h, layers = hf.hidden_size, hf.num_hidden_layers
@@ -244,7 +244,7 @@ def matmul_params(config: dict, active: bool = True) -> float:
     shared = config.get("shared_expert_intermediate_size") or (config.get("n_shared_experts") or 0) * expert_inter
     routed = next((config[k] for k in TOP_K_KEYS if config.get(k)), 2) if active else experts
     moe = 3 * h * (routed * expert_inter + shared) + h * experts
-    dense = min(config.get("first_k_dense_replace") or 0, layers)
+    dense = layers - moe_layer_count(config)      # DeepSeek's first layers, Qwen-MoE's mlp_only_layers: dense MLPs
     return float(layers * attn + dense * 3 * h * inter + (layers - dense) * moe + logits)
 
 
