@@ -276,8 +276,11 @@ def attention_flops(q: TensorMeta, k: TensorMeta, v: TensorMeta, is_causal: bool
 
 @formula("attention.flash", "attention.efficient")
 def _attention(op: Op) -> Cost:
+    """Q, K and V read once, the output written; absorbed MLA decode (attrs values_in_keys: graph.engine.mla_absorb)
+    reads its values as the first columns of the latent keys, not again."""
     q, k, v = op.inputs[:3]
-    return Cost(attention_flops(q, k, v, op.attrs["is_causal"], op.attrs.get("window")), _bytes(op.inputs),
+    reads = _bytes(op.inputs) - (v.nbytes if op.attrs.get("values_in_keys") else 0.0)
+    return Cost(attention_flops(q, k, v, op.attrs["is_causal"], op.attrs.get("window")), reads,
                 _bytes(op.outputs), 1, "attention")
 
 

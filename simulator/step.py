@@ -94,14 +94,14 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
     ops, repeats = expand(graph.ops, graph.repeats, w, rt, graph.meta.get("vocab_size") or 0, w.batch // sc.plan.dp,
                           moe, bool(sc.device.gpu.peak_flops_per_s.fp8))
     ops, repeats = fuse(ops, repeats, rt.fusions, rt.kv_cache == "preallocated")
+    if "native_gqa" in rt.fusions and w.phase == "decode":   # an engine's own MLA kernels (HF's, compiled or
+        ops, repeats = mla_absorb(ops, repeats, sc.config)     # not, up-project the whole cache every step)
     peak = fused_attention_peak(graph, ops)
     if peak != graph.peak_activation_bytes:
         graph = replace(graph, peak_activation_bytes=peak)
     if rt.static_cache and w.phase == "decode":    # HF StaticCache: masked attention over max_cache_len
         ops, repeats = static_cache_decode(ops, repeats, w.seq, w.static_cache_len or w.seq,
                                            sliding_windows(sc.config))
-    if rt.fusions and w.phase == "decode":
-        ops, repeats = mla_absorb(ops, repeats, sc.config)
     if rt.fusions or sc.kv_dtype != "auto":   # engines with their own KV cache and attention kernels
         # the sliding window as the engine's own attention kernel takes it (vLLM's FlashAttention window_size); HF's
         # compiled runtime (graphs) runs transformers' masked SDPA, as traced

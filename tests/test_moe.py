@@ -536,6 +536,20 @@ def test_config_json_missing_fields_take_transformers_defaults_with_a_note(tmp_p
     assert not any("config.json leaves out" in n for n in notes)
 
 
+def test_absorbed_mla_decode_reads_the_latent_cache_once_and_allocates_no_per_head_kv():
+    """vLLM's MLA decode (FlashMLA): one latent cache of kv_lora_rank + rope columns per token and layer, whose first
+    kv_lora_rank columns are the values: the attention reads it once (it read keys and values, 1.89x), and none of
+    HF's cache-wide up-projection or per-head K/V buffer is allocated (DeepSeek-V3 b4 x 131072 on h200x8: 7.58 GB of
+    'activations' beside a 36.8 GB cache)."""
+    est = _estimate(model="DeepSeek-V3", device="h200x8", tp=8, workload="decode", batch=4, seq=131072,
+                    runtime="vllm", top_ops=40)
+    attention = next(r for r in est.top_ops if r.name == "attention.flash")
+    assert attention.bytes / 1e9 == pytest.approx(est.memory.kv_cache_gb, rel=0.02)
+    assert est.memory.activations_gb < 0.5
+    hf = _estimate(model="DeepSeek-V2-Lite", device="h100", workload="decode", batch=32, seq=4096, runtime="graphs")
+    assert hf.memory.activations_gb > 1.0           # HF's compiled step still up-projects the cache
+
+
 def test_expert_weights_count_only_the_layers_that_have_experts():
     """DeepSeek-V3's first 3 layers are dense (first_k_dense_replace): its fp8 checkpoint holds 58 x 256 experts x
     3 x 7168 x 2048 expert weights, about 654 GB, and 673 GB in all; the fp8 expert saving was taken over all 61

@@ -754,31 +754,48 @@ def mla_absorb(ops: list[Op], repeats: list[float], config: dict) -> tuple[list[
     + qk_rope_head_dim wide, one shared head) with the queries projected into it, instead of HF's per-step
     up-projection of the whole cache through kv_b_proj and the copies that assemble per-head K and V. The
     kv_b_proj GEMM keeps its weight read for the step's tokens only (q absorption and the output projection);
-    the cache-wide copies go; the attention reads (B, 1, S, r + rope) keys and (B, 1, S, r) values."""
+    the cache-wide copies go; the attention reads (B, 1, S, r + rope) keys and (B, 1, S, r) values, the values
+    being the keys' first r columns (one latent cache, read once: FlashMLA / vLLM's MLA decode; attrs
+    values_in_keys, formulas._attention)."""
     rank, rope = config.get("kv_lora_rank"), config.get("qk_rope_head_dim") or 0
     if not rank:
         return ops, repeats
     out, rep, tokens = [], [], None
+    # activations HF allocated and the engine does not (the cache-wide up-projection and the per-head K/V it
+    # assembles): taken off the live bytes of the attention module's ops until it returns (attrs gqa_freed, read by
+    # fused_attention_peak)
+    freed, module = 0.0, None
     for op, r in zip(ops, repeats):
+        if module is not None and not op.scope.startswith(module):
+            freed, module = 0.0, None
         if op.name in ("aten.mm", "fp8.quantize") and _leaf(op.scope) == "kv_b_proj":
             attn = [o for o in ops if o.name in ATTENTION_OPS and o.scope == op.scope.rpartition(".")[0]]
             q = attn[0].inputs[0] if attn else None
             if q is not None and q.shape[-2] < attn[0].inputs[1].shape[-2]:      # decode: fewer queries than keys
                 tokens = q.shape[0] * q.shape[-2]
                 a, o = op.inputs[0], op.outputs[0]
+                freed += o.nbytes * (1 - tokens / o.shape[0]) if op.name == "aten.mm" else 0.0
+                module = op.scope.rpartition(".")[0]
                 op = Op(name=op.name, args=(TensorMeta((tokens, a.shape[1]), a.dtype), *op.args[1:]),
                         kwargs=op.kwargs, outputs=(TensorMeta((tokens, o.shape[1]), o.dtype), *op.outputs[1:]),
                         alias=op.alias, phase=op.phase, scope=op.scope, attrs=op.attrs)
         elif tokens and op.name == "aten.copy_" and "attn" in _leaf(op.scope) and len(op.inputs[0].shape) == 4:
             continue                                             # per-head K/V assembled from the whole cache
+        elif tokens and op.name == "aten.new_empty" and "attn" in _leaf(op.scope) and op.outputs \
+                and len(op.outputs[0].shape) == 4:
+            freed += op.outputs[0].nbytes                        # ... into a buffer the engine never allocates
+            continue
         elif tokens and op.name in ATTENTION_OPS:
             q, k, v = op.inputs[:3]
             b, h, s = q.shape[0], q.shape[1], k.shape[-2]
             args = (TensorMeta((b, h, q.shape[-2], rank + rope), q.dtype), TensorMeta((b, 1, s, rank + rope), k.dtype),
                     TensorMeta((b, 1, s, rank), v.dtype), *op.args[3:])
             op = Op(name=op.name, args=args, kwargs=op.kwargs, outputs=op.outputs, alias=op.alias, phase=op.phase,
-                    scope=op.scope, attrs=op.attrs)
+                    scope=op.scope, attrs={**op.attrs, "values_in_keys": True})
             tokens = None
+        if freed and "live_bytes" in op.attrs:
+            op = replace(op, attrs={**op.attrs, "live_bytes": max(op.attrs["live_bytes"] - freed, 0.0),
+                                    "gqa_freed": True})
         out.append(op)
         rep.append(r)
     return out, rep
