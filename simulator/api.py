@@ -187,7 +187,24 @@ def run(req: EstimateRequest) -> Estimate:
     else:
         result = single_step(sc, StepShape(phase=req.workload, batch=req.batch, seq=req.seq,
                                            step_tokens=req.step_tokens, static_cache_len=req.static_cache_len))
+    note = _chunked_prefill_note(sc, req)
+    if note:
+        result = result.model_copy(update={"assumptions": [*result.assumptions, note]})
     return result if req.top_ops is None else result.model_copy(update={"top_ops": result.top_ops[:req.top_ops]})
+
+
+def _chunked_prefill_note(sc, req: EstimateRequest) -> str | None:
+    """An engine with chunked prefill never runs a prompt step of more tokens than its max_num_batched_tokens:
+    say so where the estimated step is larger (its time and activations are one step over every prompt token)."""
+    s = sc.runtime.serving
+    tokens = req.batch * req.seq
+    if req.workload not in ("prefill", "forward", "generate") or s is None or not s.enable_chunked_prefill \
+            or tokens <= s.max_num_batched_tokens:
+        return None
+    return (f"{sc.runtime.name} prefills at most {s.max_num_batched_tokens:,} tokens per step (chunked prefill, "
+            f"max_num_batched_tokens): this prompt of {tokens:,} tokens runs as "
+            f"{-(-tokens // s.max_num_batched_tokens)} steps, each holding that chunk's activations; the estimate "
+            "is one step over every prompt token (`aisim serve --input-len N` runs the chunks)")
 
 
 def _check_workload_options(req: EstimateRequest) -> None:

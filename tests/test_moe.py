@@ -536,6 +536,20 @@ def test_config_json_missing_fields_take_transformers_defaults_with_a_note(tmp_p
     assert not any("config.json leaves out" in n for n in notes)
 
 
+def test_engine_attention_builds_none_of_hfs_4d_masks_and_long_prompts_say_they_are_chunked():
+    """gpt-oss runs HF's explicit attention, which builds two [1, 1, S, S] bf16 masks before the layers (34 GB each
+    at 131072 tokens) and holds them to the end; vLLM's kernel takes none: prefill of 131072 tokens on an H100 said
+    'does not fit' with 89 GB of activations. Such a prompt vLLM prefills in chunks of max_num_batched_tokens: a
+    note says so."""
+    est = _estimate(model="gpt-oss-20b", device="h100", workload="prefill", seq=131072, runtime="vllm")
+    assert est.fits and est.memory.activations_gb < 25.0
+    assert any("16 steps" in n and "chunked prefill" in n for n in est.assumptions)
+    short = _estimate(model="gpt-oss-20b", device="h100", workload="prefill", seq=4096, runtime="vllm")
+    assert not any("chunked prefill" in n for n in short.assumptions)
+    eager = _estimate(model="gpt-oss-20b", device="h100", workload="prefill", seq=4096, runtime="eager")
+    assert eager.memory.activations_gb > short.memory.activations_gb      # HF itself builds its masks
+
+
 def test_absorbed_mla_decode_reads_the_latent_cache_once_and_allocates_no_per_head_kv():
     """vLLM's MLA decode (FlashMLA): one latent cache of kv_lora_rank + rope columns per token and layer, whose first
     kv_lora_rank columns are the values: the attention reads it once (it read keys and values, 1.89x), and none of

@@ -28,6 +28,7 @@ prefill where the engine computes prompt logprobs there, as TGI 0.x did).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 
 from ..specs import RuntimeSpec
@@ -597,9 +598,18 @@ def fused_attention_peak(graph, ops: list[Op]) -> float:
     if not any(op.attrs.get("eager_attention") or op.attrs.get("gqa_freed") for op in ops):
         return graph.peak_activation_bytes
     traced = max((op.attrs.get("live_bytes", 0.0) for op in graph.ops), default=0.0)
-    fused, held, base, layer = 0.0, 0.0, 0.0, None
+    eager = any(op.attrs.get("eager_attention") for op in ops)
+    fused, held, base, layer, masks = 0.0, 0.0, 0.0, None, 0.0
     for op in ops:
         live = op.attrs.get("live_bytes")
+        if eager and _attention_mask_op(op):
+            # HF's [B, 1, Sq, Skv] masks for its explicit attention (masking_utils eager_mask: where(mask, 0, min)),
+            # built once before the layers and held to the end: the engine's kernel takes no mask (34 GB each for
+            # gpt-oss at 131072 tokens)
+            masks += op.outputs[0].nbytes if op.name == "aten.where.self" else 0.0
+            continue
+        if live is not None:
+            live = max(live - masks, 0.0)
         if op.attrs.get("eager_attention"):
             held, base, layer = op.attrs["held_bytes"], live, op.scope.rpartition(".")[0]
         elif live is not None and layer is not None and op.scope.startswith(layer + "."):
@@ -611,6 +621,15 @@ def fused_attention_peak(graph, ops: list[Op]) -> float:
             held, layer = 0.0, None
         fused = max(fused, live or 0.0)
     return max(graph.peak_activation_bytes - max(traced - fused, 0.0), 0.0)
+
+
+def _attention_mask_op(op: Op) -> bool:
+    """An op of the model's own forward, outside every decoder layer, that builds a 4D [B, 1, Sq, Skv] attention
+    mask (comparisons, their conjunctions, the expand and the final where of masking_utils)."""
+    if not op.outputs or op.alias and op.name != "aten.expand" or re.search(r"\.\d+(\.|$)", op.scope):
+        return False
+    shape = op.outputs[0].shape
+    return len(shape) == 4 and shape[1] == 1 and shape[-2] > 1 and shape[-1] > 1
 
 
 def _native_gqa(op: Op, kv_heads: int) -> Op:
