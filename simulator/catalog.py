@@ -14,6 +14,9 @@ from .specs import (Device, HardwareSpec, InterconnectSpec, SystemSpec, load_yam
                     parse_spec)
 
 MAX_GPUS = 100_000  # beyond any built cluster: bounds the default-plan search
+# GPUs one NVSwitch / Infinity Fabric host joins (HGX H100/H200/B200 and MI300X platforms: 8 per board); more
+# switch-fabric GPUs than that are several nodes, which a multi-node system spec (SYSTEMxN) describes
+HOST_SWITCH_GPUS = 8
 _MULTI = re.compile(r"^(?P<gpu>.+?)\s*[x×]\s*(?P<n>\d+)$")
 
 # Architecture rules for a host with no system spec file (docs/specs.md says where each comes from).
@@ -49,8 +52,11 @@ def _default_interconnect(gpu: HardwareSpec, count: int) -> tuple[InterconnectSp
         ic = InterconnectSpec(kind="nvswitch", algorithm="ring", link_bw_bytes_per_s=bw,
                               latency_s=COLLECTIVE_LATENCY_NVLINK_S, source="architecture rule (catalog.py)")
         fabric = {"nvidia": "an NVSwitch fabric", "amd": "AMD Infinity Fabric links"}.get(gpu.vendor, "a switched GPU fabric")
+        beyond = (f" (no host joins more than {HOST_SWITCH_GPUS} such GPUs: {count} are several nodes, whose "
+                  "collectives cross the network; a multi-node system spec, e.g. h100x8-ndrx2, or --nodes prices "
+                  "that)" if count > HOST_SWITCH_GPUS else "")
         return ic, (f"no system spec file for {gpu.name}x{count}: assumed {fabric} at {bw / 1e9:.0f} GB/s per GPU per "
-                    "direction")
+                    f"direction{beyond}")
     if gpu.nvlink_kind == "bridge" and gpu.nvlink_bw_bytes_per_s and count == 2:
         bw = gpu.nvlink_bw_bytes_per_s / 2 * NVLINK_ACHIEVED_FRACTION
         ic = InterconnectSpec(kind="nvlink-bridge", algorithm="ring", link_bw_bytes_per_s=bw,

@@ -229,6 +229,19 @@ def test_a_model_that_does_not_fit_is_the_plans_answer_with_the_plans_own_advice
         assert "= -" not in str(err.value)
 
 
+def test_plan_serve_does_not_price_tensor_parallelism_past_one_nvswitch_host():
+    """--tp 16 on H100s was costed as one 16-GPU NVSwitch fabric ('no system spec file for h100-sxmx16'), which no
+    host is; it is left out with a note (the device note names the multi-node specs)."""
+    from aisim.catalog import resolve_device
+
+    result = plan_serve(plan_request(model="Meta-Llama-3-8B", devices=["h100"], input_len="128", output_len="16",
+                                     num_requests=20, max_gpus=16, tp=[8, 16], rate_per_s=1.0, slo={}))
+    assert result.ranked and all(c.tp <= 8 for c in result.ranked)
+    assert any("--tp 16 not searched on h100-sxm" in n for n in result.assumptions)
+    assert any("several nodes" in n for n in resolve_device("h100x16").assumptions)
+    assert not any("several nodes" in n for n in resolve_device("a100x4").assumptions)
+
+
 def test_plan_serve_token_rate_and_cost_do_not_move_with_the_number_of_simulated_requests():
     """tok/s and $/M are the offered load: the rate x the output distribution's mean (ShareGPT: 203.1 tokens), not
     the simulated sample's mean, which moves with --num-requests."""

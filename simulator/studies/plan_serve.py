@@ -26,12 +26,12 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..catalog import gpu_device, resolve_gpu, resolve_model
+from ..catalog import HOST_SWITCH_GPUS, gpu_device, resolve_gpu, resolve_model
 from ..errors import AisimError, DoesNotFit
 from ..graph.engine import moe_routing
 from ..plan import check_tp
 from ..scenario import Scenario, ScenarioRequest, calibration_note, resolve_scenario, serving_notes
-from ..specs import all_hardware, all_runtimes
+from ..specs import all_hardware, all_runtimes, all_systems
 from .common import refuse_gpu_count
 from .serve import ArrivalSpec, ServeRequest, ServeRun, validated
 from .serve.metrics import ServeResult, percentile_key
@@ -310,6 +310,11 @@ def _search_device(req, device, runtime, percentiles, search, found, notes, prog
     shape_reason, last_reason, fit_reason = "no tensor-parallel degree fits", None, None
     fewest = None   # the saturated configuration that would need the fewest GPUs: the bound worth reporting
     for tp in (t for t in req.tp if t <= req.max_gpus):
+        if tp > HOST_SWITCH_GPUS and gpu.nvlink_kind == "switch" and not any(
+                s.gpu == gpu.name and s.gpu_count == tp for s in all_systems().values()):
+            notes.add(f"--tp {tp} not searched on {gpu.name}: one host joins at most {HOST_SWITCH_GPUS} of them, and "
+                      "a replica's tensor parallelism across nodes is not modelled for serving")
+            continue
         search.considered += len(req.max_num_seqs) * max(req.max_gpus // tp, 1)
         try:
             base = _scenario_request(req, gpu, runtime, tp, moe)
