@@ -159,7 +159,10 @@ SERVE_ROWS = (("request_throughput", "Request throughput (req/s)"), ("output_thr
               ("total_token_throughput", "Total token throughput (tok/s)"), ("mean_ttft_ms", "Mean TTFT (ms)"),
               ("median_ttft_ms", "Median TTFT (ms)"), ("mean_tpot_ms", "Mean TPOT (ms)"),
               ("median_tpot_ms", "Median TPOT (ms)"), ("mean_itl_ms", "Mean ITL (ms)"),
-              ("median_e2el_ms", "Median E2EL (ms)"), ("energy_j_per_output_token", "Energy (J/output token)"),
+              ("median_e2el_ms", "Median E2EL (ms)"),
+              # the run's energy, the GPUs' waiting power between steps included, over its output tokens (at a low
+              # rate mostly waiting: `estimate --workload generate` prices one request alone)
+              ("energy_j_per_output_token", "Energy (J/output token, idle GPUs included)"),
               ("kv_cache_peak_utilization", "KV cache peak utilization"), ("num_preemptions", "Preemptions"))
 
 
