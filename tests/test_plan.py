@@ -229,6 +229,17 @@ def test_a_model_that_does_not_fit_is_the_plans_answer_with_the_plans_own_advice
         assert "= -" not in str(err.value)
 
 
+def test_plans_say_which_prices_are_defaults_and_which_price_is_unused():
+    from aisim.studies.common import price_notes
+    from aisim.specs import all_hardware
+
+    h100, l4 = all_hardware()["h100-sxm"], all_hardware()["l4"]
+    notes = price_notes({"h100-sxm": h100, "l4": l4}, {"l4": 0.5, "h200": 3.0})
+    assert any("h100-sxm $3.49" in n and "l4" not in n for n in notes)
+    assert any(n.startswith("--price for h200: not among the searched devices") for n in notes)
+    assert price_notes({"l4": l4}, {"l4": 0.5}) == []
+
+
 def test_plan_serve_does_not_price_tensor_parallelism_past_one_nvswitch_host():
     """--tp 16 on H100s was costed as one 16-GPU NVSwitch fabric ('no system spec file for h100-sxmx16'), which no
     host is; it is left out with a note (the device note names the multi-node specs)."""

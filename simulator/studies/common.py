@@ -64,6 +64,21 @@ def refuse_gpu_count(name: str, command: str, where: str, multi_node: bool = Fal
                      f"give --devices {gpu}")
 
 
+def price_notes(gpus: dict, prices: dict[str, float]) -> list[str]:
+    """Notes on what each searched GPU (name -> HardwareSpec) is priced at: the spec's default price per GPU-hour
+    (its source in the spec), unless --price set one; and the --price entries no searched GPU uses."""
+    out = []
+    defaults = [f"{name} ${gpu.price_usd_per_gpu_hour:g}" for name, gpu in sorted(gpus.items())
+                if name not in prices and gpu.price_usd_per_gpu_hour]
+    if defaults:
+        out.append("$ at the GPU specs' default on-demand prices per GPU-hour (" + ", ".join(defaults)
+                   + "; sources in hardware_specs/gpus/*.yaml): --price GPU=USD sets your own")
+    unused = sorted(set(prices) - set(gpus))
+    if unused:
+        out.append(f"--price for {', '.join(unused)}: not among the searched devices (--devices), so not used")
+    return out
+
+
 def step_tokens(w: Workload) -> int:
     """Tokens a workload produces or processes: new tokens for decode and generate, sequences for encode."""
     if w.phase == "decode":

@@ -32,7 +32,7 @@ from ..graph.engine import moe_routing
 from ..plan import check_tp
 from ..scenario import Scenario, ScenarioRequest, calibration_note, resolve_scenario, serving_notes
 from ..specs import all_hardware, all_runtimes, all_systems
-from .common import refuse_gpu_count
+from .common import price_notes, refuse_gpu_count
 from .serve import ArrivalSpec, ServeRequest, ServeRun, validated
 from .serve.metrics import ServeResult, percentile_key
 from .serve.requests import parse_length
@@ -229,6 +229,7 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
         notes.add("--devices all searched the priced NVIDIA GPUs; not searched (name them in --devices, with "
                   "--price where they have none): " + ", ".join(others))
     _check_request(req, config, model, percentiles, notes)
+    notes.update(price_notes({resolve_gpu(d).name: resolve_gpu(d) for d in _devices(req.devices)}, req.prices))
     for device in _devices(req.devices):
         for runtime in dict.fromkeys(req.runtimes):
             if runtime not in all_runtimes() or all_runtimes()[runtime].serving is None:

@@ -27,14 +27,14 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..catalog import resolve_gpu, resolve_model
+from ..catalog import resolve_device, resolve_gpu, resolve_model
 from ..errors import AisimError
 from ..plan import check_tp
 from ..scenario import Scenario, scenario
 from ..specs import all_systems
 from ..step import step_cost
 from ..workload import MAX_BATCH, MAX_TOKENS, ParallelPlan, Precision, Recompute, StepShape, TrainPlan
-from .common import refuse_gpu_count
+from .common import price_notes, refuse_gpu_count
 from .single import check_positions
 from .train import PRECISION_DTYPE, TrainRequest, matmul_params, multi_node_device, traced_options, train
 
@@ -162,7 +162,8 @@ def plan_train(req: PlanTrainRequest, progress: Callable[[str], None] | None = N
                            not_fit=counts["not_fit"], traces=len(traced), ranked=ranked,
                            best_per_gpus=sorted(best.values(), key=lambda c: (c.device, c.gpus)),
                            cheapest_per_device=cheapest, pareto=pareto(ranked), not_feasible=infeasible,
-                           assumptions=_assumptions(req) + _tight_memory_notes(ranked))
+                           assumptions=_assumptions(req) + _tight_memory_notes(ranked)
+                           + price_notes({d.gpu.name: d.gpu for d in map(resolve_device, req.devices)}, req.prices))
 
 
 TIGHT_MEMORY_FRACTION = 0.95
@@ -204,8 +205,6 @@ def _space(req: PlanTrainRequest) -> int:
 
 
 def _is_network_system(name: str) -> bool:
-    from ..catalog import resolve_device
-
     try:
         dev = resolve_device(name)
     except AisimError:
