@@ -205,3 +205,7 @@ def test_whisper_reference_comparison():
     for r in saver:
         assert r["encode_estimate"] > perf[tuple(r["label"][:2])]["encode_estimate"]
     assert all(r["errors"]["encode"] is not None for r in rows if r["label"][3] == "ok")
+    # the summary is records a script can read: keyed by column, counts and percentages as numbers
+    summary = out["summary"]
+    assert summary and all(isinstance(r["n"], int) and isinstance(r["mape_pct"], float) for r in summary)
+    assert {"backend", "metric", "n", "mape_pct", "max_abs_error_pct"} <= set(summary[0])

@@ -9,6 +9,7 @@ the shipped specs and calibration files only.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -424,10 +425,31 @@ def whisper_summary(rows: list[Row]) -> list[list[str]]:
 
 # ------------------------------------------------------------------ rendering
 
+def _summary_record(columns, row) -> dict:
+    """A summary table row as a JSON record: snake_case column names; counts as ints, percentages as floats in a
+    ``_pct`` key, other text as is ('n/a' as null)."""
+    out: dict = {}
+    for column, cell in zip(columns, row):
+        key = re.sub(r"[^a-z0-9]+", "_", column.title.lower()).strip("_")
+        text = str(cell).strip()
+        if text.endswith("%"):
+            try:
+                out[f"{key}_pct"] = float(text[:-1].replace(",", ""))
+                continue
+            except ValueError:
+                pass
+        if key == "n" and text.isdigit():
+            out[key] = int(text)
+        else:
+            out[key] = None if text == "n/a" else text
+    return out
+
+
 def _render(fmt: str, title: str, note: str, columns, cells, summary_columns, summary_cells, payload,
             footer: str = "") -> str:
-    if fmt == "json":
-        return json.dumps(payload, indent=1)
+    if fmt == "json":   # summary rows keyed by their column, figures as numbers (MAPE "5.41%" -> mape_pct 5.41)
+        return json.dumps({**payload, "summary": [_summary_record(summary_columns, row) for row in summary_cells]},
+                          indent=1)
     if fmt == "csv":
         return render_csv(columns, cells)
     if fmt not in ("rst", "markdown"):
