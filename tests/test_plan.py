@@ -229,6 +229,16 @@ def test_a_model_that_does_not_fit_is_the_plans_answer_with_the_plans_own_advice
         assert "= -" not in str(err.value)
 
 
+def test_per_gpu_notes_that_say_the_same_are_said_once():
+    from aisim.studies.plan_serve import merge_per_gpu_notes
+
+    notes = ["--dtype auto on l4: bf16 (x)", "--dtype auto on l40: bf16 (x)", "--dtype auto on t4: fp16 (t4 has no bf16)",
+             "no system spec file for b200x2: assumed A", "no system spec file for b200x4: assumed A", "other"]
+    assert sorted(merge_per_gpu_notes(notes)) == [
+        "--dtype auto on l4, l40: bf16 (x)", "--dtype auto on t4: fp16 (t4 has no bf16)",
+        "no system spec file for b200x2, b200x4: assumed A", "other"]
+
+
 def test_plans_say_which_prices_are_defaults_and_which_price_is_unused():
     from aisim.studies.common import price_notes
     from aisim.specs import all_hardware

@@ -262,7 +262,33 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
     return PlanServeResult(model=model, rate_per_s=req.rate_per_s, slo=req.slo, considered=search.considered,
                            simulated=search.simulated, ranked=ok, cheapest_per_device=cheapest,
                            min_gpus_per_device=min_gpus, pareto=front, not_feasible=infeasible,
-                           assumptions=sorted(notes))
+                           assumptions=sorted(merge_per_gpu_notes(notes)))
+
+
+_PER_GPU_NOTE = re.compile(r"^(--dtype auto on |no system spec file for )([\w.-]+?)(x\d+)?: ")
+
+
+def merge_per_gpu_notes(notes) -> list[str]:
+    """Notes that say the same of several GPUs ('--dtype auto on l4: bf16 (...)', 'no system spec file for b200x2:
+    ...') said once, naming the GPUs (a search over every GPU printed one per GPU)."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    out = []
+    for note in notes:
+        m = _PER_GPU_NOTE.match(note)
+        if m is None:
+            out.append(note)
+            continue
+        name = m[2] + (m[3] or "")
+        key = re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])", "\0", note)
+        groups.setdefault(key, []).append((name, note))
+    for key, members in groups.items():
+        if len(members) == 1:
+            out.append(members[0][1])
+            continue
+        names = ", ".join(sorted(n for n, _ in members))
+        head, _, rest = key.partition("\0")
+        out.append(head + names + rest.replace("\0", "each"))
+    return out
 
 
 def _scenario_request(req: PlanServeRequest, gpu, runtime: str, tp: int, moe: bool) -> ScenarioRequest:
