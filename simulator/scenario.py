@@ -123,6 +123,7 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     _check_capability(rt, dev.gpu, dtype, quant, config if phase not in TRAIN_PHASES else {})
     power, power_note = resolve_power_mode(dev.gpu, cal, request.power_mode, request.power_limit_w,
                                            request.gpu_clock_mhz)
+    plan_notes = [*plan_notes, uneven_stages_note(config, plan.pp, phase)]
     notes = list(dev.assumptions) + [n for n in (catalog.defaults_note(config), *plan_notes, default_note, cal_note,
                                                  host_note, power_note, dtype_note, quant_note) if n]
     notes += _precision_notes(dev, dtype, quant, plan, config, rt)
@@ -278,6 +279,22 @@ CONFIG_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32
 TRAIN_PHASES = ("train", "forward-backward")
 # vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS: model types vLLM never runs in fp16 (numerical instability)
 FP16_UNSUPPORTED_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "plamo2"})
+
+
+def uneven_stages_note(config: dict, pp: int, phase: str) -> str | None:
+    """Inference pipeline stages over a layer count pp does not divide (DeepSeek-V3's 61 at pp 2): vLLM gives some
+    stages one layer more (get_pp_indices); the step is priced as pp stages of the largest."""
+    if pp <= 1 or phase in TRAIN_PHASES:
+        return None
+    from .graph.build import layer_count
+
+    layers = layer_count(config)
+    if not layers % pp:
+        return None
+    big, small = -(-layers // pp), layers // pp
+    return (f"--pp {pp} over {layers} layers: vLLM's stages hold {small} or {big} layers (vllm/distributed/utils.py "
+            f"get_pp_indices); priced as {pp} stages of {big} (the largest stage sets the memory per GPU; the step "
+            "time is slightly high)")
 
 
 def checkpoint_dtype(config: dict) -> tuple[object, str | None]:

@@ -564,6 +564,22 @@ def test_absorbed_mla_decode_reads_the_latent_cache_once_and_allocates_no_per_he
     assert hf.memory.activations_gb > 1.0           # HF's compiled step still up-projects the cache
 
 
+def test_inference_pipeline_stages_may_hold_unequal_layer_counts():
+    """DeepSeek-V3's 61 layers at pp 2 (the usual two-node vLLM deployment, TP 8 x PP 2) were refused ('does not
+    divide the 61 layers'); vLLM gives the stages 30 and 31 layers (get_pp_indices): priced as 2 stages of 31, with
+    a note. Training stages stay even."""
+    import aisim
+    from aisim.errors import AisimError
+
+    est = aisim.estimate("DeepSeek-V3", "h100x8-ndrx2", tp=8, pp=2, workload="decode", batch=8, seq=1024,
+                         runtime="vllm", dtype="bf16", top_ops=None)
+    assert any("30 or 31 layers" in n for n in est.assumptions) and est.runtime_ms > 0
+    even = aisim.estimate("Meta-Llama-3-8B", "h100x2", tp=1, pp=2, workload="decode", top_ops=None)
+    assert not any("get_pp_indices" in n for n in even.assumptions)
+    with pytest.raises(AisimError, match="does not divide the 61 layers"):
+        aisim.estimate("DeepSeek-V3", "h100x8-ndrx2", tp=8, pp=2, workload="train", batch=16, seq=1024)
+
+
 def test_expert_weights_count_only_the_layers_that_have_experts():
     """DeepSeek-V3's first 3 layers are dense (first_k_dense_replace): its fp8 checkpoint holds 58 x 256 experts x
     3 x 7168 x 2048 expert weights, about 654 GB, and 673 GB in all; the fp8 expert saving was taken over all 61
