@@ -184,6 +184,13 @@ def _tight_memory_notes(cands: list[TrainCandidate]) -> list[str]:
             "check it on a GPU"]
 
 
+# what each kind of pruning means, for the reason a (device, GPU count) has no plan
+PRUNE_WHY = {"states": "the weights, gradients and AdamW states alone exceed the GPU memory per GPU; give a higher "
+                       "--zero, more --tp / --pp, or more GPUs",
+             "activations": "a smaller micro-batch already did not fit",
+             "dominated": "a cheaper recompute mode fits"}
+
+
 def _no_plan_reason(req: PlanTrainRequest, dev, counts: dict, pruned: dict, counts_before: dict,
                     pruned_before: dict) -> str:
     """Why one (device, GPU count) has no plan: the candidates that were traced and did not fit, or, where none was
@@ -194,7 +201,8 @@ def _no_plan_reason(req: PlanTrainRequest, dev, counts: dict, pruned: dict, coun
         return (f"no plan fits in memory: {not_fit} of {evaluated} traced plans exceed the "
                 f"{dev.gpu.memory_bytes / 1e9:.0f} GB per GPU less what the CUDA context and NCCL hold")
     why = {k: n - pruned_before.get(k, 0) for k, n in pruned.items() if n - pruned_before.get(k, 0)}
-    text = ", ".join(f"{k} ({n})" for k, n in sorted(why.items(), key=lambda kv: -kv[1]))
+    text = ", ".join(f"{k} ({n}{': ' + PRUNE_WHY[k] if k in PRUNE_WHY else ''})"
+                     for k, n in sorted(why.items(), key=lambda kv: -kv[1]))
     hint = (f"; --global-batch {req.global_batch} must be a multiple of data parallel x micro-batch"
             if "batch split" in why else "")
     return f"no plan to trace: every candidate was pruned: {text}{hint}"
