@@ -362,8 +362,10 @@ def check_config(config, where: str) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIM:
             raise AisimError(f"{where}: {key} must be a positive integer up to {MAX_DIM:,} (got {value!r})")
-    for key in ("torch_dtype", "dtype"):
-        value = config.get(key)
-        if value is not None and (not isinstance(value, str) or value not in TORCH_DTYPE_NAMES):
-            raise AisimError(f"{where}: {key} {value!r} is not a torch dtype; write one transformers reads (e.g. "
-                             "bfloat16, float16, float32) or remove the key")
+    # the key transformers 5 reads (dtype, else the older torch_dtype); a dict gives one per sub-config
+    key = "dtype" if config.get("dtype") is not None else "torch_dtype"
+    value = config.get(key)
+    names = list(value.values()) if isinstance(value, dict) else [value]
+    if value is not None and not all(isinstance(v, str) and v in TORCH_DTYPE_NAMES for v in names):
+        raise AisimError(f"{where}: {key} {value!r} is not a torch dtype; write one transformers reads (e.g. "
+                         "bfloat16, float16, float32) or remove the key")

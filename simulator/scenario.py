@@ -123,7 +123,7 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     _check_capability(rt, dev.gpu, dtype, quant, config if phase not in TRAIN_PHASES else {})
     power, power_note = resolve_power_mode(dev.gpu, cal, request.power_mode, request.power_limit_w,
                                            request.gpu_clock_mhz)
-    plan_notes = [*plan_notes, uneven_stages_note(config, plan.pp, phase)]
+    plan_notes = [*plan_notes, uneven_stages_note(config, plan.pp, phase, rt.name)]
     notes = list(dev.assumptions) + [n for n in (catalog.defaults_note(config), *plan_notes, default_note, cal_note,
                                                  host_note, power_note, dtype_note, quant_note) if n]
     notes += _precision_notes(dev, dtype, quant, plan, config, rt)
@@ -281,27 +281,32 @@ TRAIN_PHASES = ("train", "forward-backward")
 FP16_UNSUPPORTED_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "plamo2"})
 
 
-def uneven_stages_note(config: dict, pp: int, phase: str) -> str | None:
-    """Inference pipeline stages over a layer count pp does not divide (DeepSeek-V3's 61 at pp 2): vLLM gives some
-    stages one layer more (get_pp_indices); the step is priced as pp stages of the largest."""
+def uneven_stages_note(config: dict, pp: int, phase: str, runtime: str) -> str | None:
+    """Inference pipeline stages over a layer count pp does not divide (DeepSeek-V3's 61 at pp 2): the stages hold
+    one layer more or less (vLLM: get_pp_indices); the step is priced as pp stages like the model's first
+    ceil(layers / pp) layers (graph.extract._trace_scaled)."""
     if pp <= 1 or phase in TRAIN_PHASES:
         return None
     from .graph.build import layer_count
+    from .graph.engine import moe_layer_count
 
     layers = layer_count(config)
     if not layers % pp:
         return None
     big, small = -(-layers // pp), layers // pp
-    return (f"--pp {pp} over {layers} layers: vLLM's stages hold {small} or {big} layers (vllm/distributed/utils.py "
-            f"get_pp_indices); priced as {pp} stages of {big} (the largest stage sets the memory per GPU; the step "
-            "time is slightly high)")
+    who = "vLLM's stages" if runtime == "vllm" else "the stages"
+    dense = layers - moe_layer_count(config) if moe_layer_count(config) else 0
+    return (f"--pp {pp} over {layers} layers: {who} hold {small} or {big} layers (as vLLM splits them: "
+            f"vllm/distributed/utils.py get_pp_indices); priced as {pp} stages like the model's first {big} layers"
+            + (f", which include its {dense} dense layers: a later stage holds more experts (more memory per GPU) "
+               "than priced" if dense else ""))
 
 
 def checkpoint_dtype(config: dict) -> tuple[object, str | None]:
-    """config.json's torch_dtype (or dtype, or its text_config's, as vLLM reads them) and aisim's name for it (None
-    where it has none or one aisim does not run)."""
+    """config.json's dtype (transformers 5's key, else the older torch_dtype, else its text_config's) and aisim's name
+    for it (None where it has none, a per-sub-config dict, or one aisim does not run)."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    raw = config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype") or text.get("dtype")
+    raw = config.get("dtype") or config.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
     return raw, CONFIG_DTYPES.get(str(raw).lower()) if raw else None
 
 
@@ -370,7 +375,8 @@ def _check_capability(rt, gpu, dtype: str, quant: str, config: dict | None = Non
         return
     have = _capability(gpu.compute_capability)
     q = (config or {}).get("quantization_config")
-    mxfp4 = quant == "none" and isinstance(q, dict) and str(q.get("quant_method", "")).lower() == "mxfp4"
+    # MXFP4 experts stay MXFP4 whatever --quant says (graph.engine.expert_weight_bytes)
+    mxfp4 = isinstance(q, dict) and str(q.get("quant_method", "")).lower() == "mxfp4"
     missing = [(what, need, hint) for what, given, hint in (("bf16", dtype == "bf16", "--dtype fp16"),
                                                             ("fp8", quant == "fp8", "--quant int8 or int4"),
                                                             ("mxfp4", mxfp4, "a --model whose config.json has no MXFP4 quantization_config"))

@@ -202,15 +202,16 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     return StepCost(runtime_s, energy_j, energy_j / (runtime_s * plan.gpus) if runtime_s else 0.0, a.flops, a.bytes,
                     table, a.unknown, with_runtime_reserve(
                         expert_memory(kv_memory(static_kv(breakdown(a.graph, w, dev), w, rt, sc.config), w.dtype,
-                                                sc.kv_dtype), sc, w.dtype), cal, rt.framework,
+                                                sc.kv_dtype), sc, w.dtype, a.graph.layers), cal, rt.framework,
                         plan.tp * plan.pp > 1 or "comm" in a.kinds), w,
                     timeline.gpu_busy_s, timeline.cpu_busy_s)
 
 
-def expert_memory(mem: MemoryBreakdown, sc: Scenario, dtype: str) -> MemoryBreakdown:
+def expert_memory(mem: MemoryBreakdown, sc: Scenario, dtype: str, stage_layers: int | None = None) -> MemoryBreakdown:
     """The breakdown with quantized expert weights (gpt-oss MXFP4, or --quant): the gate/up and down expert tensors, E x 3 x
-    hidden x moe width per MoE layer (graph.engine.moe_layer_count: not DeepSeek's first dense layers), at their
-    stored width; per GPU over max(tp, ep) (experts and their widths are split over both)."""
+    hidden x moe width per MoE layer of the traced stage (its first ``stage_layers`` layers; graph.engine.
+    moe_layer_count: not DeepSeek's first dense layers), at their stored width; per GPU over max(tp, ep) (experts
+    and their widths are split over both)."""
     from .graph.engine import expert_weight_bytes, moe_layer_count
     from .units import DTYPE_BYTES
 
@@ -220,8 +221,10 @@ def expert_memory(mem: MemoryBreakdown, sc: Scenario, dtype: str) -> MemoryBreak
     if element is None or not experts:
         return mem
     width = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
-    params = moe_layer_count(cfg) * experts * 3 * cfg["hidden_size"] * width / max(sc.plan.tp, sc.plan.ep)
-    saved = params * (DTYPE_BYTES[dtype] - element) / sc.plan.pp / GB
+    # the MoE layers of the traced stage: the model's first stage_layers layers (a pipeline stage as traced)
+    stage = {**cfg, "num_hidden_layers": min(stage_layers or cfg["num_hidden_layers"], cfg["num_hidden_layers"])}
+    params = moe_layer_count(stage) * experts * 3 * cfg["hidden_size"] * width / max(sc.plan.tp, sc.plan.ep)
+    saved = params * (DTYPE_BYTES[dtype] - element) / GB
     return mem.model_copy(update={"weights_gb": mem.weights_gb - saved, "total_gb": mem.total_gb - saved})
 
 

@@ -254,6 +254,8 @@ def test_vllm_refuses_bf16_and_fp8_below_compute_capability_8():
     # quantization/mxfp4.py); transformers (eager) loads them on a T4, and training re-reads no checkpoint quant
     with pytest.raises(AisimError, match="mxfp4 on compute capability 8.0.*no MXFP4 quantization_config"):
         estimate("gpt-oss-20b", "t4", dtype="fp16", **kw)
+    with pytest.raises(AisimError, match="mxfp4 on compute capability 8.0"):   # the experts stay MXFP4 under --quant
+        estimate("gpt-oss-20b", "t4", dtype="fp16", quant="int8", **kw)
     assert estimate("gpt-oss-20b", "a100", dtype="bf16", **kw).runtime_ms > 0
     assert estimate("gpt-oss-20b", "t4", dtype="fp16", workload="decode", seq=1024).runtime_ms > 0
 

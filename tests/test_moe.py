@@ -548,6 +548,9 @@ def test_engine_attention_builds_none_of_hfs_4d_masks_and_long_prompts_say_they_
     assert not any("chunked prefill" in n for n in short.assumptions)
     eager = _estimate(model="gpt-oss-20b", device="h100", workload="prefill", seq=4096, runtime="eager")
     assert eager.memory.activations_gb > short.memory.activations_gb      # HF itself builds its masks
+    # the masks are freed when the base model returns: the LM head's all-position logits still count
+    fwd = _estimate(model="gpt-oss-20b", device="h200", workload="forward", seq=32768, runtime="vllm")
+    assert fwd.memory.activations_gb >= 32768 * 201088 * 2 / 1e9
 
 
 def test_absorbed_mla_decode_reads_the_latent_cache_once_and_allocates_no_per_head_kv():

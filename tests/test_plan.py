@@ -227,6 +227,12 @@ def test_a_model_that_does_not_fit_is_the_plans_answer_with_the_plans_own_advice
         with pytest.raises(DoesNotFit, match=r"weights take 16\.06 GB per GPU, more than the " + share) as err:
             engine_config(sc, {})
         assert "= -" not in str(err.value)
+    # weights under that memory, reserves over it (Mistral-7B fp16 on a T4 under vllm): no negative budget either
+    sc = resolve_scenario(ScenarioRequest(model="Mistral-7B-v0.1", device="t4", dtype="fp16", runtime="vllm"),
+                          "prefill")
+    with pytest.raises(DoesNotFit, match=r"weights \(14\.48 GB per GPU\) and the engine's reserves") as err:
+        engine_config(sc, {})
+    assert "-0." not in str(err.value)
 
 
 def test_per_gpu_notes_that_say_the_same_are_said_once():

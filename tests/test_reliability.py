@@ -197,6 +197,11 @@ def test_a_config_dtype_torch_does_not_have_is_one_line(tmp_path, tiny_llama, dt
     assert "torch_dtype" in r.output and "not a torch dtype" in r.output
     (tmp_path / "config.json").write_text(json.dumps({**tiny_llama, "torch_dtype": "bfloat16"}))
     assert cli("estimate", "-m", tmp_path, "-d", DEV, "--seq", "16").exit_code == 0
+    # the key transformers 5 reads is checked (dtype over torch_dtype), and its per-sub-config dict form accepted
+    catalog.check_config({**tiny_llama, "dtype": "bfloat16", "torch_dtype": "banana"}, "x")
+    catalog.check_config({**tiny_llama, "dtype": {"text_config": "bfloat16", "vision_config": "float32"}}, "x")
+    with pytest.raises(AisimError, match="not a torch dtype"):
+        catalog.check_config({**tiny_llama, "dtype": {"text_config": "banana"}}, "x")
 
 
 class _Payload:

@@ -300,9 +300,13 @@ def _outputs(model, backward: bool) -> dict:
         step = model(input_ids=new, past_key_values=out.past_key_values, use_cache=True)
     with torch.set_grad_enabled(backward):
         loss = model(input_ids=ids, labels=ids).loss
+    grad = None
     if backward:
         loss.backward()   # the all-reduces of the backward pass must not hang or fail
-    return {"logits": out.logits, "step": step.logits, "loss": loss.detach()}
+        # a replicated weight's gradient is whole on every rank only if every split block's backward all-reduced
+        # what it must (hidden states; a MoE's routing weights too)
+        grad = model.get_input_embeddings().weight.grad.detach().clone()
+    return {"logits": out.logits, "step": step.logits, "loss": loss.detach(), "embed_grad": grad}
 
 
 def _save_outputs(bm, rank: int, path: Path) -> None:
@@ -347,6 +351,9 @@ def test_tp2_sharded_logits_match_the_unsharded_model(tmp_path, configs):
         assert (got["logits"] - want["logits"]).abs().max() < 1e-4, name
         assert (got["step"] - want["step"]).abs().max() < 1e-4, name
         assert abs(got["loss"] - want["loss"]) < 1e-5, name
+        bm.model.zero_grad(set_to_none=True)
+        reference = _outputs(bm.model, backward=True)["embed_grad"]
+        assert (got["embed_grad"] - reference).abs().max() < 1e-5, name
 
 
 def test_shard_model_splits_weights_and_heads(configs):

@@ -848,12 +848,13 @@ def tp_lines(paths: tuple[Path, ...] = TP_RUNS) -> list[str]:
              "Every expert's intermediate features split over the two GPUs and the experts' output all-reduced, as "
              "transformers' TP plan for Mixtral and vLLM's FusedMoE without expert parallelism shard them "
              "(validation/tp.py; validation/suites/tp2-moe.yaml and tp2-mixtral.yaml, each TP=2 case with its TP=1 "
-             "twin; HF eager, grouped-GEMM experts, random bf16 weights). The suites' commits came before their runs "
-             "and nothing changed since, so the estimates are predictions. Memory is the peak per GPU "
-             "(torch.cuda.max_memory_allocated of the busiest rank).", "",
+             "twin; HF eager, grouped-GEMM experts, random bf16 weights). The suites were committed before they ran "
+             "(their commit messages record the predictions for decode 16 x 1024); the table is the code as of this "
+             "document. Memory is the peak per GPU (torch.cuda.max_memory_allocated of the busiest rank).", "",
              "| run | model | step | tp | measured ms | estimated ms | error % | measured GB/GPU | estimated GB/GPU | "
              "error % |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     errors: dict[str, list[float]] = {"time": [], "memory": []}
+    measured: dict[tuple[str, str, str, int], float] = {}   # (file, model, step, tp) -> ms
     for path in existing:
         header = _header(path)
         for r in compare(load_measurements([path])):
@@ -863,6 +864,7 @@ def tp_lines(paths: tuple[Path, ...] = TP_RUNS) -> list[str]:
             errors["time"].append(abs(t.error))
             errors["memory"].append(abs(m.error))
             step = f"{r.workload} {r.batch} x {r.seq}"
+            measured[(path.name, Path(r.model).stem, step, r.tp)] = t.measured
             lines.append(f"| {path.name} ({header.get('gpu_name', '?')}) | {Path(r.model).stem} | {step} | {r.tp} | "
                          f"{t.measured:.2f} | {t.estimated:.2f} | {100 * t.error:+.1f} | {m.measured:.2f} | "
                          f"{m.estimated:.2f} | {100 * m.error:+.2f} |")
@@ -875,11 +877,28 @@ def tp_lines(paths: tuple[Path, ...] = TP_RUNS) -> list[str]:
                  "(measured on two H200s, whose 141 GB let each rank build the whole model before keeping its "
                  "shard): it fits two 80 GB H100s, as `aisim estimate --model Mixtral-8x7B-v0.1 --device h100x2 "
                  "--tp 2` says." if peak else "")
-              + " The misses are host-bound steps: the H200 machine's host was slow (the whole Mixtral's TP=1 decode "
-              "at batch 1 took 57.9 ms where the H100 machine's 16-layer model took 18.6), and the first H100 run's "
-              "Mixtral TP=2 decode at batch 16 took 34.8 ms where the second, minutes later on the same machine, "
-              "took 24.5."]
+              + _tp_host_sentence(measured)]
     return lines
+
+
+def _tp_host_sentence(ms: dict) -> str:
+    """Where the TP runs' misses come from, in their own figures: the host-bound steps (decode at batch 1 on the
+    H200 host against the H100 host's 16-layer model; one H100 run's TP=2 decode against the other's)."""
+    def get(*key):
+        return ms.get(key)
+
+    h200 = get("tp2-mixtral-h200.jsonl", "mixtral-8x7b", "decode 1 x 1024", 1)
+    h100 = get("tp2-moe-h100-run2.jsonl", "mixtral-8x7b-16l", "decode 1 x 1024", 1)
+    first = get("tp2-moe-h100.jsonl", "mixtral-8x7b-16l", "decode 16 x 1024", 2)
+    second = get("tp2-moe-h100-run2.jsonl", "mixtral-8x7b-16l", "decode 16 x 1024", 2)
+    if None in (h200, h100, first, second):
+        return ""
+    return (f" The misses are host-bound steps: the H200 machine's host was slow (the whole Mixtral's TP=1 decode at "
+            f"batch 1 took {h200:.1f} ms, {h200 / 32:.2f} ms per layer, where the H100 machine's 16-layer model took "
+            f"{h100:.1f}, {h100 / 16:.2f} ms per layer: at batch 1 a layer's time is the host's dispatch of its ops), "
+            f"and the first H100 run's Mixtral TP=2 "
+            f"decode at batch 16 took {first:.1f} ms where the second, minutes later on the same machine, took "
+            f"{second:.1f}.")
 
 
 def block_host_ms(model: str) -> float:

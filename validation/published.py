@@ -425,20 +425,19 @@ def whisper_summary(rows: list[Row]) -> list[list[str]]:
 
 # ------------------------------------------------------------------ rendering
 
-def _summary_record(columns, row) -> dict:
-    """A summary table row as a JSON record: snake_case column names; counts as ints, percentages as floats in a
-    ``_pct`` key, other text as is ('n/a' as null)."""
+def _summary_record(columns, row, pct: set[int]) -> dict:
+    """A summary table row as a JSON record: snake_case column names; counts as ints, the percentage columns
+    (``pct``: their indices) as floats in a ``_pct`` key in every row, other text as is; 'n/a' as null."""
     out: dict = {}
-    for column, cell in zip(columns, row):
+    for i, (column, cell) in enumerate(zip(columns, row)):
         key = re.sub(r"[^a-z0-9]+", "_", column.title.lower()).strip("_")
         text = str(cell).strip()
-        if text.endswith("%"):
+        if i in pct:
             try:
-                out[f"{key}_pct"] = float(text[:-1].replace(",", ""))
-                continue
+                out[f"{key}_pct"] = float(text.rstrip("%").replace(",", ""))
             except ValueError:
-                pass
-        if key == "n" and text.isdigit():
+                out[f"{key}_pct"] = None
+        elif key == "n" and text.isdigit():
             out[key] = int(text)
         else:
             out[key] = None if text == "n/a" else text
@@ -448,7 +447,8 @@ def _summary_record(columns, row) -> dict:
 def _render(fmt: str, title: str, note: str, columns, cells, summary_columns, summary_cells, payload,
             footer: str = "") -> str:
     if fmt == "json":   # summary rows keyed by their column, figures as numbers (MAPE "5.41%" -> mape_pct 5.41)
-        return json.dumps({**payload, "summary": [_summary_record(summary_columns, row) for row in summary_cells]},
+        pct = {i for i in range(len(summary_columns)) if any(str(r[i]).strip().endswith("%") for r in summary_cells)}
+        return json.dumps({**payload, "summary": [_summary_record(summary_columns, row, pct) for row in summary_cells]},
                           indent=1)
     if fmt == "csv":
         return render_csv(columns, cells)

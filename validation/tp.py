@@ -59,6 +59,11 @@ def find_blocks(model) -> list[_Block]:
             blocks.append(_Block("mlp", m.fc1, [(m.fc1, "plain")], [m.fc2]))
         elif _expert_params(m) is not None:
             blocks.append(_Block("experts", m))
+        elif getattr(getattr(m, "gate_up_proj", None), "ndim", 0) == 3:
+            raise ValueError(f"{type(m).__name__}: experts stored as {tuple(m.gate_up_proj.shape)} (not [experts, "
+                             "2 x intermediate, hidden] with gate rows then up rows, e.g. gpt-oss's interleaved "
+                             "layout): their tensor-parallel split is not supported; leaving them whole would "
+                             "misstate the memory per GPU")
     return blocks
 
 
@@ -238,6 +243,23 @@ def _entry_pre_hook(group):
     return hook
 
 
+def _experts_pre_hook(group):
+    """Megatron's "f" on both inputs of a split experts module that carry gradient: the hidden states and the
+    routing weights (experts(hidden_states, top_k_index, top_k_weights)), each rank's gradient of either being a
+    partial sum over its slice of every expert."""
+    def hook(module, args, kwargs):
+        import torch
+
+        if not torch.is_grad_enabled():
+            return None
+        args = tuple(_AllReduceBackward.apply(a, group) if i in (0, 2) and isinstance(a, torch.Tensor)
+                     and a.requires_grad else a for i, a in enumerate(args))
+        kwargs = {k: _AllReduceBackward.apply(v, group) if k in ("hidden_states", "top_k_weights")
+                  and isinstance(v, torch.Tensor) and v.requires_grad else v for k, v in kwargs.items()}
+        return args, kwargs
+    return hook
+
+
 def _slice_bloom_alibi(model, rank: int, world: int) -> None:
     """BLOOM builds ALiBi for ``num_heads`` heads of the whole model: build it for all, keep this rank's heads."""
     transformer = getattr(model, "transformer", None)
@@ -266,13 +288,13 @@ def shard_model(model, rank: int, world: int, scope: str = "all", group=None):
         return model
     blocks = [b for b in find_blocks(model) if scope == "all" or b.kind in ("mlp", "experts")]
     if not blocks:
-        raise ValueError(f"{type(model).__name__}: no Llama-, OPT- or BLOOM-style attention/MLP blocks found "
-                         "to shard; tensor parallelism supports those architectures")
+        raise ValueError(f"{type(model).__name__}: no Llama-, OPT- or BLOOM-style attention/MLP blocks or MoE "
+                         "experts found to shard; tensor parallelism supports those architectures")
     for block in blocks:
         if block.kind == "experts":
             _shard_experts(block.entry, rank, world)
             block.entry.register_forward_hook(_row_output_hook(group))
-            block.entry.register_forward_pre_hook(_entry_pre_hook(group), with_kwargs=True)
+            block.entry.register_forward_pre_hook(_experts_pre_hook(group), with_kwargs=True)
             continue
         heads = None
         if block.kind == "attention":

@@ -593,21 +593,26 @@ def _eager_attention(ops: list[Op], i: int, end: int) -> Op:
 
 def fused_attention_peak(graph, ops: list[Op]) -> float:
     """The traced activation peak less what HF's explicit attention held and the fused kernel does not (its
-    S x S scores, probabilities and their copies): the trace's live-bytes peak minus the peak over the fused op list
-    (the fused attention holding what was live before it plus its output); unchanged without such a fusion."""
+    S x S scores, probabilities and their copies, and the [B, 1, Sq, Skv] masks its base model built for it), and
+    less what an engine's attention never allocates (ops marked gqa_freed: repeat_kv copies, MLA's up-projected
+    cache): the trace's live-bytes peak minus the peak over the fused op list (the fused attention holding what was
+    live before it plus its output); unchanged without such a fusion."""
     if not any(op.attrs.get("eager_attention") or op.attrs.get("gqa_freed") for op in ops):
         return graph.peak_activation_bytes
     traced = max((op.attrs.get("live_bytes", 0.0) for op in graph.ops), default=0.0)
     eager = any(op.attrs.get("eager_attention") for op in ops)
-    fused, held, base, layer, masks = 0.0, 0.0, 0.0, None, 0.0
+    fused, held, base, layer, masks, owner = 0.0, 0.0, 0.0, None, 0.0, None
     for op in ops:
         live = op.attrs.get("live_bytes")
         if eager and _attention_mask_op(op):
             # HF's [B, 1, Sq, Skv] masks for its explicit attention (masking_utils eager_mask: where(mask, 0, min)),
-            # built once before the layers and held to the end: the engine's kernel takes no mask (34 GB each for
-            # gpt-oss at 131072 tokens)
+            # built once before the layers and held until the base model returns: the engine's kernel takes no mask
+            # (34 GB each for gpt-oss at 131072 tokens)
             masks += op.outputs[0].nbytes if op.name == "aten.where.self" else 0.0
+            owner = op.scope
             continue
+        if masks and owner is not None and op.scope != owner and not op.scope.startswith(owner + "."):
+            masks, owner = 0.0, None        # out of the module that built them (the LM head): freed, as traced
         if live is not None:
             live = max(live - masks, 0.0)
         if op.attrs.get("eager_attention"):

@@ -285,7 +285,8 @@ def merge_per_gpu_notes(notes) -> list[str]:
         if len(members) == 1:
             out.append(members[0][1])
             continue
-        names = ", ".join(sorted(n for n, _ in members))
+        names = ", ".join(sorted((n for n, _ in members),
+                                 key=lambda n: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", n)]))
         head, _, rest = key.partition("\0")
         out.append(head + names + rest.replace("\0", "each"))
     return out

@@ -185,8 +185,8 @@ def _tight_memory_notes(cands: list[TrainCandidate]) -> list[str]:
 
 
 # what each kind of pruning means, for the reason a (device, GPU count) has no plan
-PRUNE_WHY = {"states": "the weights, gradients and AdamW states alone exceed the GPU memory per GPU; give a higher "
-                       "--zero, more --tp / --pp, or more GPUs",
+PRUNE_WHY = {"states": "the weights, gradients and AdamW states alone exceed the GPU memory per GPU; give more "
+                       "--tp / --pp, a higher --zero where 3 was not searched, or more GPUs",
              "activations": "a smaller micro-batch already did not fit",
              "dominated": "a cheaper recompute mode fits"}
 

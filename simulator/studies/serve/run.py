@@ -125,8 +125,12 @@ def kv_capacity(sc: Scenario, block_size: int, max_batched_tokens: int, utilizat
                   f"{sc.device.gpu.memory_bytes / 1e9:.1f} GB of {where}" if weights >= sc.device.gpu.memory_bytes else
                   f"{sc.model}'s weights take {weights / 1e9:.2f} GB per GPU, more than the {usable / 1e9:.2f} GB the "
                   f"engine can use on {where} ({share})" if weights >= usable else
-                  f"{sc.model} on {where} leaves no room for a KV cache ({how} = {budget / 1e9:.2f} GB for KV at "
-                  f"{per_token / 1e6:.3f} MB per token)")
+                  f"{sc.model}'s weights ({weights / 1e9:.2f} GB per GPU) and the engine's reserves "
+                  f"({(usable - weights - budget) / 1e9:.2f} GB of activation and CUDA-graph reserve) leave no room "
+                  f"for a KV cache in the {usable / 1e9:.2f} GB it can use on {where} ({share})"
+                  if budget <= 0 and s.memory_of == "total" else
+                  f"{sc.model} on {where} leaves no room for a KV cache ({how} leaves {max(budget, 0.0) / 1e9:.2f} GB, "
+                  f"under one block of {block_size} tokens at {per_token / 1e6:.3f} MB per token)")
         raise DoesNotFit(detail, "use more GPUs (--tp), a smaller --quant or a larger GPU")
     if sliding:   # one engine block = block_size tokens of one KV group of dims.layers / (full + sliding) layers
         return KvCapacity(int(tokens * (full + sliding) // block_size), blocks * block_size, per_token, budget,
