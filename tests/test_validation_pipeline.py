@@ -75,6 +75,14 @@ def test_suite_entries_expand_to_cases_with_stable_keys():
     assert Case(model="m", batch=8, seq=1024).tokens == 8 * 1024
 
 
+def test_a_case_with_experts_split_by_index_has_its_own_key_and_group():
+    case = Case(model="m", workload="decode", tp=2, ep=2, dtype="bf16")
+    assert case.key.endswith("/tp2/ep2") and case.group[-1] == 2
+    assert Case(model="m", tp=2).key.endswith("/tp2")
+    with pytest.raises(ValueError, match="ep 3 must be 1 or the tp degree"):
+        Case(model="m", tp=2, ep=3)
+
+
 def test_shipped_suites_load():
     h100 = load_suite(ROOT / "validation/suites/h100.yaml")
     tp2 = load_suite(ROOT / "validation/suites/tp2.yaml")
@@ -282,8 +290,9 @@ def _tp_worker(rank: int, world: int, config_paths: list[str], port: int, out_di
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        for i, path in enumerate(config_paths):
-            _save_outputs(build_model(path, "fp32", torch.device("cpu"), rank=rank, world=world), rank,
+        for i, item in enumerate(config_paths):
+            path, ep = item if isinstance(item, (list, tuple)) else (item, 1)
+            _save_outputs(build_model(path, "fp32", torch.device("cpu"), rank=rank, world=world, ep=ep), rank,
                           Path(out_dir) / f"{i}.pt")
     finally:
         dist.destroy_process_group()
@@ -331,10 +340,12 @@ def test_tp2_sharded_logits_match_the_unsharded_model(tmp_path, configs):
 
     # GQA llama, OPT, BLOOM (fused per-head qkv, ALiBi), MoE experts as 3D parameters (Mixtral; Qwen2-MoE with a
     # gated shared expert)
-    order = ["llama", "opt", "bloom", "mixtral", "qwen2_moe"]
+    order = ["llama", "opt", "bloom", "mixtral", "qwen2_moe", "mixtral"]
+    # the last: Mixtral's experts split by index (expert parallelism over the two ranks), not by width
+    items = [configs[k] for k in order[:-1]] + [(configs["mixtral"], 2)]
     for attempt in range(2):  # a worker killed by the process group's start-up or teardown gets one more try
         try:
-            mp.start_processes(_tp_worker, args=(2, [configs[k] for k in order], _free_port(), str(tmp_path)),
+            mp.start_processes(_tp_worker, args=(2, items, _free_port(), str(tmp_path)),
                                nprocs=2, join=True, start_method="spawn")
             break
         except mp.ProcessExitedException:
@@ -386,6 +397,12 @@ def test_shard_model_splits_weights_and_heads(configs):
     assert torch.equal(experts.gate_up_proj[:, 48:], gate_up[:, 144:])
     assert torch.equal(experts.down_proj, down[:, :, 48:])
     assert moe.model.model.layers[0].mlp.gate.weight.shape == (4, 64)    # the router stays whole
+    ep = build_model(configs["mixtral"], "fp32", torch.device("cpu"))
+    experts = ep.model.model.layers[0].mlp.experts
+    gate_up = experts.gate_up_proj.detach().clone()
+    shard_model(ep.model, rank=1, world=2, experts_by_index=True)
+    assert experts.gate_up_proj.shape == (2, 192, 64) and experts.num_experts == 2   # experts 2 and 3, whole
+    assert torch.equal(experts.gate_up_proj, gate_up[2:])
 
 
 @pytest.mark.skipif(not AISIM_INSTALLED, reason="spawned TP workers import aisim: needs `pip install -e .`")

@@ -72,7 +72,7 @@ def _measure_group(rank: int, world: int, cases: list[Case], settings: MeasureSe
     status, message, bm = "ok", None, None
     try:
         bm = build_model(first.model, first.dtype, device, seed=settings.seed, rank=rank, world=world,
-                         tp_scope=first.tp_scope)
+                         tp_scope=first.tp_scope, ep=first.ep)
     except Exception as exc:  # noqa: BLE001 - recorded per case
         status, message = classify_error(exc)
     free_memory()

@@ -92,7 +92,7 @@ def hf_config(model: str):
 
 
 def build_model(model: str, dtype: str, device, *, seed: int = 0, rank: int = 0, world: int = 1,
-                tp_scope: str = "all") -> BuiltModel:
+                tp_scope: str = "all", ep: int = 1) -> BuiltModel:
     """Build ``model`` with random weights directly on ``device``; sharded for TP rank ``rank`` if world > 1."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -121,7 +121,7 @@ def build_model(model: str, dtype: str, device, *, seed: int = 0, rank: int = 0,
     if world > 1:
         from .tp import shard_model
 
-        shard_model(built, rank, world, tp_scope)
+        shard_model(built, rank, world, tp_scope, experts_by_index=ep > 1)
     _synchronize(device)
     handle = gpu.nvml_handle(device.index) if device.type == "cuda" else None
     return BuiltModel(built, built.config, model, dtype, device, built.config._attn_implementation,

@@ -186,6 +186,7 @@ def compare_one(m: dict, estimator: Estimator) -> ComparisonRow:
     try:
         est = estimator(model=m["model"], device=device, workload=m["workload"], batch=m["batch"], seq=m["seq"],
                         dtype=m["dtype"], tp=tp, tp_scope=m.get("tp_scope") or "all",
+                        **({"ep": int(m["ep"])} if int(m.get("ep") or 1) > 1 else {}),
                         with_loss=m["workload"] in TRAINING_WORKLOADS,
                         **({"step_tokens": m["step_tokens"]} if m.get("step_tokens", 1) != 1 else {}),
                         **_train_plan(m))

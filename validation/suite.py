@@ -55,9 +55,18 @@ class Case(BaseModel):
     dtype: DType = "fp16"
     tp: int = Field(1, ge=1)
     tp_scope: TpScope = "all"
+    ep: int = Field(1, ge=1, description="MoE experts split by index over the tp GPUs (aisim --ep; equal to tp), "
+                    "instead of every expert's width")
     step_tokens: int = Field(1, ge=1, description="decode of an encoder-decoder model: new tokens per row (a "
                              "prompt call when step_tokens == seq)")
     name: str | None = None
+
+    @model_validator(mode="after")
+    def _ep_is_the_tp_group(self) -> "Case":
+        if self.ep not in (1, self.tp):
+            raise ValueError(f"case {self.model}: ep {self.ep} must be 1 or the tp degree ({self.tp}): the harness "
+                             "splits the experts over the tensor-parallel GPUs")
+        return self
 
     @model_validator(mode="after")
     def _decode_needs_context(self) -> "Case":
@@ -70,7 +79,7 @@ class Case(BaseModel):
     @property
     def key(self) -> str:
         """Stable identifier: ``model/workload/bB/sS/dtype/tpN`` (``/mlp`` appended for MLP-only TP)."""
-        scope = "/mlp" if self.tp_scope == "mlp" else ""
+        scope = ("/mlp" if self.tp_scope == "mlp" else "") + (f"/ep{self.ep}" if self.ep > 1 else "")
         step = f"/q{self.step_tokens}" if self.step_tokens != 1 else ""
         return f"{self.model}/{self.workload}/b{self.batch}/s{self.seq}{step}/{self.dtype}/tp{self.tp}{scope}"
 
@@ -82,9 +91,9 @@ class Case(BaseModel):
         return self.batch if self.workload == "encode" else self.batch * self.seq
 
     @property
-    def group(self) -> tuple[str, str, int, str]:
-        """Cases of one group share one built model: (model, dtype, tp, tp_scope)."""
-        return (self.model, self.dtype, self.tp, self.tp_scope if self.tp > 1 else "all")
+    def group(self) -> tuple[str, str, int, str, int]:
+        """Cases of one group share one built model: (model, dtype, tp, tp_scope, ep)."""
+        return (self.model, self.dtype, self.tp, self.tp_scope if self.tp > 1 else "all", self.ep)
 
     @property
     def training(self) -> bool:

@@ -147,6 +147,38 @@ def _shard_experts(experts, rank: int, world: int) -> None:
             setattr(experts, name, n)
 
 
+def _shard_experts_by_index(experts, rank: int, world: int) -> None:
+    """Expert parallelism as transformers' EP plan runs it in eager (integrations/moe.py grouped_mm_experts_forward,
+    'EP sentinel handling'): this rank keeps experts [rank x E/world, (rank + 1) x E/world) whole; a pre-hook maps
+    the router's expert ids to local ones and every other expert to the sentinel E/world, which the grouped GEMMs
+    skip (histc drops it) and whose rows are zeroed, so the experts' output is this rank's partial sum, all-reduced
+    by the output hook. The router stays whole."""
+    import torch
+
+    gate_up, down = _expert_params(experts)
+    count = gate_up.shape[0]
+    if count % world:
+        raise ValueError(f"{type(experts).__name__}: {count} experts do not divide by ep={world}")
+    n = count // world
+    keep = slice(rank * n, (rank + 1) * n)
+    experts.gate_up_proj = _new_param(gate_up, gate_up[keep])
+    experts.down_proj = _new_param(down, down[keep])
+    for name in ("gate_up_proj_bias", "down_proj_bias"):
+        bias = getattr(experts, name, None)
+        if bias is not None:
+            setattr(experts, name, _new_param(bias, bias[keep]))
+    experts.num_experts = n
+
+    def local_ids(module, args, kwargs):
+        ids = args[1] if len(args) > 1 else kwargs["top_k_index"]
+        local = ids - rank * n
+        local = torch.where((local < 0) | (local >= n), torch.full_like(local, n), local)
+        if len(args) > 1:
+            return (args[0], local, *args[2:]), kwargs
+        return args, {**kwargs, "top_k_index": local}
+    experts.register_forward_pre_hook(local_ids, with_kwargs=True)
+
+
 def _attention_heads(block: _Block) -> tuple[int, int]:
     """(query heads, key/value heads) of an attention block, from its weight shapes and head_dim."""
     attn = block.heads_owner
@@ -275,8 +307,9 @@ def _slice_bloom_alibi(model, rank: int, world: int) -> None:
     transformer.build_alibi_tensor = build
 
 
-def shard_model(model, rank: int, world: int, scope: str = "all", group=None):
-    """Shard ``model`` in place for tensor-parallel rank ``rank`` of ``world``; returns it.
+def shard_model(model, rank: int, world: int, scope: str = "all", group=None, experts_by_index: bool = False):
+    """Shard ``model`` in place for tensor-parallel rank ``rank`` of ``world``; returns it. ``experts_by_index``:
+    MoE experts split by index instead (expert parallelism over the same GPUs, aisim --ep; _shard_experts_by_index).
 
     ``scope``: 'all' (attention and MLP) or 'mlp'. Needs torch.distributed initialised only when the model
     runs (the hooks call all_reduce on ``group``, the default group if None). Raises ValueError for a model
@@ -292,7 +325,10 @@ def shard_model(model, rank: int, world: int, scope: str = "all", group=None):
                          "experts found to shard; tensor parallelism supports those architectures")
     for block in blocks:
         if block.kind == "experts":
-            _shard_experts(block.entry, rank, world)
+            if experts_by_index:
+                _shard_experts_by_index(block.entry, rank, world)
+            else:
+                _shard_experts(block.entry, rank, world)
             block.entry.register_forward_hook(_row_output_hook(group))
             block.entry.register_forward_pre_hook(_experts_pre_hook(group), with_kwargs=True)
             continue
