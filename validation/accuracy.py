@@ -27,7 +27,9 @@ DATASETS = (("h100.jsonl", "one H100 SXM 80GB"), ("h200.jsonl", "one H200"),
              "with 16 of its layers and Qwen1.5-MoE-A2.7B, with TP=1 twins)"),
             ("tp2-moe-h100-run2.jsonl", "the same MoE suite again, right after, on the same two H100s"),
             ("tp2-mixtral-h200.jsonl", "two H200, the whole Mixtral-8x7B at tensor parallel 2 (48 GB per GPU, what "
-             "two 80 GB H100s would hold) with its TP=1 twin"))
+             "two 80 GB H100s would hold) with its TP=1 twin"),
+            ("tp2-moe-ep-h100.jsonl", "two H100 SXM 80GB, the same MoE models with their experts split by index "
+             "(tp 2, ep 2)"))
 GPU_BOUND_TOKENS = 2048
 # Goals (validation issue): category -> maximum MAPE in percent
 GOALS = {"forward/prefill runtime": 5.0, "decode runtime": 10.0, "forward-backward/train runtime": 10.0,
@@ -54,6 +56,7 @@ CEILINGS = {
                                 "peak memory": 0.6, "energy per token": 25.1},
     "tp2-mixtral-h200.jsonl": {"forward/prefill runtime": 9.6, "decode runtime": 22.0, "tp runtime": 27.2,
                                "peak memory": 0.5, "energy per token": 30.5},
+    "tp2-moe-ep-h100.jsonl": {"tp runtime": 29.8, "peak memory": 0.7, "energy per token": 43.1},
 }
 
 WHY = """\
