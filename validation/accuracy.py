@@ -29,7 +29,10 @@ DATASETS = (("h100.jsonl", "one H100 SXM 80GB"), ("h200.jsonl", "one H200"),
             ("tp2-mixtral-h200.jsonl", "two H200, the whole Mixtral-8x7B at tensor parallel 2 (48 GB per GPU, what "
              "two 80 GB H100s would hold) with its TP=1 twin"),
             ("tp2-moe-ep-h100.jsonl", "two H100 SXM 80GB, the same MoE models with their experts split by index "
-             "(tp 2, ep 2)"))
+             "(tp 2, ep 2)"),
+            ("tp2-moe-ep-h100-run2.jsonl", "the expert-parallel suite again, on another two-H100 machine (a slow "
+             "host)"),
+            ("tp2-moe-h100-run3.jsonl", "the width-split suite's TP=2 cases on that machine, minutes after"))
 GPU_BOUND_TOKENS = 2048
 # Goals (validation issue): category -> maximum MAPE in percent
 GOALS = {"forward/prefill runtime": 5.0, "decode runtime": 10.0, "forward-backward/train runtime": 10.0,
@@ -57,6 +60,8 @@ CEILINGS = {
     "tp2-mixtral-h200.jsonl": {"forward/prefill runtime": 9.6, "decode runtime": 22.0, "tp runtime": 27.2,
                                "peak memory": 0.5, "energy per token": 30.5},
     "tp2-moe-ep-h100.jsonl": {"tp runtime": 29.8, "peak memory": 0.7, "energy per token": 43.1},
+    "tp2-moe-ep-h100-run2.jsonl": {"tp runtime": 40.8, "peak memory": 0.7, "energy per token": 51.2},
+    "tp2-moe-h100-run3.jsonl": {"tp runtime": 39.1, "peak memory": 0.7, "energy per token": 48.8},
 }
 
 WHY = """\
