@@ -283,8 +283,8 @@ FP16_UNSUPPORTED_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "gl
 
 def uneven_stages_note(config: dict, pp: int, phase: str, runtime: str) -> str | None:
     """Inference pipeline stages over a layer count pp does not divide (DeepSeek-V3's 61 at pp 2): the stages hold
-    one layer more or less (vLLM: get_pp_indices); the step is priced as pp stages like the model's first
-    ceil(layers / pp) layers (graph.extract._trace_scaled)."""
+    one layer more or less (vLLM: get_pp_indices); the step is priced as pp stages of ceil(layers / pp) layers
+    (graph.extract._trace_scaled), their weights as the heaviest stage's (step.stage_memory)."""
     if pp <= 1 or phase in TRAIN_PHASES:
         return None
     from .graph.build import layer_count
@@ -297,9 +297,9 @@ def uneven_stages_note(config: dict, pp: int, phase: str, runtime: str) -> str |
     who = "vLLM's stages" if runtime == "vllm" else "the stages"
     dense = layers - moe_layer_count(config) if moe_layer_count(config) else 0
     return (f"--pp {pp} over {layers} layers: {who} hold {small} or {big} layers (as vLLM splits them: "
-            f"vllm/distributed/utils.py get_pp_indices); priced as {pp} stages like the model's first {big} layers"
-            + (f", which include its {dense} dense layers: a later stage holds more experts (more memory per GPU) "
-               "than priced" if dense else ""))
+            f"vllm/distributed/utils.py get_pp_indices); priced as {pp} stages of {big}"
+            + (f", each holding as many MoE layers as the heaviest (the {dense} dense layers sit in the first)"
+               if dense else ""))
 
 
 def checkpoint_dtype(config: dict) -> tuple[object, str | None]:

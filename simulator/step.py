@@ -201,8 +201,9 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     table = tuple(op_rows(a.ops, a.costs, times, a.repeats, stage_s))
     return StepCost(runtime_s, energy_j, energy_j / (runtime_s * plan.gpus) if runtime_s else 0.0, a.flops, a.bytes,
                     table, a.unknown, with_runtime_reserve(
-                        expert_memory(kv_memory(static_kv(breakdown(a.graph, w, dev), w, rt, sc.config), w.dtype,
-                                                sc.kv_dtype), sc, w.dtype, a.graph.layers), cal, rt.framework,
+                        stage_memory(expert_memory(kv_memory(static_kv(breakdown(a.graph, w, dev), w, rt, sc.config),
+                                                             w.dtype, sc.kv_dtype), sc, w.dtype, a.graph.layers),
+                                     sc, w.dtype, a.graph.layers), cal, rt.framework,
                         plan.tp * plan.pp > 1 or "comm" in a.kinds), w,
                     timeline.gpu_busy_s, timeline.cpu_busy_s)
 
@@ -226,6 +227,36 @@ def expert_memory(mem: MemoryBreakdown, sc: Scenario, dtype: str, stage_layers: 
     params = moe_layer_count(stage) * experts * 3 * cfg["hidden_size"] * width / max(sc.plan.tp, sc.plan.ep)
     saved = params * (DTYPE_BYTES[dtype] - element) / GB
     return mem.model_copy(update={"weights_gb": mem.weights_gb - saved, "total_gb": mem.total_gb - saved})
+
+
+def stage_memory(mem: MemoryBreakdown, sc: Scenario, dtype: str, stage_layers: int) -> MemoryBreakdown:
+    """A pipeline stage is traced as the model's first ``stage_layers`` layers; where those include dense layers
+    (DeepSeek's first_k_dense_replace, Qwen-MoE's mlp_only_layers) a later stage holds more MoE layers: the weights
+    per GPU of the heaviest stage, as many MoE layers as the stage has layers (or the model has MoE layers), each
+    one's experts, shared experts and router in place of a dense MLP."""
+    from .formulas import QUANT_BYTES_PER_WEIGHT
+    from .graph.engine import EXPERT_COUNT_KEYS, expert_weight_bytes, moe_layer_count
+    from .units import DTYPE_BYTES
+
+    cfg, plan = sc.config, sc.plan
+    moe_total = moe_layer_count(cfg)
+    if plan.pp <= 1 or not moe_total:
+        return mem
+    traced = moe_layer_count({**cfg, "num_hidden_layers": min(stage_layers, cfg["num_hidden_layers"])})
+    extra_layers = min(stage_layers, moe_total) - traced
+    if extra_layers <= 0:
+        return mem
+    h = cfg["hidden_size"]
+    experts = next(cfg[k] for k in EXPERT_COUNT_KEYS if cfg.get(k))
+    width = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+    shared = cfg.get("shared_expert_intermediate_size") or (cfg.get("n_shared_experts") or 0) * width
+    linear = QUANT_BYTES_PER_WEIGHT.get(sc.quant, DTYPE_BYTES[dtype])
+    expert = expert_weight_bytes(cfg, sc.quant) or linear
+    moe_mlp = (experts * 3 * h * width * expert / max(plan.tp, plan.ep) + 3 * h * shared * linear / plan.tp
+               + experts * h * DTYPE_BYTES[dtype])
+    dense_mlp = 3 * h * cfg["intermediate_size"] * linear / plan.tp
+    extra = extra_layers * max(moe_mlp - dense_mlp, 0.0) / GB
+    return mem.model_copy(update={"weights_gb": mem.weights_gb + extra, "total_gb": mem.total_gb + extra})
 
 
 def static_kv(mem: MemoryBreakdown, w: Workload, rt, config: dict) -> MemoryBreakdown:
