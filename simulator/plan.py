@@ -90,9 +90,9 @@ def check_ep_experts(config: dict, ep: int) -> None:
     _check_degree(ep, "--ep")
     if ep == 1:
         return
-    from .graph.engine import EXPERT_COUNT_KEYS
+    from .graph.engine import expert_count
 
-    experts = next((config[k] for k in EXPERT_COUNT_KEYS if config.get(k)), None)
+    experts = expert_count(config)
     if not experts:
         raise AisimError("--ep applies to mixture-of-experts models only; this config has no experts")
     if experts % ep:

@@ -295,7 +295,8 @@ def uneven_stages_note(config: dict, pp: int, phase: str, runtime: str) -> str |
         return None
     big, small = -(-layers // pp), layers // pp
     who = "vLLM's stages" if runtime == "vllm" else "the stages"
-    dense = layers - moe_layer_count(config) if moe_layer_count(config) else 0
+    moe = moe_layer_count(config)
+    dense = layers - moe if moe else 0
     return (f"--pp {pp} over {layers} layers: {who} hold {small} or {big} layers (as vLLM splits them: "
             f"vllm/distributed/utils.py get_pp_indices); priced as {pp} stages of {big}"
             + (f", each holding as many MoE layers as the heaviest (the {dense} dense layers sit in the first)"
@@ -374,9 +375,9 @@ def _check_capability(rt, gpu, dtype: str, quant: str, config: dict | None = Non
     if gpu.vendor != "nvidia" or not rt.min_compute_capability:
         return
     have = _capability(gpu.compute_capability)
-    q = (config or {}).get("quantization_config")
-    # MXFP4 experts stay MXFP4 whatever --quant says (graph.engine.expert_weight_bytes)
-    mxfp4 = isinstance(q, dict) and str(q.get("quant_method", "")).lower() == "mxfp4"
+    from .graph.engine import mxfp4_experts
+
+    mxfp4 = mxfp4_experts(config or {})   # MXFP4 experts stay MXFP4 whatever --quant says
     missing = [(what, need, hint) for what, given, hint in (("bf16", dtype == "bf16", "--dtype fp16"),
                                                             ("fp8", quant == "fp8", "--quant int8 or int4"),
                                                             ("mxfp4", mxfp4, "a --model whose config.json has no MXFP4 quantization_config"))
@@ -443,11 +444,11 @@ HF_RUNTIMES = ("eager", "graphs", "transformers-cb", "kernel-sum")    # transfor
 
 def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, config: dict,
                      rt: RuntimeSpec) -> list[str]:
-    from .graph.engine import EXPERT_COUNT_KEYS, sliding_windows, windowed_layers
+    from .graph.engine import expert_count, mxfp4_experts, sliding_windows, windowed_layers
 
     out, runtime = [], rt.name
-    experts = next((config[k] for k in EXPERT_COUNT_KEYS if config.get(k)), None)
-    packed = (config.get("quantization_config") or {}).get("quant_method") == "mxfp4"
+    experts = expert_count(config)
+    packed = mxfp4_experts(config)
     if packed:
         out.append("MoE expert weights in MXFP4 as the checkpoint stores them (4.25 bits per weight, whatever "
                    "--quant says; dequantized inside the MoE kernel, their grouped GEMMs costed at the 16-bit rate)")

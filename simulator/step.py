@@ -217,16 +217,24 @@ def expert_memory(mem: MemoryBreakdown, sc: Scenario, dtype: str, stage_layers: 
     from .units import DTYPE_BYTES
 
     element = expert_weight_bytes(sc.config, sc.quant)
-    cfg = sc.config
-    experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
-    if element is None or not experts:
+    params = _expert_params_per_gpu(sc)
+    if element is None or not params:
         return mem
-    width = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
-    # the MoE layers of the traced stage: the model's first stage_layers layers (a pipeline stage as traced)
-    stage = {**cfg, "num_hidden_layers": min(stage_layers or cfg["num_hidden_layers"], cfg["num_hidden_layers"])}
-    params = moe_layer_count(stage) * experts * 3 * cfg["hidden_size"] * width / max(sc.plan.tp, sc.plan.ep)
-    saved = params * (DTYPE_BYTES[dtype] - element) / GB
+    saved = moe_layer_count(sc.config, stage_layers) * params * (DTYPE_BYTES[dtype] - element) / GB
     return mem.model_copy(update={"weights_gb": mem.weights_gb - saved, "total_gb": mem.total_gb - saved})
+
+
+def _expert_params_per_gpu(sc: Scenario) -> float:
+    """Routed expert weights of one MoE layer on one GPU: E x 3 x hidden x moe width over max(tp, ep) (experts and
+    their widths are split over both); 0 for a dense model."""
+    from .graph.engine import expert_count
+
+    cfg = sc.config
+    experts = expert_count(cfg)
+    if not experts:
+        return 0.0
+    width = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+    return experts * 3 * cfg["hidden_size"] * width / max(sc.plan.tp, sc.plan.ep)
 
 
 def stage_memory(mem: MemoryBreakdown, sc: Scenario, dtype: str, stage_layers: int) -> MemoryBreakdown:
@@ -235,25 +243,23 @@ def stage_memory(mem: MemoryBreakdown, sc: Scenario, dtype: str, stage_layers: i
     per GPU of the heaviest stage, as many MoE layers as the stage has layers (or the model has MoE layers), each
     one's experts, shared experts and router in place of a dense MLP."""
     from .formulas import QUANT_BYTES_PER_WEIGHT
-    from .graph.engine import EXPERT_COUNT_KEYS, expert_weight_bytes, moe_layer_count
+    from .graph.engine import expert_count, expert_weight_bytes, moe_layer_count
     from .units import DTYPE_BYTES
 
     cfg, plan = sc.config, sc.plan
     moe_total = moe_layer_count(cfg)
     if plan.pp <= 1 or not moe_total:
         return mem
-    traced = moe_layer_count({**cfg, "num_hidden_layers": min(stage_layers, cfg["num_hidden_layers"])})
-    extra_layers = min(stage_layers, moe_total) - traced
+    extra_layers = min(stage_layers, moe_total) - moe_layer_count(cfg, stage_layers)
     if extra_layers <= 0:
         return mem
     h = cfg["hidden_size"]
-    experts = next(cfg[k] for k in EXPERT_COUNT_KEYS if cfg.get(k))
     width = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
     shared = cfg.get("shared_expert_intermediate_size") or (cfg.get("n_shared_experts") or 0) * width
     linear = QUANT_BYTES_PER_WEIGHT.get(sc.quant, DTYPE_BYTES[dtype])
     expert = expert_weight_bytes(cfg, sc.quant) or linear
-    moe_mlp = (experts * 3 * h * width * expert / max(plan.tp, plan.ep) + 3 * h * shared * linear / plan.tp
-               + experts * h * DTYPE_BYTES[dtype])
+    moe_mlp = (_expert_params_per_gpu(sc) * expert + 3 * h * shared * linear / plan.tp
+               + expert_count(cfg) * h * DTYPE_BYTES[dtype])
     dense_mlp = 3 * h * cfg["intermediate_size"] * linear / plan.tp
     extra = extra_layers * max(moe_mlp - dense_mlp, 0.0) / GB
     return mem.model_copy(update={"weights_gb": mem.weights_gb + extra, "total_gb": mem.total_gb + extra})

@@ -131,13 +131,15 @@ def _shard_experts(experts, rank: int, world: int) -> None:
         raise ValueError(f"{type(experts).__name__}: expert intermediate size {inter} does not divide by tp={world}")
     n = inter // world
     keep = slice(rank * n, (rank + 1) * n)
-    experts.gate_up_proj = _new_param(gate_up, torch.cat([gate_up[:, :inter][:, keep], gate_up[:, inter:][:, keep]],
-                                                         dim=1))
+
+    def halves(t):   # this rank's slice of the gate half, then of the up half (dim 1)
+        return torch.cat([t[:, :inter][:, keep], t[:, inter:][:, keep]], dim=1)
+
+    experts.gate_up_proj = _new_param(gate_up, halves(gate_up))
     experts.down_proj = _new_param(down, down[:, :, keep])
     bias = getattr(experts, "gate_up_proj_bias", None)
     if bias is not None:
-        experts.gate_up_proj_bias = _new_param(bias, torch.cat([bias[:, :inter][:, keep], bias[:, inter:][:, keep]],
-                                                               dim=1))
+        experts.gate_up_proj_bias = _new_param(bias, halves(bias))
     bias = getattr(experts, "down_proj_bias", None)
     if bias is not None and rank != 0:
         experts.down_proj_bias = _new_param(bias, torch.zeros_like(bias))

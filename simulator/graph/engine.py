@@ -89,14 +89,26 @@ EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_top_k")
 
 
-def moe_layer_count(config: dict) -> int:
+def expert_count(config: dict) -> int:
+    """Routed experts per MoE layer (Mixtral, Qwen-MoE / OLMoE, DeepSeek key names); 0 for a dense model."""
+    return next((config[k] for k in EXPERT_COUNT_KEYS if config.get(k)), 0)
+
+
+def mxfp4_experts(config: dict) -> bool:
+    """The checkpoint stores its experts MXFP4 (gpt-oss: config.json quantization_config quant_method mxfp4)."""
+    q = config.get("quantization_config")
+    return isinstance(q, dict) and q.get("quant_method") == "mxfp4"
+
+
+def moe_layer_count(config: dict, layers: int | None = None) -> int:
     """How many decoder layers hold routed experts, as transformers builds them: DeepSeek-V2/V3 from layer
     first_k_dense_replace on, every moe_layer_freq-th (modeling_deepseek_v3.py DeepseekV3DecoderLayer); Qwen2/3-MoE
     every decoder_sparse_step-th layer not in mlp_only_layers (modeling_qwen2_moe.py Qwen2MoeDecoderLayer); every
-    layer otherwise (Mixtral, OLMoE, gpt-oss). 0 for a dense model."""
-    if not next((config[k] for k in EXPERT_COUNT_KEYS if config.get(k)), 0):
+    layer otherwise (Mixtral, OLMoE, gpt-oss). 0 for a dense model. ``layers``: among the model's first that many
+    (a pipeline stage as traced)."""
+    if not expert_count(config):
         return 0
-    layers = int(config["num_hidden_layers"])
+    layers = min(layers or config["num_hidden_layers"], config["num_hidden_layers"])
     lead = int(config.get("first_k_dense_replace") or 0)
     freq = max(int(config.get("moe_layer_freq") or 1), 1)
     step = max(int(config.get("decoder_sparse_step") or 1), 1)
@@ -108,7 +120,7 @@ def moe_layer_count(config: dict) -> int:
 def moe_routing(config: dict, plan=None, quant: str = "none") -> dict | None:
     """{'experts': E, 'top_k': k, 'token_groups': g} of a mixture-of-experts config (Mixtral, Qwen-MoE, OLMoE,
     DeepSeek, gpt-oss key names), else None; g = ep / tp ranks send their tokens to each expert-parallel rank."""
-    experts = next((config[k] for k in EXPERT_COUNT_KEYS if config.get(k)), None)
+    experts = expert_count(config)
     top_k = next((config[k] for k in TOP_K_KEYS if config.get(k)), None)
     if not experts or not top_k:
         return None
@@ -134,9 +146,8 @@ def expert_weight_bytes(config: dict, quant: str = "none") -> float | None:
     from ..formulas import QUANT_BYTES_PER_WEIGHT
     from ..units import DTYPE_BYTES
 
-    method = (config.get("quantization_config") or {}).get("quant_method")
-    if method in ("mxfp4",):
-        return DTYPE_BYTES[method]
+    if mxfp4_experts(config):
+        return DTYPE_BYTES["mxfp4"]
     if quant in QUANT_BYTES_PER_WEIGHT and quant != "bitsandbytes-int8":   # --quant: experts stored like linears
         return QUANT_BYTES_PER_WEIGHT[quant]
     return None

@@ -229,7 +229,7 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
         notes.add("--devices all searched the priced NVIDIA GPUs; not searched (name them in --devices, with "
                   "--price where they have none): " + ", ".join(others))
     _check_request(req, config, model, percentiles, notes)
-    notes.update(price_notes({resolve_gpu(d).name: resolve_gpu(d) for d in _devices(req.devices)}, req.prices))
+    notes.update(price_notes({g.name: g for g in map(resolve_gpu, _devices(req.devices))}, req.prices))
     for device in _devices(req.devices):
         for runtime in dict.fromkeys(req.runtimes):
             if runtime not in all_runtimes() or all_runtimes()[runtime].serving is None:

@@ -222,10 +222,11 @@ def model_flops_per_token(config: dict, seq: int) -> float:
 def matmul_params(config: dict, active: bool = True) -> float:
     """Weights of the decoder layers' matmuls and the logit layer (not the input embedding). MoE layers: the routed
     top-k experts, the shared experts and the router with ``active`` (what a token runs through: MFU), every expert
-    without (what the GPUs hold: the planner's memory bound); the layers without experts (graph.engine.moe_layer_count:
-    DeepSeek's first_k_dense_replace, Qwen-MoE's mlp_only_layers) their dense MLP. Known inaccuracy: MLA's low-rank attention projections are counted as plain multi-head ones."""
+    without (what the GPUs hold: the planner's memory bound); the layers without experts
+    (graph.engine.moe_layer_count: DeepSeek's first_k_dense_replace, Qwen-MoE's mlp_only_layers) their dense MLP.
+    Known inaccuracy: MLA's low-rank attention projections are counted as plain multi-head ones."""
     from ..graph.build import make_config
-    from ..graph.engine import EXPERT_COUNT_KEYS, TOP_K_KEYS, moe_layer_count
+    from ..graph.engine import TOP_K_KEYS, expert_count, moe_layer_count
 
     hf = make_config(config)
     h, layers = hf.hidden_size, hf.num_hidden_layers
@@ -236,7 +237,7 @@ def matmul_params(config: dict, active: bool = True) -> float:
     gated = getattr(hf, "hidden_act", "gelu") in ("silu", "swiglu") or hf.model_type in ("llama", "mistral", "qwen2")
     attn = h * head_dim * (2 * heads + 2 * kv)
     logits = hf.vocab_size * h
-    experts = next((config[k] for k in EXPERT_COUNT_KEYS if config.get(k)), 0)
+    experts = expert_count(config)
     if not experts:
         return float(layers * (attn + (3 if gated else 2) * h * inter) + logits)
     # MoE (gated experts throughout)
