@@ -118,6 +118,14 @@ def _shard_row(linear, rank: int, world: int) -> None:
         linear.bias = None
 
 
+def _rank_share(size: int, rank: int, world: int, what: str, degree: str) -> tuple[int, slice]:
+    """(size / world, this rank's slice of range(size)); ValueError naming ``what`` where world does not divide it."""
+    if size % world:
+        raise ValueError(f"{what} ({size}) does not divide by {degree}={world}")
+    n = size // world
+    return n, slice(rank * n, (rank + 1) * n)
+
+
 def _shard_experts(experts, rank: int, world: int) -> None:
     """Megatron's split of every expert (as transformers' TP plan for Mixtral: gate_up_proj packed_colwise,
     down_proj rowwise): this rank keeps its slice of each expert's intermediate features, in the gate half and in
@@ -127,10 +135,7 @@ def _shard_experts(experts, rank: int, world: int) -> None:
 
     gate_up, down = _expert_params(experts)
     inter = down.shape[2]
-    if inter % world:
-        raise ValueError(f"{type(experts).__name__}: expert intermediate size {inter} does not divide by tp={world}")
-    n = inter // world
-    keep = slice(rank * n, (rank + 1) * n)
+    n, keep = _rank_share(inter, rank, world, f"{type(experts).__name__}: expert intermediate size", "tp")
 
     def halves(t):   # this rank's slice of the gate half, then of the up half (dim 1)
         return torch.cat([t[:, :inter][:, keep], t[:, inter:][:, keep]], dim=1)
@@ -158,11 +163,7 @@ def _shard_experts_by_index(experts, rank: int, world: int) -> None:
     import torch
 
     gate_up, down = _expert_params(experts)
-    count = gate_up.shape[0]
-    if count % world:
-        raise ValueError(f"{type(experts).__name__}: {count} experts do not divide by ep={world}")
-    n = count // world
-    keep = slice(rank * n, (rank + 1) * n)
+    n, keep = _rank_share(gate_up.shape[0], rank, world, f"{type(experts).__name__}: the experts", "ep")
     experts.gate_up_proj = _new_param(gate_up, gate_up[keep])
     experts.down_proj = _new_param(down, down[keep])
     for name in ("gate_up_proj_bias", "down_proj_bias"):
