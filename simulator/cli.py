@@ -459,6 +459,8 @@ def plan_train_cmd(
     zero: str = typer.Option("0,1,2,3", help="ZeRO stages to try"),
     recompute: str = typer.Option("none,full", help="activation checkpointing modes to try"),
     micro_batch: str = typer.Option("1,2,4", "--micro-batch", help="micro-batch sizes to try"),
+    ep: Optional[str] = typer.Option(None, "--ep", help="MoE expert parallel degrees to try (experts spread over "
+                                     "ep of the tp x dp GPUs; default 1 and each of 8, 64 dividing the experts)"),
     precision: str = typer.Option("bf16-mixed", help="bf16-mixed | 16-mixed | bf16-true | 16-true | 32-true"),
     price: list[str] = typer.Option([], "--price", help="GPU=USD per GPU-hour (repeatable)"),
     price_file: Optional[Path] = typer.Option(None, "--price-file", help="YAML/JSON mapping GPU -> USD per GPU-hour"),
@@ -471,7 +473,7 @@ def plan_train_cmd(
                                         "(needs matplotlib)"),
     as_json: bool = typer.Option(False, "--json"),
 ):
-    """The fastest training plans (TP x PP x DP x ZeRO x recompute x micro-batch) per device and GPU count."""
+    """The fastest training plans (TP x PP x DP x EP x ZeRO x recompute x micro-batch) per device and GPU count."""
     from .studies.plan_train import COLUMNS, plan_train, plan_train_request, table_rows
 
     def go():
@@ -479,7 +481,8 @@ def plan_train_cmd(
                                  devices=[d.strip() for d in devices.split(",") if d.strip()],
                                  gpus=_ints(gpus, "--gpus"), tp=_ints(tp, "--tp"), pp=_ints(pp, "--pp"),
                                  zero=[int(z) for z in zero.split(",") if z.strip().isdigit()], recompute=[r.strip() for r in recompute.split(",")],
-                                 micro_batch=_ints(micro_batch, "--micro-batch"), precision=precision,
+                                 micro_batch=_ints(micro_batch, "--micro-batch"),
+                                 ep=_ints(ep, "--ep") if ep is not None else None, precision=precision,
                                  prices=_prices(price, price_file), electricity_usd_per_kwh=electricity, pue=pue)
         return plan_train(req, progress=None if as_json else lambda m: typer.echo(m, err=True))
 

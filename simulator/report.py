@@ -272,10 +272,13 @@ def print_train_plan(result, top: int) -> None:
     table = Table(title=f"{result.model}: {result.considered} candidates, {sum(result.pruned.values())} pruned, "
                         f"{result.evaluated} costed, {len(result.ranked)} fit; the fastest per device and GPU "
                         "count, then the next fastest", header_style="bold")
-    for col in ("device", "GPUs", "tp.pp.dp", "ZeRO", "recomp", "mb x acc", "MFU", "days", "GB/GPU", "$", "MWh"):
+    moe = any(c.ep > 1 for c in result.ranked)
+    for col in ("device", "GPUs", "tp.pp.dp" + (".ep" if moe else ""), "ZeRO", "recomp", "mb x acc", "MFU", "days",
+                "GB/GPU", "$", "MWh"):
         table.add_column(col, justify="right")
     for c in train_plan_rows(result.ranked, top):
-        table.add_row(c.device, str(c.gpus), f"{c.tp}.{c.pp}.{c.dp}", str(c.zero), c.recompute,
+        table.add_row(c.device, str(c.gpus), f"{c.tp}.{c.pp}.{c.dp}" + (f".{c.ep}" if moe else ""), str(c.zero),
+                      c.recompute,
                       f"{c.micro_batch} x {c.grad_accum}", f"{c.mfu:.0%}", _fmt(c.time_to_train_days, 3),
                       f"{c.memory_per_gpu_gb:.1f}", _fmt(c.usd, 0), _fmt(c.energy_mwh, 3))
     if result.ranked:

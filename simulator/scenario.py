@@ -282,10 +282,11 @@ FP16_UNSUPPORTED_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "gl
 
 
 def uneven_stages_note(config: dict, pp: int, phase: str, runtime: str) -> str | None:
-    """Inference pipeline stages over a layer count pp does not divide (DeepSeek-V3's 61 at pp 2): the stages hold
-    one layer more or less (vLLM: get_pp_indices); the step is priced as pp stages of ceil(layers / pp) layers
-    (graph.extract._trace_scaled), their weights as the heaviest stage's (step.stage_memory)."""
-    if pp <= 1 or phase in TRAIN_PHASES:
+    """Pipeline stages over a layer count pp does not divide (DeepSeek-V3's 61 at pp 2): the stages hold one layer
+    more or less (vLLM: get_pp_indices; Megatron training: --decoder-first/last-pipeline-num-layers); the step is
+    priced as pp stages of ceil(layers / pp) layers (graph.extract._trace_scaled), the slowest stage pacing the
+    pipeline, their weights (and training states) as the heaviest stage's (step.stage_memory, step.state_groups)."""
+    if pp <= 1:
         return None
     from .graph.build import layer_count
     from .graph.engine import moe_layer_count
@@ -294,11 +295,14 @@ def uneven_stages_note(config: dict, pp: int, phase: str, runtime: str) -> str |
     if not layers % pp:
         return None
     big, small = -(-layers // pp), layers // pp
-    who = "vLLM's stages" if runtime == "vllm" else "the stages"
+    train = phase in TRAIN_PHASES
+    who = "vLLM's stages" if runtime == "vllm" and not train else "the stages"
+    how = ("as Megatron's --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers set them" if train
+           else "as vLLM splits them: vllm/distributed/utils.py get_pp_indices")
     moe = moe_layer_count(config)
     dense = layers - moe if moe else 0
-    return (f"--pp {pp} over {layers} layers: {who} hold {small} or {big} layers (as vLLM splits them: "
-            f"vllm/distributed/utils.py get_pp_indices); priced as {pp} stages of {big}"
+    return (f"--pp {pp} over {layers} layers: {who} hold {small} or {big} layers ({how}); priced as {pp} stages "
+            f"of {big}"
             + (f", each holding as many MoE layers as the heaviest (the {dense} dense layers sit in the first)"
                if dense else ""))
 

@@ -237,31 +237,63 @@ def _expert_params_per_gpu(sc: Scenario) -> float:
     return experts * 3 * cfg["hidden_size"] * width / max(sc.plan.tp, sc.plan.ep)
 
 
-def stage_memory(mem: MemoryBreakdown, sc: Scenario, dtype: str, stage_layers: int) -> MemoryBreakdown:
+def state_groups(sc: Scenario, param_count: float, stage_layers: int) -> tuple[tuple[float, int, int], ...]:
+    """The parameters per GPU of the heaviest pipeline stage (the traced stage's ``param_count``, plus what a
+    later stage of an MoE whose first layers are dense holds more: heaviest_stage_extra) by the data-parallel group
+    that holds copies of them, as (parameters, group size, rank stride): the dense ones over the dp ranks (tp
+    apart); with expert parallelism over data-parallel ranks (ep > tp) an MoE's routed experts over the
+    expert-data-parallel ranks, tp x dp / max(tp, ep) of them, max(tp, ep) apart (Megatron's expert data parallel
+    group: the GPUs holding the same experts, whose gradients and ZeRO shards are reduced and split among
+    themselves)."""
+    from .graph.engine import moe_layer_count
+
+    plan = sc.plan
+    extra_layers, routed, other = heaviest_stage_extra(sc, stage_layers)
+    experts = moe_layer_count(sc.config, stage_layers) * _expert_params_per_gpu(sc) + extra_layers * routed
+    dense = max(param_count - moe_layer_count(sc.config, stage_layers) * _expert_params_per_gpu(sc)
+                + extra_layers * other, 0.0)
+    if plan.ep <= plan.tp:
+        return ((dense + experts, plan.dp, plan.tp),)
+    return ((dense, plan.dp, plan.tp), (experts, plan.tp * plan.dp // max(plan.tp, plan.ep), max(plan.tp, plan.ep)))
+
+
+def heaviest_stage_extra(sc: Scenario, stage_layers: int) -> tuple[int, float, float]:
     """A pipeline stage is traced as the model's first ``stage_layers`` layers; where those include dense layers
-    (DeepSeek's first_k_dense_replace, Qwen-MoE's mlp_only_layers) a later stage holds more MoE layers: the weights
-    per GPU of the heaviest stage, as many MoE layers as the stage has layers (or the model has MoE layers), each
-    one's experts, shared experts and router in place of a dense MLP."""
-    from .formulas import QUANT_BYTES_PER_WEIGHT
-    from .graph.engine import expert_count, expert_weight_bytes, moe_layer_count
-    from .units import DTYPE_BYTES
+    (DeepSeek's first_k_dense_replace, Qwen-MoE's mlp_only_layers) a later stage holds more MoE layers, as many as
+    the stage has layers (or the model has MoE layers). Returns (how many more, per such layer the routed expert
+    parameters per GPU, and its shared experts and router less the dense MLP it replaces, per GPU); 0 layers for
+    pp 1 or a model whose traced stage is already all MoE."""
+    from .graph.engine import expert_count, moe_layer_count
 
     cfg, plan = sc.config, sc.plan
     moe_total = moe_layer_count(cfg)
     if plan.pp <= 1 or not moe_total:
-        return mem
+        return 0, 0.0, 0.0
     extra_layers = min(stage_layers, moe_total) - moe_layer_count(cfg, stage_layers)
     if extra_layers <= 0:
-        return mem
+        return 0, 0.0, 0.0
     h = cfg["hidden_size"]
     width = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
     shared = cfg.get("shared_expert_intermediate_size") or (cfg.get("n_shared_experts") or 0) * width
+    other = 3 * h * (shared - cfg["intermediate_size"]) / plan.tp + expert_count(cfg) * h
+    return extra_layers, _expert_params_per_gpu(sc), other
+
+
+def stage_memory(mem: MemoryBreakdown, sc: Scenario, dtype: str, stage_layers: int) -> MemoryBreakdown:
+    """The weights per GPU of the heaviest pipeline stage (heaviest_stage_extra: a later stage of an MoE whose
+    first layers are dense holds more MoE layers than the traced first stage): each extra MoE layer's experts,
+    shared experts and router in place of a dense MLP, at their stored bytes (the router in the model dtype)."""
+    from .formulas import QUANT_BYTES_PER_WEIGHT
+    from .graph.engine import expert_count, expert_weight_bytes
+    from .units import DTYPE_BYTES
+
+    extra_layers, routed, other = heaviest_stage_extra(sc, stage_layers)
+    if not extra_layers:
+        return mem
+    router = expert_count(sc.config) * sc.config["hidden_size"]
     linear = QUANT_BYTES_PER_WEIGHT.get(sc.quant, DTYPE_BYTES[dtype])
-    expert = expert_weight_bytes(cfg, sc.quant) or linear
-    moe_mlp = (_expert_params_per_gpu(sc) * expert + 3 * h * shared * linear / plan.tp
-               + expert_count(cfg) * h * DTYPE_BYTES[dtype])
-    dense_mlp = 3 * h * cfg["intermediate_size"] * linear / plan.tp
-    extra = extra_layers * max(moe_mlp - dense_mlp, 0.0) / GB
+    expert = expert_weight_bytes(sc.config, sc.quant) or linear
+    extra = extra_layers * max(routed * expert + (other - router) * linear + router * DTYPE_BYTES[dtype], 0.0) / GB
     return mem.model_copy(update={"weights_gb": mem.weights_gb + extra, "total_gb": mem.total_gb + extra})
 
 

@@ -124,7 +124,7 @@ def test_plan_train_cli_json_csv_and_plot(tmp_path):
     assert out.exit_code == 0, out.output
     data = json.loads(out.output)
     assert data["considered"] == 8 and data["ranked"][0]["time_to_train_s"] > 0
-    assert (tmp_path / "p.csv").read_text().startswith("device,gpus,tp,pp,dp,zero")
+    assert (tmp_path / "p.csv").read_text().startswith("device,gpus,tp,pp,dp,ep,zero")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 

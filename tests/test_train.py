@@ -369,3 +369,99 @@ def test_dtype_auto_trains_in_the_checkpoints_dtype():
     assert default_precision("auto", "Meta-Llama-3-8B") == "bf16-true"
     assert default_precision("auto", "opt-1.3b") == "16-true"
     assert default_precision("fp16", "gpt2") == "16-true"
+
+
+# ------------------------------------------------------------------ MoE training with expert parallelism
+
+def _moe_train(device: str, ep: int, zero: int = 0, precision: str = "bf16-true", batch: int = 8, tp: int = 1,
+               nodes: int | None = None):
+    import aisim
+
+    return aisim.estimate("OLMoE-1B-7B-0924", device, workload="train", batch=batch, seq=256, tp=tp, ep=ep,
+                          nodes=nodes, train=TrainPlan(precision=precision, zero=zero, micro_batch=1))
+
+
+def test_expert_parallel_training_moves_tokens_both_ways_and_reduces_experts_over_their_replicas():
+    """OLMoE (16 MoE layers, 64 experts) on 8 GPUs, dp 8: at ep 8 each GPU holds 8 experts, the routed tokens go
+    out and back by all-to-all in forward and their gradients in backward (4 per MoE layer), and DDP all-reduces
+    only the dense parameters' gradients (the experts have no replica: expert-data-parallel size 1); at ep 1 every
+    parameter is replicated and all-reduced."""
+    from aisim.step import state_groups
+
+    one, eight = _moe_train("h100x8", 1), _moe_train("h100x8", 8)
+    rows = {e: {r.name.split(" (")[0]: r for r in est.top_ops} for e, est in ((1, one), (8, eight))}
+    assert rows[8]["nccl.all_to_all"].count == 4 * 16 and "nccl.all_to_all" not in rows[1]
+    sc = scenario("OLMoE-1B-7B-0924", "h100x8", dtype="bf16", tp=1, dp=8, ep=8)
+    graph = __import__("aisim.step", fromlist=["op_arrays"]).op_arrays(
+        sc, sc.workload(StepShape(phase="forward-backward", batch=8, seq=256))).graph
+    (dense, dp, _), (experts, expert_dp, stride) = state_groups(sc, graph.param_count, graph.layers)
+    assert (dp, expert_dp, stride) == (8, 1, 8)
+    assert experts == pytest.approx(16 * 64 / 8 * 3 * 2048 * 1024)       # 8 experts x 3 x hidden x moe width
+    assert rows[8]["nccl.all_reduce"].bytes == pytest.approx(2 * dense)   # bf16 gradients of the dense part only
+    assert rows[1]["nccl.all_reduce"].bytes > 5 * rows[8]["nccl.all_reduce"].bytes
+    assert eight.memory.optimizer_gb < one.memory.optimizer_gb / 4
+
+
+def test_expert_states_shard_over_the_expert_data_parallel_ranks():
+    """ZeRO-1 on 16 GPUs (two h100x8 NDR nodes), ep 8: the dense parameters' AdamW states split 16 ways, the
+    experts' 2 ways (the two GPUs holding the same 8 experts)."""
+    from aisim.cost.memory import ADAM_STATES
+    from aisim.step import op_arrays, state_groups
+
+    est = _moe_train("h100x8-ndr", 8, zero=1, batch=16, nodes=2)
+    dev = multi_node_device("h100x8-ndr", 2)
+    sc = scenario("OLMoE-1B-7B-0924", dev, dtype="bf16", tp=1, dp=16, ep=8)
+    graph = op_arrays(sc, sc.workload(StepShape(phase="forward-backward", batch=16, seq=256))).graph
+    (dense, dp, _), (experts, expert_dp, _) = state_groups(sc, graph.param_count, graph.layers)
+    assert (dp, expert_dp) == (16, 2)
+    assert est.memory.optimizer_gb == pytest.approx(ADAM_STATES * 2 * (dense / 16 + experts / 2) / 1e9)
+
+
+def test_all_to_all_across_nodes_runs_at_the_nic_share():
+    """An all-to-all of 16 ranks over two 8-GPU nodes sends half of each rank's rows through its NIC share
+    (400 Gb/s per GPU on h100x8-ndr); within one node it is NVLink's ring figure."""
+    from aisim.cost.comm import _all_to_all_across_nodes_s
+
+    dev = multi_node_device("h100x8-ndr", 2)
+    net = dev.system.network
+    nbytes = 64e6
+    t16 = _all_to_all_across_nodes_s(nbytes, 16, 1, dev, scenario("OLMoE-1B-7B-0924", dev).calibration)
+    nic = net.nic_bw_bytes_per_s * net.nics_per_node / dev.system.gpus_per_node * net.bus_bw_fraction
+    assert t16 == pytest.approx(net.latency_s + 8 / 16 * nbytes / nic)
+    assert _all_to_all_across_nodes_s(nbytes, 8, 1, dev, scenario("OLMoE-1B-7B-0924", dev).calibration) is None
+    # ranks tp = 2 apart: 4 of the group per node, 12 of 16 peers off-node
+    t_tp2 = _all_to_all_across_nodes_s(nbytes, 16, 2, dev, scenario("OLMoE-1B-7B-0924", dev).calibration)
+    assert t_tp2 == pytest.approx(net.latency_s + 12 / 16 * nbytes / nic)
+
+
+def test_mixed_precision_moe_training_runs_hf_experts_in_fp32():
+    """bf16-mixed DDP runs the model under autocast with fp32 weights; grouped_mm is not autocast-enabled and HF
+    casts the tokens to the experts' fp32 (ATen's per-group fallback on CUDA): the trace used to fail on the meta
+    kernel's bf16 check. The experts now read fp32 weights (batch 1 x 256: memory-bound, twice the bytes of the
+    same step in bf16-true)."""
+    mixed = _moe_train("h100", 1, precision="bf16-mixed", batch=1)
+    true = _moe_train("h100", 1, precision="bf16-true", batch=1)
+    grouped = {e: next(r for r in est.top_ops if r.name == "aten._grouped_mm") for e, est in (("m", mixed),
+                                                                                             ("t", true))}
+    assert grouped["m"].bytes == pytest.approx(2 * grouped["t"].bytes, rel=0.01)
+    assert grouped["m"].time_ms > 1.5 * grouped["t"].time_ms
+
+
+def test_plan_train_searches_expert_parallel_degrees_for_moe_models_only():
+    from aisim.errors import AisimError
+    from aisim.studies.plan_train import expert_degrees, plan_train, plan_train_request
+    from aisim.catalog import resolve_model
+
+    assert expert_degrees(resolve_model("OLMoE-1B-7B-0924")[1]) == [1, 8, 64]
+    assert expert_degrees(resolve_model("Mixtral-8x7B-v0.1")[1]) == [1, 8]
+    assert expert_degrees(resolve_model("Meta-Llama-3-8B")[1]) == [1]
+    r = plan_train(plan_train_request(model="OLMoE-1B-7B-0924", tokens=1e11, seq=1024, global_batch=64,
+                                      devices=["h100"], gpus=[8], tp=[1], pp=[1], zero=[0], recompute=["none"],
+                                      micro_batch=[1], precision="bf16-true"))
+    assert {c.ep for c in r.ranked} == {1, 8} and r.pruned.get("shape: ep does not divide tp x dp") == 1
+    with pytest.raises(AisimError, match="does not divide the 64 experts"):
+        plan_train(plan_train_request(model="OLMoE-1B-7B-0924", tokens=1e11, seq=1024, global_batch=64,
+                                      devices=["h100"], gpus=[8], ep=[3]))
+    with pytest.raises(AisimError, match="mixture-of-experts models only"):
+        plan_train(plan_train_request(model="Meta-Llama-3-8B", tokens=1e11, seq=1024, global_batch=64,
+                                      devices=["h100"], gpus=[8], ep=[2]))

@@ -34,7 +34,37 @@ def collective_time_s(op: Op, cost: Cost, device: Device, cal: CalibrationSpec) 
     factor = RING_FACTORS.get(op.name)
     if factor is None:  # point-to-point: the whole tensor over one link
         return latency + cost.bytes_written / bw
+    if op.name == "nccl.all_to_all":
+        spread = _all_to_all_across_nodes_s(cost.bytes_written, group, int(op.attrs.get("stride", 1)), device, cal)
+        if spread is not None:
+            return spread
     return latency + factor * (group - 1) / group * cost.bytes_written / bw
+
+
+def _all_to_all_across_nodes_s(nbytes: float, group: int, stride: int, device: Device,
+                               cal: CalibrationSpec) -> float | None:
+    """An all-to-all whose ``group`` ranks, ``stride`` apart (tp innermost), span nodes of a multi-node system:
+    each rank sends 1/n of its ``nbytes`` to every other rank, (g - 1)/n of it inside its node (g group members
+    per node) over NVLink and (n - g)/n through its share of the node's NICs, both at once:
+        t = max(latency + (g - 1)/n x bytes / intra bus bw, net latency + (n - g)/n x bytes / NIC bw per GPU)
+    (each GPU's share of its node's NICs; PyTorch's all_to_all_single is an ncclSend and ncclRecv to every peer in
+    one NCCL group, torch/csrc/cuda/nccl.cpp all2all_single_equal_split). None where the group fits in one node or
+    the system has no network."""
+    system = device.system
+    per_node = getattr(system, "gpus_per_node", None) if system is not None else None
+    net = getattr(system, "network", None) if system is not None else None
+    if per_node is None or net is None:
+        return None
+    g = max(1, min(group, per_node // max(stride, 1)))
+    if g >= group:
+        return None
+    intra_bw, intra_latency = _intra_link(device, cal)
+    inter_bw = net.nic_bw_bytes_per_s * net.nics_per_node / per_node * net.bus_bw_fraction
+    if not net.rail_optimized:
+        inter_bw /= net.non_rail_penalty
+    intra = intra_latency + (g - 1) / group * nbytes / intra_bw if g > 1 and intra_bw > 0 else 0.0
+    inter = net.latency_s + (group - g) / group * nbytes / inter_bw if inter_bw > 0 else 0.0
+    return max(intra, inter)
 
 
 def collective_s(kind: str, nbytes: float, group: int, device: Device, cal: CalibrationSpec,

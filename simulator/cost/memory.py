@@ -79,7 +79,7 @@ FSDP_PREFETCHED_UNITS = 2     # the unit computing and the one being all-gathere
 
 
 def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device, in_flight: float = 1.0,
-                    accumulating: bool = False) -> MemoryBreakdown:
+                    accumulating: bool = False, groups: tuple | None = None) -> MemoryBreakdown:
     """Peak memory per GPU of a training step (``tp_plan``: aisim.workload.TrainPlan).
 
     persistent = weights + optimizer states (+ sharded gradients for ZeRO-2/3), each divided by ``dp`` from its
@@ -97,26 +97,30 @@ def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device,
     and backward in FSDP2).
     ``activations_gb`` is held + the larger of F and the backward's non-gradient peak; the parts are each at
     their largest, so when the activation peak comes before any gradient exists their sum exceeds ``total_gb``.
+    ``groups`` (aisim.step.state_groups): the parameters by the data-parallel group holding copies of them, each
+    sharded over its own group (an MoE's experts under expert parallelism over the expert-data-parallel ranks);
+    default all over ``dp``.
     Known inaccuracies: the allocator's rounding and fragmentation; the costed stage holds both the embedding
     (the first stage's) and the head and loss (the last stage's)."""
     p = graph.param_count
     weight_b, grad_b, compute_b = TRAIN_STATE_BYTES[tp_plan.precision]
     stage = tp_plan.stage
-    shard = lambda s: dp if stage >= s else 1  # noqa: E731
-    weights = p * weight_b / shard(3)
+    parts = groups or ((p, dp, 1),)
+    on_gpu = lambda s: sum(n / (g if stage >= s else 1) for n, g, *_ in parts)  # noqa: E731  params it keeps
+    weights = on_gpu(3) * weight_b
     if stage >= 1 and weight_b != compute_b and tp_plan.fsdp == "none":
         # DeepSpeed-style ZeRO: compute-dtype model weights (sharded at stage 3) + fp32 master copy (sharded)
-        weights = p * compute_b / shard(3) + p * weight_b / dp
-    optimizer = ADAM_STATES * weight_b * p / shard(1) if w.optimizer == "adamw" else 0.0
+        weights = on_gpu(3) * compute_b + on_gpu(1) * weight_b
+    optimizer = ADAM_STATES * weight_b * on_gpu(1) if w.optimizer == "adamw" else 0.0
     traced_grads = 0.0 if w.grad_release else graph.param_bytes   # in the traced weights' dtype
     if stage >= 1 and tp_plan.fsdp == "none":
         grad_b = compute_b   # DeepSpeed ZeRO reduces and keeps 16-bit gradients (ZeRO paper: 2 bytes)
-    sharded_grads = p * grad_b / dp if stage >= 2 else 0.0
+    sharded_grads = on_gpu(2) * grad_b if stage >= 2 else 0.0
     peak = graph.peak_activation_bytes
     forward = graph.meta.get("peak_forward_bytes", max(peak - traced_grads, 0.0))
     held = graph.meta.get("saved_per_layer_bytes", 0.0) * graph.layers * (in_flight - 1)
     kept = traced_grads + sharded_grads if accumulating else 0.0
-    buckets = traced_grads if stage == 0 and dp > 1 else 0.0
+    buckets = traced_grads if stage == 0 and max(g for _, g, *_ in parts) > 1 else 0.0
     layer = graph.meta.get("layer_params", 0)
     # at the loss no gradient of this micro-batch exists yet (zero_grad(set_to_none) freed the last step's);
     # stage 3 then holds the root unit (embeddings, final norm, head: FSDP2 never reshards the root after
@@ -125,7 +129,7 @@ def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device,
     # for the reduce-scatter; the optimizer step adds its temporaries.
     unsharded = (max(p - layer * graph.layers, 0) + layer) * compute_b if stage >= 3 else 0.0
     grad_unit = layer * (compute_b + grad_b) if stage >= 2 else 0.0
-    temporaries = (OPTIMIZER_TEMPORARIES[w.optimizer] * p * weight_b / shard(1)
+    temporaries = (OPTIMIZER_TEMPORARIES[w.optimizer] * on_gpu(1) * weight_b
                    if tp_plan.optimizer_impl == "foreach" else 0.0)
     workspace = CUBLAS_WORKSPACE_BYTES.get(device.gpu.architecture, CUBLAS_WORKSPACE_BYTES["default"])
     live = held + max(forward + kept, max(peak, traced_grads) + (sharded_grads if accumulating else 0.0))

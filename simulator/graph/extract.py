@@ -76,11 +76,12 @@ def _trace_scaled(config: dict, workload: Workload, plan: ParallelPlan) -> Graph
     from .build import layer_count
 
     total_layers = layer_count(config)
-    if total_layers % plan.pp and workload.phase in ("forward-backward", "train"):
-        raise AisimError(f"pipeline parallel degree {plan.pp} does not divide the {total_layers} layers; "
-                         f"choose --pp among the divisors of {total_layers} (training stages are even)")
-    # inference: vLLM splits the layers as evenly as it can (vllm/distributed/utils.py get_pp_indices: some
-    # stages one layer more); a step is priced as pp stages of the largest (scenario.uneven_stages_note)
+    if plan.pp > total_layers:
+        raise AisimError(f"pipeline parallel degree {plan.pp} exceeds the {total_layers} layers; choose --pp of at "
+                         f"most {total_layers}")
+    # vLLM splits the layers as evenly as it can (vllm/distributed/utils.py get_pp_indices: some stages one layer
+    # more), Megatron by --decoder-first/last-pipeline-num-layers; a step is priced as pp stages of the largest
+    # (scenario.uneven_stages_note)
     layers = -(-total_layers // plan.pp)
     if plan.dp > 1 and workload.batch % plan.dp:
         raise AisimError(f"data parallel degree {plan.dp} does not divide batch {workload.batch}; "

@@ -200,8 +200,8 @@ def shard_experts(model, tp: int, ep: int, tracer) -> int:
             # once at the MoE block's input with its shared expert's
             _hook_grad_allreduce(_parent(model, m), tracer, tp)
         if ep > tp:
-            m.register_forward_pre_hook(_all_to_all(tracer, ep, model.config, "dispatch"))
-            m.register_forward_hook(_all_to_all(tracer, ep, model.config, "combine"))
+            m.register_forward_pre_hook(_all_to_all(tracer, ep, model.config, "dispatch", tp))
+            m.register_forward_hook(_all_to_all(tracer, ep, model.config, "combine", tp))
     return len(found)
 
 
@@ -239,16 +239,40 @@ def _routed_copy(tracer, hidden, config, ep: int):
         return hidden.new_empty((hidden.shape[0] * top_k, hidden.shape[-1]))
 
 
-def _all_to_all(tracer, ep: int, config, direction: str):
+def _all_to_all(tracer, ep: int, config, direction: str, stride: int = 1):
     """A hook recording the expert-parallel all-to-all of the routed tokens: ``dispatch`` as a forward pre-hook
-    (module, args), ``combine`` as a forward hook (module, args, output)."""
+    (module, args) on the experts' input, ``combine`` as a forward hook (module, args, output) on their output; in
+    backward each one's gradient travels back by the same all-to-all (Megatron's token dispatcher: the
+    all-to-all's autograd function is an all-to-all). ``stride``: the ranks of the expert-parallel group are tp
+    apart (Megatron and vLLM order tp innermost), which places them on nodes (cost.comm)."""
+    attrs = {"group": ep, "moe": direction, "stride": stride}
+
     def hook(module, args, *output):
         if tracer.suppress or not args:
             return None
-        routed = _routed_copy(tracer, args[0], config, ep)
-        tracer.record("nccl.all_to_all", (routed,), {}, (routed,), alias=False, attrs={"group": ep, "moe": direction})
-        return None
+        if direction == "dispatch":
+            return (_AllToAll.apply(args[0], tracer, config, attrs), *args[1:])
+        return _AllToAll.apply(output[0], tracer, config, attrs) if isinstance(output[0], torch.Tensor) else None
     return hook
+
+
+class _AllToAll(torch.autograd.Function):
+    """Forward and backward: the all-to-all of the routed rows (tokens x top-k of them) of ``x``'s tokens."""
+
+    @staticmethod
+    def forward(ctx, x, tracer, config, attrs):
+        ctx.tracer, ctx.config, ctx.attrs = tracer, config, attrs
+        routed = _routed_copy(tracer, x, config, attrs["group"])
+        tracer.record("nccl.all_to_all", (routed,), {}, (routed,), alias=False, attrs=dict(attrs))
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if not ctx.tracer.suppress:
+            routed = _routed_copy(ctx.tracer, grad, ctx.config, ctx.attrs["group"])
+            ctx.tracer.record("nccl.all_to_all", (routed,), {}, (routed,), alias=False,
+                              attrs=dict(ctx.attrs, backward=True))
+        return grad, None, None, None
 
 
 def _features(linear, side: str) -> int:

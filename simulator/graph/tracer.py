@@ -151,12 +151,18 @@ _GROUPED_MM = _GROUPED_MM.default if _GROUPED_MM is not None else None
 
 
 def _grouped_mm_16(func, args, kwargs):
-    """aten._grouped_mm takes bf16 only (its meta and CUDA kernels check it); serving engines' fused MoE kernels
-    take fp16 as well, so an fp16 grouped GEMM is shaped through bf16 and recorded with its fp16 operands."""
-    if not any(isinstance(a, torch.Tensor) and a.dtype == torch.float16 for a in args):
+    """aten._grouped_mm's meta kernel takes bf16 only; serving engines' fused MoE kernels take fp16 as well, and
+    on CUDA other dtypes run ATen's fallback, one mm per group (aten/src/ATen/native/cuda/GroupedBlas.cpp,
+    _grouped_mm_fallback): HF's experts under autocast with fp32 weights call it in fp32 (grouped_mm is not
+    autocast-enabled; transformers/integrations/moe.py casts the input to the weights' dtype). Such a grouped GEMM
+    is shaped through bf16 and recorded with its own operands (priced at their dtype's rate; the fallback's copy of
+    the offsets to the host, a sync, is not modelled)."""
+    other = (torch.float16, torch.float32)
+    dtype = next((a.dtype for a in args if isinstance(a, torch.Tensor) and a.dtype in other), None)
+    if dtype is None:
         return func(*args, **kwargs)
-    cast = [a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.dtype == torch.float16 else a for a in args]
-    return func(*cast, **kwargs).to(torch.float16)
+    cast = [a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.dtype in other else a for a in args]
+    return func(*cast, **kwargs).to(dtype)
 
 
 def _strided_cat(inputs, outs) -> bool:

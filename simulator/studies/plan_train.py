@@ -1,9 +1,11 @@
 """`aisim plan train`: the fastest and cheapest ways to train a model on a token budget, over devices and GPU counts.
 
-Search space per (device, GPU count): TP x PP x ZeRO stage x recompute x micro-batch, with DP = GPUs / (TP x PP).
+Search space per (device, GPU count): TP x PP x EP (MoE) x ZeRO stage x recompute x micro-batch, with DP = GPUs /
+(TP x PP) and EP inside TP x DP (experts spread over EP of those GPUs, Megatron's expert model parallel group).
 Every candidate is counted; each is either pruned without a trace or costed by aisim.studies.train:
   - shape: TP x PP must divide the GPUs, TP must divide the heads (aisim.plan.check_tp) and stay inside a node, PP
-    must divide the layers, DP x micro-batch must divide the global batch;
+    must not exceed the layers (stages of ceil(layers / PP), Megatron's uneven first/last stages), EP must divide
+    TP x DP (and the experts), DP x micro-batch must divide the global batch;
   - states: a lower bound of the persistent bytes per GPU (N / (TP x PP) parameters; weights, AdamW's two states and
     sharded gradients at the precision's bytes, each divided by DP from its ZeRO stage on) above the GPU's memory;
   - activations: a micro-batch larger than one that did not fit with the same recompute (activation memory grows
@@ -29,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..catalog import resolve_device, resolve_gpu, resolve_model
 from ..errors import AisimError
-from ..plan import check_tp
+from ..plan import check_ep_experts, check_tp
 from ..scenario import Scenario, scenario
 from ..specs import all_systems
 from ..step import step_cost
@@ -56,6 +58,9 @@ class PlanTrainRequest(BaseModel):
     zero: list[Literal[0, 1, 2, 3]] = Field(default_factory=lambda: [0, 1, 2, 3], min_length=1)
     recompute: list[Recompute] = Field(default_factory=lambda: ["none", "full"], min_length=1)
     micro_batch: list[int] = Field(default_factory=lambda: [1, 2, 4])
+    ep: list[int] | None = Field(None, description="MoE expert parallel degrees to try (Megatron's expert model "
+                                 "parallel size, inside tp x dp); default 1 and each of 8 and 64 that divides the "
+                                 "experts; a dense model only 1")
     precision: Precision = "bf16-mixed"
     prices: dict[str, float] = Field(default_factory=dict, description="GPU name -> USD per GPU-hour")
     electricity_usd_per_kwh: float = Field(0.10, ge=0)
@@ -69,6 +74,7 @@ class TrainCandidate(BaseModel):
     tp: int
     pp: int
     dp: int
+    ep: int = 1
     zero: int
     recompute: str
     micro_batch: int
@@ -110,7 +116,7 @@ class PlanTrainResult(BaseModel):
 # CLI flags by field name, for one-line errors (aisim plan train)
 PLAN_TRAIN_FLAGS = {"tokens": "--tokens", "seq": "--seq", "global_batch": "--global-batch", "devices": "--devices",
                     "gpus": "--gpus", "tp": "--tp", "pp": "--pp", "zero": "--zero", "recompute": "--recompute",
-                    "micro_batch": "--micro-batch", "precision": "--precision", "prices": "--price",
+                    "micro_batch": "--micro-batch", "ep": "--ep", "precision": "--precision", "prices": "--price",
                     "electricity_usd_per_kwh": "--electricity-usd-per-kwh", "pue": "--pue"}
 
 
@@ -128,6 +134,8 @@ def plan_train(req: PlanTrainRequest, progress: Callable[[str], None] | None = N
     infeasible: dict[str, str] = {}
     model, config = resolve_model(req.model)   # the resolved name, also where no (device, GPU count) exists
     check_positions(config, SimpleNamespace(phase="forward-backward", seq=req.seq, gen_tokens=0), learned_only=True)
+    for ep in req.ep or ():
+        check_ep_experts(config, ep)
     for name in req.devices:    # every entry checked before the search: a GPU name or a multi-node system
         refuse_gpu_count(name, "plan train", "--gpus", multi_node=True)
         if not _is_network_system(name):
@@ -138,8 +146,8 @@ def plan_train(req: PlanTrainRequest, progress: Callable[[str], None] | None = N
                 dev = cluster(name, gpus)
             except AisimError as exc:
                 infeasible[f"{name} x {gpus}"] = str(exc)
-                counts["considered"] += _space(req)
-                pruned["no such cluster"] = pruned.get("no such cluster", 0) + _space(req)
+                counts["considered"] += _space(req, config)
+                pruned["no such cluster"] = pruned.get("no such cluster", 0) + _space(req, config)
                 continue
             sc = scenario(req.model, dev, dtype=PRECISION_DTYPE[req.precision], tp=1, pp=1, dp=gpus)
             before = (dict(counts), dict(pruned))
@@ -162,7 +170,7 @@ def plan_train(req: PlanTrainRequest, progress: Callable[[str], None] | None = N
                            not_fit=counts["not_fit"], traces=len(traced), ranked=ranked,
                            best_per_gpus=sorted(best.values(), key=lambda c: (c.device, c.gpus)),
                            cheapest_per_device=cheapest, pareto=pareto(ranked), not_feasible=infeasible,
-                           assumptions=_assumptions(req) + _tight_memory_notes(ranked)
+                           assumptions=_assumptions(req, config) + _tight_memory_notes(ranked)
                            + price_notes({d.gpu.name: d.gpu for d in map(resolve_device, req.devices)}, req.prices))
 
 
@@ -172,7 +180,8 @@ TIGHT_MEMORY_FRACTION = 0.95
 def _tight_memory_notes(cands: list[TrainCandidate]) -> list[str]:
     """A note where a reported plan fills more than TIGHT_MEMORY_FRACTION of the usable GPU memory: aisim counts the
     tensors PyTorch allocates plus the CUDA context and NCCL's buffers, not the caching allocator's cached blocks."""
-    tight = sorted({f"{c.device} x {c.gpus} {c.tp}.{c.pp}.{c.dp} ZeRO {c.zero} mb {c.micro_batch} "
+    tight = sorted({f"{c.device} x {c.gpus} {c.tp}.{c.pp}.{c.dp}{f' ep {c.ep}' if c.ep > 1 else ''} ZeRO {c.zero} "
+                    f"mb {c.micro_batch} "
                     f"({c.memory_per_gpu_gb:.1f} of {c.usable_gb:.1f} GB usable)" for c in cands
                     if c.memory_per_gpu_gb > TIGHT_MEMORY_FRACTION * c.usable_gb})
     if not tight:
@@ -208,8 +217,23 @@ def _no_plan_reason(req: PlanTrainRequest, dev, counts: dict, pruned: dict, coun
     return f"no plan to trace: every candidate was pruned: {text}{hint}"
 
 
-def _space(req: PlanTrainRequest) -> int:
-    return len(req.tp) * len(req.pp) * len(req.zero) * len(req.recompute) * len(req.micro_batch)
+def _space(req: PlanTrainRequest, config: dict | None = None) -> int:
+    eps = len(req.ep) if req.ep else len(expert_degrees(config)) if config is not None else 1
+    return len(req.tp) * len(req.pp) * eps * len(req.zero) * len(req.recompute) * len(req.micro_batch)
+
+
+DEFAULT_EP = (1, 8, 64)   # Mixtral / Qwen-MoE / OLMoE run EP 8 (one node); DeepSeek-V3 trained at EP 64
+
+
+def expert_degrees(config: dict, asked: list[int] | None = None) -> list[int]:
+    """The expert-parallel degrees to search: ``asked``, else 1 and each of DEFAULT_EP dividing the expert count;
+    [1] for a dense model."""
+    from ..graph.engine import expert_count
+
+    if asked:
+        return sorted(set(asked))
+    experts = expert_count(config) or 0
+    return [e for e in DEFAULT_EP if e == 1 or (experts and experts % e == 0)]
 
 
 def _is_network_system(name: str) -> bool:
@@ -252,19 +276,23 @@ def _search(req: PlanTrainRequest, sc: Scenario, counts: dict, pruned: dict, tra
     per_node = (sc.device.system.gpus_per_node if sc.device.system and sc.device.system.gpus_per_node
                 else sc.device.count)
     params = matmul_params(sc.config, active=False)     # every expert of an MoE is held
+    experts = params - matmul_params(sc.config, active=False, routed=False)
     out = []
     for tp in req.tp:
         for pp in req.pp:
-            for zero in req.zero:
-                why = _shape_reason(sc, gpus, per_node, tp, pp)
-                dp = gpus // (tp * pp) if not why else 1
-                plan = TrainPlan(precision=req.precision, zero=zero)
-                why = why or _states_reason(params, tp, pp, dp, plan, sc.device.gpu.memory_bytes)
-                out += _micro_batches(req, sc, tp, pp, dp, plan, why, counts, pruned, traced)
+            for ep in expert_degrees(sc.config, req.ep):
+                for zero in req.zero:
+                    why = _shape_reason(sc, gpus, per_node, tp, pp)
+                    dp = gpus // (tp * pp) if not why else 1
+                    why = why or ((tp * dp) % ep and "shape: ep does not divide tp x dp")
+                    plan = TrainPlan(precision=req.precision, zero=zero)
+                    why = why or _states_reason(params - experts, experts, tp, pp, dp, ep, plan,
+                                                sc.device.gpu.memory_bytes)
+                    out += _micro_batches(req, sc, tp, pp, dp, ep, plan, why, counts, pruned, traced)
     return out
 
 
-def _micro_batches(req, sc, tp, pp, dp, plan, why, counts, pruned, traced) -> list[TrainCandidate]:
+def _micro_batches(req, sc, tp, pp, dp, ep, plan, why, counts, pruned, traced) -> list[TrainCandidate]:
     """Micro-batches in increasing size, each with the lightest recompute first. Pruned without a trace: a heavier
     recompute where a lighter one fits at this micro-batch (recomputing only adds work; it saves memory), and a
     recompute mode at a micro-batch larger than one where it did not fit (activations grow with the micro-batch)."""
@@ -286,7 +314,7 @@ def _micro_batches(req, sc, tp, pp, dp, plan, why, counts, pruned, traced) -> li
                 key = reason if reason.startswith("shape:") else reason.split(":")[0]
                 pruned[key] = pruned.get(key, 0) + 1
                 continue
-            cand = _evaluate(req, sc, tp, pp, dp,
+            cand = _evaluate(req, sc, tp, pp, dp, ep,
                              plan.model_copy(update={"micro_batch": mb, "recompute": recompute}), counts, traced)
             if cand is None:
                 too_big.add(recompute)
@@ -303,8 +331,8 @@ def _shape_reason(sc: Scenario, gpus: int, per_node: int, tp: int, pp: int) -> s
         return "shape: tp x pp does not divide the GPUs"
     if tp > per_node:
         return "shape: tensor parallel beyond a node"
-    if layer_count(sc.config) % pp:
-        return "shape: pp does not divide the layers"
+    if pp > layer_count(sc.config):
+        return "shape: pp exceeds the layers"
     try:
         check_tp(sc.config, tp, "all")
     except AisimError:
@@ -312,20 +340,24 @@ def _shape_reason(sc: Scenario, gpus: int, per_node: int, tp: int, pp: int) -> s
     return None
 
 
-def _states_reason(params: float, tp: int, pp: int, dp: int, plan: TrainPlan, capacity_bytes: float) -> str | None:
-    """Lower bound of the persistent training state per GPU (see aisim.cost.memory.train_breakdown)."""
+def _states_reason(dense: float, experts: float, tp: int, pp: int, dp: int, ep: int, plan: TrainPlan,
+                   capacity_bytes: float) -> str | None:
+    """Lower bound of the persistent training state per GPU (see aisim.cost.memory.train_breakdown): ``dense``
+    parameters over tp x pp, sharded over dp; an MoE's routed ``experts`` over max(tp, ep) x pp, sharded over the
+    tp x dp / max(tp, ep) GPUs that hold the same experts (aisim.step.state_groups)."""
     from ..cost.memory import ADAM_STATES, TRAIN_STATE_BYTES
 
     weight_b, grad_b, compute_b = TRAIN_STATE_BYTES[plan.precision]
-    p = params / (tp * pp)
-    shard = lambda s: dp if plan.stage >= s else 1  # noqa: E731
-    low = p * min(weight_b, compute_b) / shard(3) + ADAM_STATES * weight_b * p / shard(1)
-    low += p * min(grad_b, compute_b) / dp if plan.stage >= 2 else 0.0
+    split = max(tp, ep)
+    parts = ((dense / (tp * pp), dp), (experts / (split * pp), tp * dp // split))
+    held = lambda s: sum(p / (g if plan.stage >= s else 1) for p, g in parts)  # noqa: E731
+    low = held(3) * min(weight_b, compute_b) + ADAM_STATES * weight_b * held(1)
+    low += held(2) * min(grad_b, compute_b) if plan.stage >= 2 else 0.0
     return "states: weights and optimizer states alone exceed the GPU memory" if low > capacity_bytes else None
 
 
-def _evaluate(req, sc, tp, pp, dp, plan, counts, traced) -> TrainCandidate | None:
-    sc = sc.with_plan(ParallelPlan(tp=tp, pp=pp, dp=dp))
+def _evaluate(req, sc, tp, pp, dp, ep, plan, counts, traced) -> TrainCandidate | None:
+    sc = sc.with_plan(ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep))
     shape = StepShape(phase="forward-backward", batch=plan.micro_batch * dp, seq=req.seq)
     w = sc.workload(shape, **traced_options(plan))
     traced.add(share_trace(sc, w))
@@ -342,7 +374,7 @@ def _evaluate(req, sc, tp, pp, dp, plan, counts, traced) -> TrainCandidate | Non
     gpu_hours = gpus * time_s / S_PER_HOUR
     mwh = energy_step_j * steps * req.pue / J_PER_MWH
     return TrainCandidate(device=sc.device.gpu.name, system=sc.device.name, gpus=gpus, tp=tp, pp=pp, dp=dp,
-                          zero=plan.stage, recompute=plan.recompute, micro_batch=r.micro_batch,
+                          ep=ep, zero=plan.stage, recompute=plan.recompute, micro_batch=r.micro_batch,
                           grad_accum=r.grad_accum, step_ms=r.step_ms, tokens_per_s=r.tokens_per_s, mfu=r.mfu,
                           time_to_train_s=time_s, time_to_train_days=time_s / 86400.0,
                           memory_per_gpu_gb=r.memory.total_gb, capacity_gb=r.memory.capacity_gb,
@@ -390,14 +422,27 @@ def pareto(cands: list[TrainCandidate]) -> list[TrainCandidate]:
     return sorted(unique.values(), key=lambda c: c.time_to_train_s)
 
 
-def _assumptions(req: PlanTrainRequest) -> list[str]:
-    return [f"training: {req.precision}, AdamW, 1F1B pipeline schedule, TP inside a node, DP = GPUs / (TP x PP); "
-            "ZeRO stage 3 is FSDP FULL_SHARD's memory and traffic (aisim.studies.train)",
-            f"$ = GPU-hours x price per GPU-hour (spec default or --price); MWh: GPU energy x PUE {req.pue}; "
-            "communication and the optimizer at the waiting power; hosts and network not counted"]
+def _assumptions(req: PlanTrainRequest, config: dict) -> list[str]:
+    from ..graph.build import layer_count
+
+    out = [f"training: {req.precision}, AdamW, 1F1B pipeline schedule, TP inside a node, DP = GPUs / (TP x PP); "
+           "ZeRO stage 3 is FSDP FULL_SHARD's memory and traffic (aisim.studies.train)",
+           f"$ = GPU-hours x price per GPU-hour (spec default or --price); MWh: GPU energy x PUE {req.pue}; "
+           "communication and the optimizer at the waiting power; hosts and network not counted"]
+    eps = expert_degrees(config, req.ep)
+    if eps != [1]:
+        out.append(f"MoE: expert parallel degrees {', '.join(map(str, eps))} tried (the 'ep' of tp.pp.dp.ep: experts "
+                   "spread over ep of the tp x dp GPUs, tokens and their gradients by all-to-all, on the critical "
+                   "path; the experts' gradients and ZeRO shards over the GPUs holding the same experts); the experts "
+                   "run as transformers' grouped GEMMs with its routing ops, routing taken as uniform")
+    uneven = sorted(p for p in req.pp if p > 1 and layer_count(config) % p)
+    if uneven:
+        out.append(f"--pp {', '.join(map(str, uneven))} over {layer_count(config)} layers: uneven stages (Megatron's "
+                   "--decoder-first/last-pipeline-num-layers), priced as pp stages of the largest")
+    return out
 
 
-COLUMNS = ("device", "gpus", "tp", "pp", "dp", "zero", "recompute", "micro_batch", "grad_accum", "step_ms",
+COLUMNS = ("device", "gpus", "tp", "pp", "dp", "ep", "zero", "recompute", "micro_batch", "grad_accum", "step_ms",
            "mfu", "time_to_train_days", "memory_per_gpu_gb", "usd", "energy_mwh")
 
 

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..errors import AisimError
 from ..results import MemoryBreakdown, OpCost
 from ..scenario import Scenario, calibration_note
-from ..step import op_arrays, step_cost
+from ..step import op_arrays, state_groups, step_cost
 from ..units import MS_PER_S
 from ..workload import MAX_BATCH, MAX_TOKENS, StepShape, TrainPlan
 from .common import TRAIN_NOT_FIT_HINT, not_fit_reason
@@ -125,10 +125,11 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     w = mb.workload
     graph = op_arrays(sc, w).graph
     in_flight = _in_flight(par.pp, m, plan)
+    groups = state_groups(sc, graph.param_count, graph.layers)
     # a forward that follows a backward of the same step (m > pp) runs beside the accumulated gradients
     memory = with_runtime_reserve(
-        train_breakdown(graph, w, plan, par.dp, sc.device, in_flight, accumulating=m > par.pp), sc.calibration,
-        sc.runtime.framework, par.gpus > 1)
+        train_breakdown(graph, w, plan, par.dp, sc.device, in_flight, accumulating=m > par.pp, groups=groups),
+        sc.calibration, sc.runtime.framework, par.gpus > 1)
     notes = list(sc.assumptions) + _notes(plan, par, b, m, {"adamw": "AdamW", "sgd": "SGD"}[sc.optimizer])
     cal = calibration_note(sc)
     notes += [cal] if cal else []
@@ -148,8 +149,8 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     bwd_frac = _backward_fraction(sc, w)
     weight_b, grad_b, compute_b = TRAIN_STATE_BYTES[plan.precision]
     compute_s = _pipeline_s(t_mb, m, par.pp, plan)
-    opt = optimizer_cost(sc, graph, plan, par.dp)
-    comm = dp_comm(sc, graph, plan, m, t_mb * (1 - bwd_frac), t_mb * bwd_frac, w.autocast)
+    opt = optimizer_cost(sc, graph, plan, par.dp, groups)
+    comm = dp_comm(sc, graph, plan, m, t_mb * (1 - bwd_frac), t_mb * bwd_frac, w.autocast, groups)
     p2p_s = pipeline_p2p(sc, b, req.seq, compute_b, plan) if par.pp > 1 else 0.0
     step_s = compute_s + comm.exposed_s + opt.time_s + p2p_s
     rows += comm.rows + opt.rows
@@ -219,10 +220,11 @@ def model_flops_per_token(config: dict, seq: int) -> float:
     return 6.0 * matmul_params(config) + 6.0 * hf.num_hidden_layers * heads * head_dim * (seq + 1) * (seq > 0)
 
 
-def matmul_params(config: dict, active: bool = True) -> float:
+def matmul_params(config: dict, active: bool = True, routed: bool = True) -> float:
     """Weights of the decoder layers' matmuls and the logit layer (not the input embedding). MoE layers: the routed
     top-k experts, the shared experts and the router with ``active`` (what a token runs through: MFU), every expert
-    without (what the GPUs hold: the planner's memory bound); the layers without experts
+    without (what the GPUs hold: the planner's memory bound), no routed expert with ``routed`` False (what expert
+    parallelism does not split); the layers without experts
     (graph.engine.moe_layer_count: DeepSeek's first_k_dense_replace, Qwen-MoE's mlp_only_layers) their dense MLP.
     Known inaccuracy: MLA's low-rank attention projections are counted as plain multi-head ones."""
     from ..graph.build import make_config
@@ -243,8 +245,8 @@ def matmul_params(config: dict, active: bool = True) -> float:
     # MoE (gated experts throughout)
     expert_inter = config.get("moe_intermediate_size") or inter
     shared = config.get("shared_expert_intermediate_size") or (config.get("n_shared_experts") or 0) * expert_inter
-    routed = next((config[k] for k in TOP_K_KEYS if config.get(k)), 2) if active else experts
-    moe = 3 * h * (routed * expert_inter + shared) + h * experts
+    per_token = next((config[k] for k in TOP_K_KEYS if config.get(k)), 2) if active else experts
+    moe = 3 * h * ((per_token if routed else 0) * expert_inter + shared) + h * experts
     dense = layers - moe_layer_count(config)      # DeepSeek's first layers, Qwen-MoE's mlp_only_layers: dense MLPs
     return float(layers * attn + dense * 3 * h * inter + (layers - dense) * moe + logits)
 

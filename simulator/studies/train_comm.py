@@ -32,12 +32,14 @@ def _row(name: str, count: int, nbytes: float, seconds: float, bound: str, flops
                   share=0.0)
 
 
-def _coll(sc: Scenario, kind: str, nbytes: float, group: int) -> float:
+def _coll(sc: Scenario, kind: str, nbytes: float, group: int, stride: int | None = None) -> float:
+    """One collective over ``group`` data-parallel ranks ``stride`` apart (default tp: Megatron's order, tp
+    innermost, then dp), placed on nodes of the system's size."""
     from ..cost.comm import collective_s
 
     system = sc.device.system
     per_node = getattr(system, "gpus_per_node", None) if system is not None else None
-    ranks_per_node = max(1, per_node // sc.plan.tp) if per_node else None   # Megatron order: tp innermost, then dp
+    ranks_per_node = max(1, per_node // (stride or sc.plan.tp)) if per_node else None
     return collective_s(kind, nbytes, group, sc.device, sc.calibration, ranks_per_node)
 
 
@@ -50,29 +52,44 @@ def _memory_op_s(sc: Scenario, nbytes: float) -> float:
     return nbytes / sc.device.gpu.memory_bw_bytes_per_s / memory_efficiency(sc.calibration, nbytes)
 
 
-def dp_comm(sc: Scenario, graph, plan: TrainPlan, m: int, fwd_s: float, bwd_s: float, autocast: bool) -> Added:
-    """Data-parallel collectives of one step (``fwd_s``/``bwd_s``: one micro-batch's forward and backward)."""
+def dp_comm(sc: Scenario, graph, plan: TrainPlan, m: int, fwd_s: float, bwd_s: float, autocast: bool,
+            groups: tuple | None = None) -> Added:
+    """Data-parallel collectives of one step (``fwd_s``/``bwd_s``: one micro-batch's forward and backward).
+    ``groups`` (aisim.step.state_groups): (parameters, group, stride) per data-parallel group, each part reduced
+    and sharded over its own ranks (an MoE's experts under expert parallelism over the expert-data-parallel ones);
+    default every parameter over dp. The collectives of the parts run one after another on one NCCL stream."""
     from ..cost.memory import TRAIN_STATE_BYTES
 
     dp = sc.plan.dp
     out = Added()
-    if dp <= 1:
+    parts = [(n, g, st) for n, g, st in (groups or ((graph.param_count, dp, sc.plan.tp),)) if g > 1 and n > 0]
+    if dp <= 1 or not parts:
         return out
-    p = graph.param_count
+
+    def coll(kind: str, per_param: float, size=lambda g, st: g) -> float:
+        """The parts' collectives, back to back: each part's full tensor over ``size`` of its ranks."""
+        return sum(_coll(sc, kind, n * per_param, size(g, st), st) for n, g, st in parts)
+
+    p = sum(n for n, _, _ in parts)
     weight_b, grad_b, compute_b = TRAIN_STATE_BYTES[plan.precision]
     stage = plan.stage
     if stage == 0:
-        grads = p * (weight_b if autocast else compute_b)   # DDP reduces the .grad dtype (fp32 under autocast)
+        per_param = weight_b if autocast else compute_b   # DDP reduces the .grad dtype (fp32 under autocast)
+        grads = p * per_param
         bucket = plan.bucket_mb * MB
-        n = max(1, math.ceil(grads / bucket))
-        last = _coll(sc, "all_reduce", grads - (n - 1) * bucket, dp)
-        full = _coll(sc, "all_reduce", bucket, dp) if n > 1 else 0.0
-        total = last + (n - 1) * full
+        total, last, n_buckets = 0.0, None, 0
+        for n, g, st in parts:
+            part = n * per_param
+            k = max(1, math.ceil(part / bucket))
+            tail = _coll(sc, "all_reduce", part - (k - 1) * bucket, g, st)
+            total += tail + (k - 1) * (_coll(sc, "all_reduce", bucket, g, st) if k > 1 else 0.0)
+            last = tail if last is None else last      # the first parameters' bucket is reduced last
+            n_buckets += k
         copies = _memory_op_s(sc, 2 * grads)             # grads copied into the flat buckets and back
         out.total_s = total
         out.exposed_s = max(0.0, total - last - bwd_s) + last + copies
-        out.rows += [_row(f"nccl.all_reduce (DDP gradients, {plan.bucket_mb:g} MiB buckets)", n, grads, total,
-                          "network"), _row("ddp.bucket_copy", 2 * n, 2 * grads, copies, "memory")]
+        out.rows += [_row(f"nccl.all_reduce (DDP gradients, {plan.bucket_mb:g} MiB buckets)", n_buckets, grads,
+                          total, "network"), _row("ddp.bucket_copy", 2 * n_buckets, 2 * grads, copies, "memory")]
         return out
     grad_reduce_b = grad_b if plan.fsdp != "none" else compute_b   # FSDP2 reduce_dtype, ZeRO: 16-bit grads
     params = p * compute_b
@@ -80,8 +97,8 @@ def dp_comm(sc: Scenario, graph, plan: TrainPlan, m: int, fwd_s: float, bwd_s: f
     units = graph.layers + 1
     if stage in (1, 2):
         rs_per = 1 if stage == 1 else m
-        rs = _coll(sc, "reduce_scatter", grads, dp)
-        ag = _coll(sc, "all_gather", params, dp)
+        rs = coll("reduce_scatter", grad_reduce_b)
+        ag = coll("all_gather", compute_b)
         out.total_s = rs * rs_per + ag
         out.exposed_s = max(0.0, rs - bwd_s) + rs / units + (rs * (rs_per - 1) / units) + ag
         if plan.fsdp == "grad-op":   # SHARD_GRAD_OP: one all-gather per micro-batch before forward, kept
@@ -91,15 +108,20 @@ def dp_comm(sc: Scenario, graph, plan: TrainPlan, m: int, fwd_s: float, bwd_s: f
         out.rows += [_row("nccl.reduce_scatter (ZeRO gradients)", rs_per, grads * rs_per, rs * rs_per, "network"),
                      _row("nccl.all_gather (ZeRO parameters)", 1, params, ag, "network")]
         return out
-    group = dp
-    if plan.fsdp == "hybrid" and sc.device.system is not None and getattr(sc.device.system, "gpus_per_node", None):
-        group = min(dp, sc.device.system.gpus_per_node // sc.plan.tp)
-    ag = _coll(sc, "all_gather", params, group)
-    rs = _coll(sc, "reduce_scatter", grads, group)
+    def size(g: int, st: int) -> int:
+        """The ranks a part is sharded over: all its group, or for HYBRID_SHARD those inside one node."""
+        system = sc.device.system
+        if plan.fsdp == "hybrid" and system is not None and getattr(system, "gpus_per_node", None):
+            return max(1, min(g, system.gpus_per_node // st))
+        return g
+
+    ag = coll("all_gather", compute_b, size)
+    rs = coll("reduce_scatter", grad_reduce_b, size)
     exposed = ag / units + max(0.0, ag - fwd_s) + max(0.0, ag + rs - bwd_s) + rs / units
     # FSDP2 kernels around the collectives: all-gather copy-in (cast of the shard) and copy-out into the unsharded
     # params, twice per micro-batch; the gradients cast to the reduce dtype and copied into the reduce-scatter input
-    moved = [p / group * (weight_b + compute_b), 2 * params, 2 * params + p / group * (weight_b + compute_b),
+    shard = sum(n / size(g, st) for n, g, st in parts)
+    moved = [shard * (weight_b + compute_b), 2 * params, 2 * params + shard * (weight_b + compute_b),
              p * (compute_b + grad_reduce_b), 2 * grads]
     kernels = 2 * (_memory_op_s(sc, moved[0]) + _memory_op_s(sc, moved[1]))
     kernels += _memory_op_s(sc, moved[3]) + _memory_op_s(sc, moved[4])
@@ -110,17 +132,19 @@ def dp_comm(sc: Scenario, graph, plan: TrainPlan, m: int, fwd_s: float, bwd_s: f
                       "network"),
                  _row("nccl.reduce_scatter (FSDP gradients)", m * units, m * grads, m * rs, "network"),
                  _row("fsdp.copy_in_out_cast", 4 * m * units, m * kernel_bytes, m * kernels, "memory")]
-    if group < dp:   # HYBRID_SHARD: the shards' gradients all-reduced across the replicas, once per step
-        ar = _coll(sc, "all_reduce", grads / group, dp // group)
+    replicas = [(n, g, st, size(g, st)) for n, g, st in parts if size(g, st) < g]
+    if replicas:   # HYBRID_SHARD: the shards' gradients all-reduced across the replicas (one per node), once per step
+        ar = sum(_coll(sc, "all_reduce", n * grad_reduce_b / k, g // k, st * k) for n, g, st, k in replicas)
+        shards = sum(n * grad_reduce_b / k for n, _, _, k in replicas)
         out.total_s += ar
         out.exposed_s += ar
-        out.rows.append(_row("nccl.all_reduce (HSDP replicas)", 1, grads / group, ar, "network"))
+        out.rows.append(_row("nccl.all_reduce (HSDP replicas)", 1, shards, ar, "network"))
     return out
 
 
-def optimizer_cost(sc: Scenario, graph, plan: TrainPlan, dp: int) -> Added:
-    """The optimizer (AdamW, or SGD with --optimizer sgd) over the parameters this GPU updates (all; 1/dp from
-    ZeRO-1), in the weights' dtype."""
+def optimizer_cost(sc: Scenario, graph, plan: TrainPlan, dp: int, groups: tuple | None = None) -> Added:
+    """The optimizer (AdamW, or SGD with --optimizer sgd) over the parameters this GPU updates (all; from ZeRO-1
+    1/dp, or per part of ``groups`` 1/its group: aisim.step.state_groups), in the weights' dtype."""
     from ..cost.memory import TRAIN_STATE_BYTES
     from ..cost.ops_time import op_time
     from ..formulas import op_cost
@@ -128,7 +152,8 @@ def optimizer_cost(sc: Scenario, graph, plan: TrainPlan, dp: int) -> Added:
 
     weight_b = TRAIN_STATE_BYTES[plan.precision][0]
     shard = dp if plan.stage >= 1 else 1
-    n = max(1, round(graph.param_count / shard))
+    parts = groups or ((graph.param_count, dp, 1),)
+    n = max(1, round(sum(k / (g if plan.stage >= 1 else 1) for k, g, *_ in parts)))
     tensors = max(1, round(graph.meta.get("n_param_tensors", 1) / (shard if plan.stage >= 3 else 1)))
     op = optimizer_op(sc.optimizer, n, "fp32" if weight_b == 4 else "bf16", tensors, plan.optimizer_impl)
     cost = op_cost(op)
