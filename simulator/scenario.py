@@ -105,7 +105,10 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     cal, host_note = _host(request.host, cal)
     if dev.interconnect.allreduce_cpu_s is not None:  # measured on this host's GPU count: it replaces the device's
         cal = cal.model_copy(update={"allreduce_cpu_s": dev.interconnect.allreduce_cpu_s})
-    tp_scope = "full" if rt.vocab_parallel_head and request.tp_scope == "all" else request.tp_scope
+    # serving engines with a vocab-parallel head, and training as Megatron runs it (VocabParallelEmbedding, the
+    # output layer and vocab-parallel cross entropy: graph.sharding): 'all' shards the vocabulary too
+    vocab_parallel = rt.vocab_parallel_head or phase in TRAIN_PHASES
+    tp_scope = "full" if vocab_parallel and request.tp_scope == "all" else request.tp_scope
     check_ep_experts(config, request.ep)
     plan, plan_notes = choose_plan(config, dev.count, dev.name, batch, request.tp, request.pp, request.dp, tp_scope,
                                   rt.replicate_kv_heads, shard_states)
@@ -124,6 +127,10 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     power, power_note = resolve_power_mode(dev.gpu, cal, request.power_mode, request.power_limit_w,
                                            request.gpu_clock_mhz)
     plan_notes = [*plan_notes, uneven_stages_note(config, plan.pp, phase, rt.name)]
+    if phase in TRAIN_PHASES and plan.tp > 1 and plan.tp_scope == "full":
+        plan_notes.append(f"training tensor parallel {plan.tp}: the embedding and LM head vocab-parallel and the loss on "
+                          "each rank's slice of the logits (Megatron's VocabParallelEmbedding, output layer and "
+                          "vocab-parallel cross entropy)")
     notes = list(dev.assumptions) + [n for n in (catalog.defaults_note(config), *plan_notes, default_note, cal_note,
                                                  host_note, power_note, dtype_note, quant_note) if n]
     notes += _precision_notes(dev, dtype, quant, plan, config, rt)

@@ -60,11 +60,9 @@ def estimate_row(row: dict, seq: int, vocab: int):
     dp = row["gpus"] // (row["tp"] * row["pp"])
     device = multi_node_device("a100x8-hdr", row["gpus"] // 8)
     sc = scenario(_config_path(gpt_config(row, seq, vocab)), device, dtype="fp16", tp=row["tp"], pp=row["pp"], dp=dp,
-                  batch=row["batch"])
+                  batch=row["batch"], phase="train")
     # as Megatron-LM 2021 ran: explicit attention (no FlashAttention then; its scale-mask-softmax fused), full
-    # recompute, fp16 compute. Its vocab-parallel embedding and head are not traceable for training yet (tp scope
-    # full's all-gather has no backward): the head is replicated on the TP ranks, V / (16 l h) of the FLOPs
-    # (3.5 % at 3.6B, 0.1 % at 1T) counted tp times
+    # recompute, fp16 compute, the vocab-parallel embedding, head and cross entropy (training's tp scope)
     plan = TrainPlan(precision="16-true", recompute="full", micro_batch=MICRO_BATCH, attention="explicit")
     return train(sc, TrainRequest(batch=row["batch"], seq=seq, plan=plan))
 

@@ -156,12 +156,13 @@ def _trace_once(config: dict, workload: Workload, plan: ParallelPlan, layers: in
     weights_dtype = "fp32" if workload.autocast else workload.dtype  # mixed precision: fp32 master weights
     model, attn = build_meta_model(config, weights_dtype, layers, workload.attn_impl)
     tracer = Tracer()
-    shard_model(model, plan.tp, plan.tp_scope, tracer, plan.kv_replicas, plan.moe_reduce_once)
+    training = workload.phase in ("forward-backward", "train")
+    shard_model(model, plan.tp, plan.tp_scope, tracer, plan.kv_replicas, plan.moe_reduce_once,
+                gather_logits=not training)
     shard_experts(model, plan.tp, plan.ep, tracer)
     params = list(model.parameters())
     batch = workload.batch // plan.dp
     driver = _DRIVERS[workload.phase]
-    training = workload.phase in ("forward-backward", "train")
     model.eval()  # dropout off in every phase, as the validation suite measures (docs/model.md)
     if training:
         _training_options(model, params, workload)

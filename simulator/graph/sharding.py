@@ -24,13 +24,16 @@ KV_PROJECTIONS = frozenset({"k_proj", "v_proj"})
 FUSED_QKV = frozenset({"qkv_proj", "query_key_value", "Wqkv", "c_attn"})
 
 
-def shard_model(model, tp: int, scope: str, tracer, kv_replicas: int = 1, moe_reduce_once: bool = False) -> int:
+def shard_model(model, tp: int, scope: str, tracer, kv_replicas: int = 1, moe_reduce_once: bool = False,
+                gather_logits: bool = True) -> int:
     """Shard the meta model in place for one rank; returns how many linears were sharded. ``kv_replicas`` > 1:
     tp exceeds the KV heads and each rank keeps one KV head (vLLM's QKVParallelLinear: k_proj and v_proj keep
     out_features x kv_replicas / tp, the attention its query heads / tp over one KV head). ``moe_reduce_once``: a
     shared expert's row-parallel output inside an MoE block is not all-reduced on its own; the block's routed
     output and it are summed and all-reduced once (shard_experts' all-reduce), as vLLM's Qwen2MoE and DeepSeek-V2
-    blocks do (shared expert and FusedMoE built with reduce_results=False, one tensor_model_parallel_all_reduce)."""
+    blocks do (shared expert and FusedMoE built with reduce_results=False, one tensor_model_parallel_all_reduce).
+    ``gather_logits`` False (training): a vocab-parallel head keeps its logits sharded and the loss runs on them,
+    as Megatron's vocab-parallel cross entropy does (_vocab_parallel_loss); True: the logits are all-gathered."""
     if tp == 1:
         return 0
     column, row = roles(scope)
@@ -50,7 +53,15 @@ def shard_model(model, tp: int, scope: str, tracer, kv_replicas: int = 1, moe_re
             keep = kv_replicas if leaf in KV_PROJECTIONS else 1
             _resize(module, out_features=_features(module, "out") * keep // tp)
             if leaf == "lm_head":
-                module.register_forward_hook(_collective_hook(tracer, "all_gather", tp))
+                module.register_forward_hook(_collective_hook(tracer, "all_gather", tp) if gather_logits
+                                             else _vocab_parallel_loss(tracer, tp))
+                if not gather_logits:
+                    # HF's loss views the logits as (-1, vocab_size), read from the config or (OLMoE, Mixtral)
+                    # the model's own attribute: this rank's slice of the vocabulary
+                    for owner in (model.config, model):
+                        if isinstance(getattr(owner, "vocab_size", None), int):
+                            owner.vocab_size = _features(module, "out")
+                _hook_grad_allreduce(module, tracer, tp)   # the head's input gradient: partial sums over vocab
                 _vocab_parallel_embedding(model, module, tp, tracer)
             else:
                 blocks.add(parent)
@@ -313,6 +324,22 @@ def _vocab_parallel_embedding(model, head, tp: int, tracer) -> None:
     if getattr(embed, "padding_idx", None) is not None and embed.padding_idx >= embed.num_embeddings:
         embed.padding_idx = None     # the padding row is in another rank's slice; the lookup costs the same
     embed.register_forward_hook(_collective_hook(tracer, "all_reduce", tp))
+
+
+def _vocab_parallel_loss(tracer, tp: int):
+    """The head's output stays vocab-sharded and the loss runs on this rank's logits, as Megatron's
+    _VocabParallelCrossEntropy (megatron/core/tensor_parallel/cross_entropy.py): in forward an all-reduce (MAX) of
+    the logits' max, one fp32 value per token, then one (SUM) of the target's logit and the sum of exponentials
+    concatenated, two per token; none in backward (each rank's softmax gradient is local)."""
+    def hook(module, args, output):
+        if tracer.suppress or not isinstance(output, torch.Tensor):
+            return None
+        for values in (1, 2):
+            with tracer.suppressed():
+                per_token = output.new_empty((*output.shape[:-1], values), dtype=torch.float32)
+            tracer.record("nccl.all_reduce", (per_token,), {}, (per_token,), alias=True, attrs={"group": tp})
+        return None
+    return hook
 
 
 def _collective_hook(tracer, kind: str, group: int):

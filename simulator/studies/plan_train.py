@@ -357,7 +357,8 @@ def _states_reason(dense: float, experts: float, tp: int, pp: int, dp: int, ep: 
 
 
 def _evaluate(req, sc, tp, pp, dp, ep, plan, counts, traced) -> TrainCandidate | None:
-    sc = sc.with_plan(ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep))
+    # Megatron's tensor parallelism: the vocabulary too (VocabParallelEmbedding, output layer, cross entropy)
+    sc = sc.with_plan(ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep, tp_scope="full" if tp > 1 else "all"))
     shape = StepShape(phase="forward-backward", batch=plan.micro_batch * dp, seq=req.seq)
     w = sc.workload(shape, **traced_options(plan))
     traced.add(share_trace(sc, w))
