@@ -47,7 +47,7 @@ class EstimateRequest(ScenarioRequest):
 def estimate(model: Union[str, Path], device: Union[str, Path, Device], workload: Phase = "forward",
              batch: int = 1, seq: int = 1024, gen: Optional[int] = None,
              dtype: Literal["fp32", "tf32", "fp16", "bf16", "auto"] = "fp16", tp: Optional[int] = None, pp: int = 1,
-             dp: Optional[int] = None, tp_scope: Literal["all", "full", "mlp", "attention"] = "all",
+             dp: Optional[int] = None, tp_scope: Literal["all", "full", "layers", "mlp", "attention"] = "all",
              runtime: Union[str, RuntimeSpec, None] = None,
              calibration: Union[str, Path, CalibrationSpec] = "auto", with_loss: bool = False,
              optimizer: Literal["adamw", "sgd"] = "adamw",
@@ -76,7 +76,9 @@ def estimate(model: Union[str, Path], device: Union[str, Path, Device], workload
         tp: tensor parallel degree; None: the largest the model's dimensions allow over the device's GPUs.
         pp: pipeline parallel degree (stages run one after another; no micro-batching).
         dp: data parallel degree; None: GPUs / (tp x pp).
-        tp_scope: what TP shards: all (attention + MLP), full (+ vocab-parallel LM head), mlp, attention.
+        tp_scope: what TP shards: all (attention + MLP; the vocabulary too under vllm and in training, as
+            Megatron), full (+ vocab-parallel LM head), layers (attention + MLP, the vocabulary replicated), mlp,
+            attention.
         runtime: engine profile name (``aisim list runtimes``) or a RuntimeSpec; None: eager (ggml-cuda for
             transcribe).
         calibration: auto (the GPU's calibration file, else the default rules), none (datasheet rules only), or

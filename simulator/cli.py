@@ -78,7 +78,8 @@ def estimate(
     pp: int = typer.Option(1, help="pipeline parallel degree"),
     dp: Optional[int] = typer.Option(None, help="data parallel degree (default: GPUs / (tp x pp))"),
     tp_scope: str = typer.Option("all", help="all (attention+MLP; + the vocabulary under vllm and in training, as "
-                                 "Megatron) | full (+ vocab-parallel LM head) | mlp | attention"),
+                                 "Megatron) | full (+ vocab-parallel LM head) | layers (attention+MLP, the "
+                                 "vocabulary replicated) | mlp | attention"),
     ep: int = typer.Option(1, "--ep", help="MoE expert parallel degree: experts spread over N of the tp x dp GPUs"),
     kv_dtype: str = typer.Option("auto", "--kv-dtype", help="KV cache dtype: auto (model dtype) | fp16 | bf16 | fp8"),
     runtime: Optional[str] = typer.Option(None, help="eager (default; ggml-cuda for transcribe), graphs, vllm, "

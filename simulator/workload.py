@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Phase = Literal["forward", "prefill", "decode", "generate", "encode", "forward-backward", "train", "transcribe"]
 StepPhase = Literal["forward", "prefill", "decode", "encode", "forward-backward", "train"]
-TpScope = Literal["all", "full", "mlp", "attention"]
+TpScope = Literal["all", "full", "layers", "mlp", "attention"]
 DType = Literal["fp32", "tf32", "fp16", "bf16"]
 Quant = Literal["none", "bitsandbytes-int8", "int8", "fp8", "int4"]
 # PyTorch Lightning's precision vocabulary (lightning.fabric.connector._PRECISION_INPUT)

@@ -1,7 +1,9 @@
 """NCCL collective microbenchmarks (one process per GPU) and the alpha-beta fit of their times.
 
 Bus bytes follow the nccl-tests convention (doc/PERFORMANCE.md there): for a message of ``size`` bytes on
-n ranks, all-reduce moves 2*(n-1)/n*size per rank and all-gather (size = the gathered output) (n-1)/n*size.
+n ranks, all-reduce moves 2*(n-1)/n*size per rank, all-gather (size = the gathered output) (n-1)/n*size and
+all-to-all (size = each rank's send buffer, torch's all_to_all_single: an ncclSend/ncclRecv to every peer)
+(n-1)/n*size.
 The fit is t = latency_s + bus_bytes / bus_bw_bytes_per_s, by least squares on the measured points, with
 relative residuals by default so that 20 us small-message latencies and ms-long large transfers weigh alike.
 
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from .gpu import NCCL_SAFE_ENV as SAFE_ENV     # NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, ...
 
-OPS = ("all_reduce", "all_gather")
+OPS = ("all_reduce", "all_gather", "all_to_all")
 SIZES_BYTES = tuple(4096 * 4**i for i in range(10))          # 4 KiB .. 1 GiB
 QUICK_SIZES_BYTES = SIZES_BYTES[::3]                          # 4 KiB, 256 KiB, 16 MiB, 1 GiB
 
@@ -34,8 +36,9 @@ SLEEP_CYCLES_PER_CALL = 400_000   # torch.cuda._sleep ahead of the GPU-side timi
 
 
 def bus_bytes(op: str, size_bytes: float, world_size: int) -> float:
-    """nccl-tests bus bytes: all_reduce 2*(n-1)/n*size, all_gather (n-1)/n*size (size = output bytes)."""
-    factor = {"all_reduce": 2.0, "all_gather": 1.0}[op]
+    """nccl-tests bus bytes: all_reduce 2*(n-1)/n*size, all_gather (n-1)/n*size (size = output bytes), all_to_all
+    (n-1)/n*size (size = one rank's send buffer)."""
+    factor = {"all_reduce": 2.0, "all_gather": 1.0, "all_to_all": 1.0}[op]
     return factor * (world_size - 1) / world_size * size_bytes
 
 
@@ -63,7 +66,7 @@ def fit_alpha_beta(bus_bytes_list: list[float], times_s: list[float], *, relativ
 
 def fit_collectives(records: list[dict]) -> tuple[dict, list[str]]:
     """Collective records -> ({'allreduce_latency_s', 'allreduce_bus_bw_bytes_per_s'}, notes).
-    Both None when no all-reduce was measured (one GPU); the all-gather fit goes to the notes only."""
+    Both None when no all-reduce was measured (one GPU); the all-gather and all-to-all fits go to the notes only."""
     fields: dict = {"allreduce_latency_s": None, "allreduce_bus_bw_bytes_per_s": None}
     notes = []
     for op in OPS:
@@ -128,9 +131,10 @@ def _iters(size_bytes: int) -> int:
 
 
 def _bytes(op: str, size: int, world_size: int) -> int:
-    """Message size as measured: all_gather's output is world_size x the per-rank fp32 input."""
+    """Message size as measured: all_gather's output is world_size x the per-rank fp32 input; all_to_all's send
+    buffer world_size equal chunks."""
     per_rank = max(1, size // 4 // world_size)
-    return 4 * per_rank * world_size if op == "all_gather" else 4 * max(1, size // 4)
+    return 4 * per_rank * world_size if op in ("all_gather", "all_to_all") else 4 * max(1, size // 4)
 
 
 def _worker(rank: int, world_size: int, port: int, sizes: list[int], result_path: str) -> None:
@@ -145,10 +149,11 @@ def _worker(rank: int, world_size: int, port: int, sizes: list[int], result_path
     for op in OPS:
         for size in sizes:
             per_rank = max(1, size // 4 // world_size)     # fp32; all_gather output = world_size x input
-            out = torch.randn(per_rank * world_size if op == "all_gather" else max(1, size // 4), device="cuda")
-            inp = torch.randn(per_rank, device="cuda")
+            out = torch.randn(per_rank * world_size if op != "all_reduce" else max(1, size // 4), device="cuda")
+            inp = torch.randn(per_rank * world_size if op == "all_to_all" else per_rank, device="cuda")
             call = ((lambda: dist.all_reduce(out)) if op == "all_reduce"
-                    else (lambda: dist.all_gather_into_tensor(out, inp)))
+                    else (lambda: dist.all_gather_into_tensor(out, inp)) if op == "all_gather"
+                    else (lambda: dist.all_to_all_single(out, inp)))
             for _ in range(3):
                 call()
             torch.cuda.synchronize()

@@ -71,7 +71,7 @@ def shard_model(model, tp: int, scope: str, tracer, kv_replicas: int = 1, moe_re
             if _enclosing(name, in_moe) is None:
                 module.register_forward_hook(_collective_hook(tracer, "all_reduce", tp))
             sharded += 1
-    heads_sharded = scope in ("all", "full", "attention")
+    heads_sharded = scope in ("all", "full", "layers", "attention")
     for name, module in model.named_modules():
         # head counts the code reshapes with: on attention blocks, and on model roots that build per-head
         # tensors for all blocks (BLOOM's ALiBi slopes)

@@ -23,8 +23,8 @@ HEAD_KEYS = ("num_attention_heads", "n_head", "encoder_attention_heads")
 KV_HEAD_KEYS = ("num_key_value_heads",)
 HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
 FFN_KEYS = ("intermediate_size", "ffn_dim", "n_inner", "encoder_ffn_dim")
-SCOPE_PARTS = {"all": ("attention", "mlp"), "full": ("attention", "mlp"), "attention": ("attention",),
-               "mlp": ("mlp",)}
+SCOPE_PARTS = {"all": ("attention", "mlp"), "full": ("attention", "mlp"), "layers": ("attention", "mlp"),
+               "attention": ("attention",), "mlp": ("mlp",)}
 
 
 def _first(config: dict, keys: tuple[str, ...]):
