@@ -244,17 +244,34 @@ def state_groups(sc: Scenario, param_count: float, stage_layers: int) -> tuple[t
     apart); with expert parallelism over data-parallel ranks (ep > tp) an MoE's routed experts over the
     expert-data-parallel ranks, tp x dp / max(tp, ep) of them, max(tp, ep) apart (Megatron's expert data parallel
     group: the GPUs holding the same experts, whose gradients and ZeRO shards are reduced and split among
-    themselves)."""
+    themselves). With pipeline stages an untied model's first stage holds the embedding and its last the LM head,
+    not both (pipeline_vocab_params)."""
     from .graph.engine import moe_layer_count
 
     plan = sc.plan
     extra_layers, routed, other = heaviest_stage_extra(sc, stage_layers)
     experts = moe_layer_count(sc.config, stage_layers) * _expert_params_per_gpu(sc) + extra_layers * routed
     dense = max(param_count - moe_layer_count(sc.config, stage_layers) * _expert_params_per_gpu(sc)
-                + extra_layers * other, 0.0)
+                + extra_layers * other - pipeline_vocab_params(sc), 0.0)
     if plan.ep <= plan.tp:
         return ((dense + experts, plan.dp, plan.tp),)
     return ((dense, plan.dp, plan.tp), (experts, plan.tp * plan.dp // max(plan.tp, plan.ep), max(plan.tp, plan.ep)))
+
+
+def pipeline_vocab_params(sc: Scenario) -> float:
+    """Parameters per GPU of one vocabulary matrix that the traced stage (layers, embedding and LM head) holds beyond
+    any real pipeline stage: with pp > 1 and untied embeddings the first stage holds the embedding and the last the
+    head (Megatron; tied ones keep a copy on both, as traced); vocab / tp rows where the vocabulary is
+    tensor-parallel. 0 otherwise."""
+    from .graph.build import make_config
+
+    if sc.plan.pp <= 1:
+        return 0.0
+    hf = make_config(sc.config)
+    if getattr(hf, "tie_word_embeddings", False) or not getattr(hf, "vocab_size", None):
+        return 0.0
+    hidden = getattr(hf, "hidden_size", None) or getattr(hf, "n_embd", None) or getattr(hf, "d_model", None) or 0
+    return hf.vocab_size * hidden / (sc.plan.tp if sc.plan.tp_scope == "full" else 1)
 
 
 def heaviest_stage_extra(sc: Scenario, stage_layers: int) -> tuple[int, float, float]:

@@ -477,3 +477,31 @@ def test_plan_train_searches_expert_parallel_degrees_for_moe_models_only():
     with pytest.raises(AisimError, match="mixture-of-experts models only"):
         plan_train(plan_train_request(model="Meta-Llama-3-8B", tokens=1e11, seq=1024, global_batch=64,
                                       devices=["h100"], gpus=[8], ep=[2]))
+
+
+def test_pipeline_stages_hold_one_vocabulary_matrix_and_not_both_ends_activations():
+    """The traced stage has the embedding, the LM head and the loss; with pp > 1 an untied model's first stage holds
+    the embedding and min(pp, m) micro-batches of saved activations, its last the head, the logits and the loss of
+    one micro-batch: the states lose one 128256 x 4096 matrix (Llama-3-8B, untied), and the memory is the larger
+    of the two stages, not the first stage's activations beside the last stage's loss."""
+    from aisim.step import op_arrays, pipeline_vocab_params, state_groups
+    from aisim.workload import ParallelPlan
+
+    base = scenario("Meta-Llama-3-8B", "h100x8", dtype="bf16", tp=1, pp=1, dp=8)
+    sc = base.with_plan(ParallelPlan(tp=1, pp=4, dp=2))
+    assert pipeline_vocab_params(sc) == 128256 * 4096
+    assert pipeline_vocab_params(base) == 0.0
+    gpt2 = scenario("gpt2", "h100x8", dtype="bf16", tp=1, pp=1, dp=8)
+    assert pipeline_vocab_params(gpt2.with_plan(ParallelPlan(tp=1, pp=4, dp=2))) == 0.0   # tied: a copy on both
+    w = sc.workload(StepShape(phase="forward-backward", batch=2, seq=2048))
+    graph = op_arrays(sc, w).graph
+    groups = state_groups(sc, graph.param_count, graph.layers)
+    assert sum(n for n, *_ in groups) == pytest.approx(graph.param_count - 128256 * 4096)
+    plan = TrainPlan(precision="bf16-mixed", zero=1, micro_batch=1)
+    dev = sc.device
+    both = train_breakdown(graph, w, plan, 2, dev, in_flight=4)                         # the old costing
+    split = train_breakdown(graph, w, plan, 2, dev, in_flight=4, groups=groups, pp=4)
+    assert split.weights_gb < both.weights_gb and split.total_gb < both.total_gb
+    tail = graph.meta["peak_forward_bytes"] - graph.meta["saved_per_layer_bytes"] * graph.layers
+    assert tail > 0 and split.activations_gb <= both.activations_gb - min(tail, 3 * graph.meta[
+        "saved_per_layer_bytes"] * graph.layers) / 1e9 + 1e-9

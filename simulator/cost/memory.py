@@ -79,7 +79,7 @@ FSDP_PREFETCHED_UNITS = 2     # the unit computing and the one being all-gathere
 
 
 def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device, in_flight: float = 1.0,
-                    accumulating: bool = False, groups: tuple | None = None) -> MemoryBreakdown:
+                    accumulating: bool = False, groups: tuple | None = None, pp: int = 1) -> MemoryBreakdown:
     """Peak memory per GPU of a training step (``tp_plan``: aisim.workload.TrainPlan).
 
     persistent = weights + optimizer states (+ sharded gradients for ZeRO-2/3), each divided by ``dp`` from its
@@ -97,12 +97,14 @@ def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device,
     and backward in FSDP2).
     ``activations_gb`` is held + the larger of F and the backward's non-gradient peak; the parts are each at
     their largest, so when the activation peak comes before any gradient exists their sum exceeds ``total_gb``.
-    ``groups`` (aisim.step.state_groups): the parameters by the data-parallel group holding copies of them, each
-    sharded over its own group (an MoE's experts under expert parallelism over the expert-data-parallel ranks);
-    default all over ``dp``.
-    Known inaccuracies: the allocator's rounding and fragmentation; the costed stage holds both the embedding
-    (the first stage's) and the head and loss (the last stage's)."""
-    p = graph.param_count
+    ``groups`` (aisim.step.state_groups): the heaviest stage's parameters by the data-parallel group holding
+    copies of them, each sharded over its own group (an MoE's experts under expert parallelism over the
+    expert-data-parallel ranks); default the traced ones, all over ``dp``.
+    With ``pp`` stages the first one holds ``in_flight`` micro-batches of its layers but not the head and loss,
+    the last one a single micro-batch with them: the larger of the two (the loss tail: the forward's peak above
+    its layers' saved activations).
+    Known inaccuracies: the allocator's rounding and fragmentation."""
+    p = sum(n for n, *_ in groups) if groups else graph.param_count
     weight_b, grad_b, compute_b = TRAIN_STATE_BYTES[tp_plan.precision]
     stage = tp_plan.stage
     parts = groups or ((p, dp, 1),)
@@ -112,7 +114,8 @@ def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device,
         # DeepSpeed-style ZeRO: compute-dtype model weights (sharded at stage 3) + fp32 master copy (sharded)
         weights = on_gpu(3) * compute_b + on_gpu(1) * weight_b
     optimizer = ADAM_STATES * weight_b * on_gpu(1) if w.optimizer == "adamw" else 0.0
-    traced_grads = 0.0 if w.grad_release else graph.param_bytes   # in the traced weights' dtype
+    # in the traced weights' dtype; the stage's share of the traced parameters
+    traced_grads = 0.0 if w.grad_release else graph.param_bytes * p / max(graph.param_count, 1)
     if stage >= 1 and tp_plan.fsdp == "none":
         grad_b = compute_b   # DeepSpeed ZeRO reduces and keeps 16-bit gradients (ZeRO paper: 2 bytes)
     sharded_grads = on_gpu(2) * grad_b if stage >= 2 else 0.0
@@ -132,10 +135,18 @@ def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device,
     temporaries = (OPTIMIZER_TEMPORARIES[w.optimizer] * on_gpu(1) * weight_b
                    if tp_plan.optimizer_impl == "foreach" else 0.0)
     workspace = CUBLAS_WORKSPACE_BYTES.get(device.gpu.architecture, CUBLAS_WORKSPACE_BYTES["default"])
-    live = held + max(forward + kept, max(peak, traced_grads) + (sharded_grads if accumulating else 0.0))
+    late = sharded_grads if accumulating else 0.0
+    live = held + max(forward + kept, max(peak, traced_grads) + late)
+    activations = held + max(forward, peak - traced_grads, 0.0)
+    if pp > 1:
+        tail = max(forward - graph.meta.get("saved_per_layer_bytes", 0.0) * graph.layers, 0.0)
+        live = max(held + max(forward - tail + kept, max(peak - tail, traced_grads) + late),
+                   max(forward + kept, max(peak, traced_grads) + late))
+        activations = max(held + max(forward - tail, peak - tail - traced_grads, 0.0),
+                          max(forward, peak - traced_grads, 0.0))
+    activations += unsharded
     total = (weights + optimizer + buckets + workspace
              + max(live + unsharded, traced_grads + sharded_grads + grad_unit + temporaries))
-    activations = held + max(forward, peak - traced_grads, 0.0) + unsharded
     return MemoryBreakdown(weights_gb=weights / GB, activations_gb=activations / GB,
                            kv_cache_gb=0.0, gradients_gb=(traced_grads + sharded_grads + buckets) / GB,
                            optimizer_gb=optimizer / GB, workspace_gb=workspace / GB, total_gb=total / GB,

@@ -22,9 +22,10 @@ Narayanan et al. 2021 (SC21; 1F1B and interleaved schedules, bubble (p - 1) / m 
 MFU = model FLOPs (6 N + causal attention 6 L d_attn (s + 1) per token, see model_flops_per_token) / (step x
 GPUs x dense peak).
 Known inaccuracies: communication kernels are taken not to slow the compute they overlap (they take SMs and
-memory bandwidth in reality); pipeline p2p sends are exposed only in the fill and drain; the first 1F1B stage
-holds min(pp, m) micro-batches' saved activations (aisim.cost.memory.train_breakdown), and the costed stage carries
-both the embedding and the head and loss; energy covers the compute only.
+memory bandwidth in reality); pipeline p2p sends are exposed only in the fill and drain; the costed stage's time
+carries both the embedding and the head and loss (its memory is the larger of the first stage, min(pp, m)
+micro-batches' saved activations and the embedding, and the last, one micro-batch with the head and loss:
+aisim.cost.memory.train_breakdown); energy covers the compute only.
 """
 from __future__ import annotations
 
@@ -128,7 +129,8 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     groups = state_groups(sc, graph.param_count, graph.layers)
     # a forward that follows a backward of the same step (m > pp) runs beside the accumulated gradients
     memory = with_runtime_reserve(
-        train_breakdown(graph, w, plan, par.dp, sc.device, in_flight, accumulating=m > par.pp, groups=groups),
+        train_breakdown(graph, w, plan, par.dp, sc.device, in_flight, accumulating=m > par.pp, groups=groups,
+                        pp=par.pp),
         sc.calibration, sc.runtime.framework, par.gpus > 1)
     notes = list(sc.assumptions) + _notes(plan, par, b, m, {"adamw": "AdamW", "sgd": "SGD"}[sc.optimizer])
     cal = calibration_note(sc)
