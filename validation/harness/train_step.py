@@ -5,8 +5,8 @@
         --strategy fsdp2 --gpus 2 --out OUT/train.jsonl
     python3 -m aisim.validation.harness.train_step --smoke --out /tmp/train.jsonl      (CPU: plain, DDP, FSDP2 on gloo)
 
-Models: harness/configs/llama-1b.json and llama-3b.json (Llama-3.2-1B / 3B values, sources in the files), random
-weights built directly on the GPU, sdpa attention, ``model.train()``. One step = ``model(input_ids, labels=
+Models: harness/configs/llama-1b.json and llama-3b.json (Llama-3.2-1B / 3B values, sources in the files;
+--suite-moe: the MoE configs there), random weights built directly on the GPU, sdpa attention, ``model.train()``. One step = ``model(input_ids, labels=
 input_ids, use_cache=False).loss`` (HF's loss over the full logits) + ``backward()`` + ``optimizer.step()`` +
 ``zero_grad(set_to_none=True)``; batch x seq are per GPU, random token ids (different per rank).
 
@@ -93,8 +93,22 @@ SUITE_FP32 = [
     ("llama-3b", "32-true", False, 1, 2048, "plain", 1),
     ("llama-1b", "32-true", False, 4, 2048, "plain", 1),        # expected: oom
 ]
+# One GPU, MoE training in HF eager (transformers' grouped-GEMM experts, random weights: near-uniform routing): the
+# whole OLMoE in bf16-true, and layer-cut OLMoE / Qwen1.5-MoE / Mixtral (harness/configs/*-8l.json, *-4l.json);
+# bf16-mixed runs the experts in fp32 (grouped_mm is not autocast-enabled; ATen's per-group fallback); the last
+# case is expected not to fit. --suite-moe
+SUITE_MOE = [
+    ("olmoe-1b-7b", "bf16-true", False, 2, 1024, "plain", 1),
+    ("olmoe-1b-7b", "bf16-true", True, 4, 1024, "plain", 1),
+    ("olmoe-1b-7b-8l", "bf16-true", False, 8, 1024, "plain", 1),
+    ("olmoe-1b-7b-8l", "bf16-mixed", False, 4, 1024, "plain", 1),
+    ("qwen1.5-moe-a2.7b-8l", "bf16-true", False, 4, 1024, "plain", 1),
+    ("mixtral-8x7b-4l", "bf16-true", False, 4, 1024, "plain", 1),
+    ("mixtral-8x7b-4l", "bf16-mixed", True, 2, 1024, "plain", 1),    # expected: oom (97 GB predicted)
+]
 # the suite flags (argparse dests) in the order they take precedence
-SUITES = {"suite4": SUITE4, "suite_precision": SUITE_PRECISION, "suite_fp32": SUITE_FP32, "suite": SUITE}
+SUITES = {"suite4": SUITE4, "suite_precision": SUITE_PRECISION, "suite_fp32": SUITE_FP32, "suite_moe": SUITE_MOE,
+          "suite": SUITE}
 SMOKE = [
     ("tiny-llama", "bf16-mixed", True, 2, 32, "plain", 1),
     ("tiny-llama", "bf16-true", False, 2, 32, "plain", 1),
@@ -506,6 +520,7 @@ def main(argv=None) -> int:
     parser.add_argument("--suite4", action="store_true", help="the 4-GPU case list (module SUITE4)")
     parser.add_argument("--suite-precision", action="store_true", help="every precision mode on one GPU")
     parser.add_argument("--suite-fp32", action="store_true", help="32-true sizes on one GPU (SDPA math path)")
+    parser.add_argument("--suite-moe", action="store_true", help="MoE training steps on one GPU (HF eager experts)")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs available; cases needing more are skipped")
     parser.add_argument("--model", default="llama-1b")
     parser.add_argument("--precision", default="bf16-mixed", choices=list(PRECISIONS))
