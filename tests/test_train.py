@@ -162,6 +162,18 @@ def test_measured_training_steps_stay_under_their_ceilings():
     assert s["cases"] - s["fit_verdicts_right"] <= train_report.FIT_VERDICT_MISSES_CEILING
 
 
+def test_measured_moe_training_steps_stay_under_their_ceilings():
+    """validation/data/moe/moe-train-h100.jsonl (OLMoE, Qwen1.5-MoE and Mixtral training steps in HF eager on one
+    H100, predicted before they ran): runtime and memory MAPE under their ceilings, every fit verdict right."""
+    from aisim.validation import train_report
+
+    table = train_report.rows([train_report.MOE_TRAIN])
+    s = train_report.summary(table)
+    assert s["cases"] == 7 and s["fit_verdicts_right"] == 7
+    assert s["runtime_mape_pct"] <= train_report.MOE_RUNTIME_CEILING_PCT
+    assert s["memory_mape_pct"] <= train_report.MOE_MEMORY_CEILING_PCT
+
+
 def test_published_megatron_table_stays_under_its_ceiling():
     """Narayanan et al. 2021 Table 1 (10 GPT models, 32-3072 A100s): per-GPU throughput MAPE under the ceiling,
     every row fits in 80 GB as it ran."""
