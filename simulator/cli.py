@@ -71,7 +71,8 @@ def estimate(
     batch: int = typer.Option(1, help="batch size"),
     seq: int = typer.Option(1024, help="input length; for decode the context length"),
     gen: Optional[int] = typer.Option(None, help="generate: new tokens [default: 128]"),
-    dtype: str = typer.Option("fp16", help="fp32|tf32|fp16|bf16|auto (as the runtime picks it from config.json)"),
+    dtype: Optional[str] = typer.Option(None, help="fp32|tf32|fp16|bf16|auto (as the runtime picks it from "
+                                        "config.json) [default: fp16; train: --precision's, bf16-mixed]"),
     tp: Optional[int] = typer.Option(None, help="tensor parallel degree (default: the most GPUs of the device "
                                      "that divide the model's heads and widths, the rest data parallel; "
                                      "training with --zero 1-3 or --fsdp: data parallel first)"),
@@ -106,7 +107,8 @@ def estimate(
     power_limit: Optional[float] = typer.Option(None, "--power-limit", help="board power limit in W"),
     gpu_clock: Optional[float] = typer.Option(None, "--gpu-clock", help="GPU core clock cap in MHz"),
     precision: Optional[str] = typer.Option(None, help="train: bf16-mixed | 16-mixed | bf16-true | 16-true | "
-                                            "32-true (Lightning's names; default: --dtype's true precision)"),
+                                            "32-true (Lightning's names; default: --dtype's true precision, "
+                                            "bf16-mixed without --dtype)"),
     zero: int = typer.Option(0, help="train: ZeRO stage 0 (plain DDP) | 1 | 2 | 3 (= FSDP FULL_SHARD)"),
     fsdp: str = typer.Option("none", help="train: none | full | grad-op | hybrid (FSDP sharding strategy)"),
     recompute: str = typer.Option("none", help="train: activation checkpointing none | selective | full"),
@@ -126,6 +128,9 @@ def estimate(
     from . import report
     from .api import estimate as run_estimate
 
+    if workload == "train" and dtype is None and precision is None:
+        precision = "bf16-mixed"          # plan train's and Lightning's common choice, not 16-true
+    dtype = dtype or "fp16"
     train_plan = _train_plan(model, workload, dtype, precision, zero, fsdp, recompute, micro_batch, grad_accum,
                              pp_schedule, virtual_stages, bucket_mb, optimizer_impl)
 
@@ -470,7 +475,8 @@ def plan_train_cmd(
     pue: float = typer.Option(1.2, "--pue", help="power usage effectiveness of the data center (kWh/day x PUE)"),
     top: int = typer.Option(15, "--top", help="rows of the ranked table to print (at least the fastest plan of "
                             "every device and GPU count)"),
-    csv_out: Optional[Path] = typer.Option(None, "--csv", help="write every plan that fits as CSV"),
+    csv_out: Optional[Path] = typer.Option(None, "--csv", help="write every costed plan that fits as CSV (a heavier "
+                                           "recompute is not costed where a lighter one fits at that micro-batch)"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write time to train vs $ as png, pdf, svg or jpg "
                                         "(needs matplotlib)"),
     as_json: bool = typer.Option(False, "--json"),

@@ -109,4 +109,7 @@ def check_ep(config: dict, plan: ParallelPlan, ep: int) -> int:
     if group % ep:
         raise AisimError(f"--ep {ep} must divide the tp x dp = {group} GPUs of a pipeline stage (the expert-parallel "
                          "group); choose --ep among its divisors or change --tp/--dp")
+    if ep > plan.tp and ep % plan.tp:
+        raise AisimError(f"--ep {ep} above --tp {plan.tp} must be a multiple of it (an expert-parallel group of whole "
+                         "tensor-parallel groups); choose --ep among the multiples of --tp or change --tp")
     return ep

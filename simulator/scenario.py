@@ -99,6 +99,13 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     (whisper.cpp's for transcribe) and ``batch`` checks the default plan's data parallel degree; ``shard_states``
     (a training plan's sharding, e.g. "ZeRO stage 3") makes the default plan data parallel (plan.choose_plan)."""
     name, config = catalog.resolve_model(request.model)
+    dequantized_note = None
+    if phase in TRAIN_PHASES and isinstance(config.get("quantization_config"), dict):
+        # a quantized checkpoint (DeepSeek-V3's fp8, gpt-oss's MXFP4 experts) trains in the precision's dtype
+        method = config["quantization_config"].get("quant_method", "quantized")
+        config = {k: v for k, v in config.items() if k != "quantization_config"}
+        dequantized_note = (f"training: the checkpoint's {method} weights are trained in the precision's dtype "
+                            "(its quantization_config left out; quantized training is not modelled)")
     dev = catalog.resolve_device(request.device)
     rt, default_note = _runtime(request.runtime, phase)
     cal, cal_note = _calibration(request.calibration, dev)
@@ -126,14 +133,14 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     _check_capability(rt, dev.gpu, dtype, quant, config if phase not in TRAIN_PHASES else {})
     power, power_note = resolve_power_mode(dev.gpu, cal, request.power_mode, request.power_limit_w,
                                            request.gpu_clock_mhz)
-    plan_notes = [*plan_notes, uneven_stages_note(config, plan.pp, phase, rt.name)]
+    plan_notes = [*plan_notes, uneven_stages_note(config, plan.pp, phase, rt.name), dequantized_note]
     if phase in TRAIN_PHASES and plan.tp > 1 and plan.tp_scope == "full":
         plan_notes.append(f"training tensor parallel {plan.tp}: the embedding and LM head vocab-parallel and the loss on "
                           "each rank's slice of the logits (Megatron's VocabParallelEmbedding, output layer and "
                           "vocab-parallel cross entropy)")
     notes = list(dev.assumptions) + [n for n in (catalog.defaults_note(config), *plan_notes, default_note, cal_note,
                                                  host_note, power_note, dtype_note, quant_note) if n]
-    notes += _precision_notes(dev, dtype, quant, plan, config, rt)
+    notes += _precision_notes(dev, dtype, quant, plan, config, rt, phase)
     notes += _runtime_notes(rt, dev, dtype)
     if request.kv_dtype == "fp8" and rt.name == "transformers-cb":
         raise AisimError("--kv-dtype fp8 with --runtime transformers-cb: transformers' continuous batching keeps its "
@@ -454,7 +461,7 @@ HF_RUNTIMES = ("eager", "graphs", "transformers-cb", "kernel-sum")    # transfor
 
 
 def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, config: dict,
-                     rt: RuntimeSpec) -> list[str]:
+                     rt: RuntimeSpec, phase: str = "forward") -> list[str]:
     from .graph.engine import expert_count, mxfp4_experts, sliding_windows, windowed_layers
 
     out, runtime = [], rt.name
@@ -491,9 +498,11 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
                    "needs --dtype bf16; the expert GEMMs are costed in fp16 as serving engines' fused MoE kernels "
                    "run them")
     if experts and plan.ep > 1:
-        out.append(f"MoE: {experts} experts spread over {plan.ep} GPUs ({experts // plan.ep} per GPU; vLLM "
-                   "--enable-expert-parallel), expert outputs "
-                   + ("combined by all-to-all" if plan.ep > plan.tp else "all-reduced over the tensor-parallel GPUs"))
+        how = ("Megatron's expert model parallel group" if phase in TRAIN_PHASES
+               else "vLLM --enable-expert-parallel")
+        out.append(f"MoE: {experts} experts spread over {plan.ep} GPUs ({experts // plan.ep} per GPU; {how}), expert "
+                   "outputs " + ("combined by all-to-all" if plan.ep > plan.tp
+                                 else "all-reduced over the tensor-parallel GPUs"))
     elif experts and plan.tp > 1:
         out.append(f"MoE: every expert's intermediate dimension split over the {plan.tp} tensor-parallel GPUs "
                    "(Megatron's scheme per expert, as vLLM's FusedMoE shards without expert parallelism), outputs "

@@ -93,7 +93,10 @@ EXPECTED_PARAMS_B = {"llama-1b": 1.24, "llama-3b": 3.21, "qwen2.5-1.5b": 1.54, "
                      # Mixtral-8x7B's published 46.7B: 0.26B of embedding and head + 32 x 1.451B; and 16 of its layers
                      "mixtral-8x7b-16l": 23.48, "mixtral-8x7b": 46.70,
                      # model cards: DeepSeek-V2-Lite 15.7B total; gpt-oss-20b 21B total (20.9B in bf16 here)
-                     "deepseek-v2-lite": 15.7, "gpt-oss-20b": 20.91}
+                     "deepseek-v2-lite": 15.7, "gpt-oss-20b": 20.91,
+                     # layer-cut MoE training configs: embedding and head plus the published size's per-layer share
+                     # (OLMoE (6.92 - 0.21) / 16 x 8, Qwen1.5-MoE (14.3 - 0.62) / 24 x 8, Mixtral 4 x 1.451)
+                     "olmoe-1b-7b-8l": 3.56, "qwen1.5-moe-a2.7b-8l": 5.19, "mixtral-8x7b-4l": 6.06}
 
 
 def test_configs_cite_sources_and_have_published_sizes():

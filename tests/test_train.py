@@ -365,7 +365,7 @@ def test_moe_model_flops_count_the_active_parameters():
 def test_training_tensor_parallel_is_vocab_parallel_as_megatron_runs_it():
     """Training's tensor parallelism shards the vocabulary too (Megatron's VocabParallelEmbedding, output layer and
     vocab-parallel cross entropy): the logits stay sharded (no all-gather, no reduce-scatter in backward, the loss
-    over this rank's half: half the log-softmax bytes of one GPU's), the loss adds two small all-reduces, the LM head
+    over this rank's half: half the log-softmax bytes of one GPU's), the loss adds three small all-reduces, the LM head
     and embedding weights are 1/tp per GPU. It replicated the head and embedding on every TP rank: Llama-3-8B at
     tp 8, 41.2 GB per GPU (7.7 GB of weights) where Megatron holds about 21 (4.0)."""
     from aisim.api import estimate
@@ -453,9 +453,18 @@ def test_all_to_all_across_nodes_runs_at_the_nic_share():
     nic = net.nic_bw_bytes_per_s * net.nics_per_node / dev.system.gpus_per_node * net.bus_bw_fraction
     assert t16 == pytest.approx(net.latency_s + 8 / 16 * nbytes / nic)
     assert _all_to_all_across_nodes_s(nbytes, 8, 1, dev, scenario("OLMoE-1B-7B-0924", dev).calibration) is None
-    # ranks tp = 2 apart: 4 of the group per node, 12 of 16 peers off-node
+    # ranks 2 apart: 4 of the group per node, 12 of 16 peers off-node
     t_tp2 = _all_to_all_across_nodes_s(nbytes, 16, 2, dev, scenario("OLMoE-1B-7B-0924", dev).calibration)
     assert t_tp2 == pytest.approx(net.latency_s + 12 / 16 * nbytes / nic)
+    # the traced group is ep consecutive GPUs (whole tp groups): tp 2 x ep 8 on two nodes stays inside one node
+    import aisim
+
+    est = aisim.estimate("Mixtral-8x7B-v0.1", "h100x8-ndr", nodes=2, workload="train", batch=16, seq=1024, tp=2,
+                         ep=8, train=TrainPlan(precision="bf16-true", zero=1, micro_batch=1), top_ops=None)
+    a2a = next(r for r in est.top_ops if r.name == "nccl.all_to_all")
+    inside = aisim.estimate("Mixtral-8x7B-v0.1", "h100x8", workload="train", batch=8, seq=1024, tp=2, ep=8,
+                            train=TrainPlan(precision="bf16-true", zero=1, micro_batch=1), top_ops=None)
+    assert a2a.time_ms == pytest.approx(next(r for r in inside.top_ops if r.name == "nccl.all_to_all").time_ms)
 
 
 def test_mixed_precision_moe_training_runs_hf_experts_in_fp32():
@@ -517,3 +526,59 @@ def test_pipeline_stages_hold_one_vocabulary_matrix_and_not_both_ends_activation
     tail = graph.meta["peak_forward_bytes"] - graph.meta["saved_per_layer_bytes"] * graph.layers
     assert tail > 0 and split.activations_gb <= both.activations_gb - min(tail, 3 * graph.meta[
         "saved_per_layer_bytes"] * graph.layers) / 1e9 + 1e-9
+
+
+def test_training_a_quantized_checkpoint_trains_its_weights_in_the_precision_dtype():
+    """New-user test: plan train resolved DeepSeek-V3 with its fp8 quantization_config (a forward scenario) where
+    estimate --workload train did not (4% apart); gpt-oss trained 'with MXFP4 experts'. Training leaves the
+    quantization_config out, with a note, in both."""
+    from aisim.studies.plan_train import _assumptions, plan_train_request
+    from aisim.catalog import resolve_model
+
+    for model in ("DeepSeek-V3", "gpt-oss-20b"):
+        sc = scenario(model, "h100x8", dtype="bf16", phase="train", tp=1, dp=8)
+        assert sc.quant == "none" and "quantization_config" not in sc.config
+        assert any("trained in the precision's dtype" in a for a in sc.assumptions)
+        assert not any("MXFP4" in a for a in sc.assumptions)
+    req = plan_train_request(model="DeepSeek-V3", tokens=1e12, seq=4096, global_batch=1024, devices=["h100"],
+                             gpus=[64], pp=[1, 4, 64])
+    notes = _assumptions(req, resolve_model("DeepSeek-V3")[1])
+    assert any("fp8 weights are trained" in n for n in notes)
+    # the uneven-stages note names only the degrees searched (64 > 61 layers is pruned, not priced)
+    assert any("--pp 4 over 61 layers" in n for n in notes) and not any("64 over" in n for n in notes)
+
+
+def test_hybrid_shard_keeps_a_node_sized_shard_of_the_states():
+    """Reviewer: HSDP's memory and optimizer divided the states over every data-parallel rank, as FULL_SHARD;
+    HYBRID_SHARD shards them inside a node (8 of the 16 ranks) and all-reduces the shards across the replicas,
+    overlapped with the backward as the reduce-scatters are."""
+    import aisim
+
+    kw = dict(workload="train", batch=32, seq=4096, tp=1, nodes=2, top_ops=None)
+    est = {f: aisim.estimate("Meta-Llama-3-8B", "h100x8-ndr", train=TrainPlan(precision="bf16-mixed", fsdp=f,
+                                                                                recompute="full", micro_batch=1),
+                             **kw) for f in ("full", "hybrid")}
+    assert est["hybrid"].memory.weights_gb == pytest.approx(2 * est["full"].memory.weights_gb)
+    assert est["hybrid"].memory.optimizer_gb == pytest.approx(2 * est["full"].memory.optimizer_gb)
+    assert est["hybrid"].runtime_ms < 1.1 * est["full"].runtime_ms
+
+
+def test_expert_parallel_above_tp_must_be_whole_tp_groups():
+    import aisim
+    from aisim.errors import AisimError
+
+    with pytest.raises(AisimError, match="must be a multiple of it"):
+        aisim.estimate("Qwen1.5-MoE-A2.7B", "h100x8-ndr", nodes=3, workload="train", batch=24, seq=512, tp=4, ep=6)
+
+
+def test_cli_training_without_dtype_is_bf16_mixed():
+    from typer.testing import CliRunner
+
+    from aisim.cli import app
+
+    out = CliRunner().invoke(app, ["estimate", "-m", "opt-125m", "-d", "h100", "--workload", "train", "--batch",
+                                   "2", "--seq", "256"])
+    assert out.exit_code == 0 and "training: bf16-mixed" in " ".join(out.output.split())
+    fp16 = CliRunner().invoke(app, ["estimate", "-m", "opt-125m", "-d", "h100", "--workload", "train", "--batch",
+                                    "2", "--seq", "256", "--dtype", "fp16"])
+    assert "training: 16-true" in " ".join(fp16.output.split())

@@ -123,7 +123,8 @@ def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device,
     forward = graph.meta.get("peak_forward_bytes", max(peak - traced_grads, 0.0))
     held = graph.meta.get("saved_per_layer_bytes", 0.0) * graph.layers * (in_flight - 1)
     kept = traced_grads + sharded_grads if accumulating else 0.0
-    buckets = traced_grads if stage == 0 and max(g for _, g, *_ in parts) > 1 else 0.0
+    # DDP's buckets hold the gradients it all-reduces: the parts replicated on other ranks
+    buckets = traced_grads * sum(n for n, g, *_ in parts if g > 1) / max(p, 1) if stage == 0 else 0.0
     layer = graph.meta.get("layer_params", 0)
     # at the loss no gradient of this micro-batch exists yet (zero_grad(set_to_none) freed the last step's);
     # stage 3 then holds the root unit (embeddings, final norm, head: FSDP2 never reshards the root after

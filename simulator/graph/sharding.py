@@ -211,8 +211,8 @@ def shard_experts(model, tp: int, ep: int, tracer) -> int:
             # once at the MoE block's input with its shared expert's
             _hook_grad_allreduce(_parent(model, m), tracer, tp)
         if ep > tp:
-            m.register_forward_pre_hook(_all_to_all(tracer, ep, model.config, "dispatch", tp))
-            m.register_forward_hook(_all_to_all(tracer, ep, model.config, "combine", tp))
+            m.register_forward_pre_hook(_all_to_all(tracer, ep, model.config, "dispatch"))
+            m.register_forward_hook(_all_to_all(tracer, ep, model.config, "combine"))
     return len(found)
 
 
@@ -254,8 +254,11 @@ def _all_to_all(tracer, ep: int, config, direction: str, stride: int = 1):
     """A hook recording the expert-parallel all-to-all of the routed tokens: ``dispatch`` as a forward pre-hook
     (module, args) on the experts' input, ``combine`` as a forward hook (module, args, output) on their output; in
     backward each one's gradient travels back by the same all-to-all (Megatron's token dispatcher: the
-    all-to-all's autograd function is an all-to-all). ``stride``: the ranks of the expert-parallel group are tp
-    apart (Megatron and vLLM order tp innermost), which places them on nodes (cost.comm)."""
+    all-to-all's autograd function is an all-to-all). ``stride``: how far apart the group's ranks are, which places
+    them on nodes (cost.comm); 1: an expert-parallel group of ep > tp is ep consecutive GPUs, whole tp groups (each
+    holding whole experts, Megatron's expert tensor parallel 1, vLLM's EP), the layout step.state_groups' expert
+    data-parallel groups (ranks max(tp, ep) apart) assume. With full recompute the recomputed forward runs the
+    dispatch again and the combine where the checkpoint's early stop reaches it (5-6 all-to-alls per MoE layer)."""
     attrs = {"group": ep, "moe": direction, "stride": stride}
 
     def hook(module, args, *output):
@@ -328,13 +331,14 @@ def _vocab_parallel_embedding(model, head, tp: int, tracer) -> None:
 
 def _vocab_parallel_loss(tracer, tp: int):
     """The head's output stays vocab-sharded and the loss runs on this rank's logits, as Megatron's
-    _VocabParallelCrossEntropy (megatron/core/tensor_parallel/cross_entropy.py): in forward an all-reduce (MAX) of
-    the logits' max, one fp32 value per token, then one (SUM) of the target's logit and the sum of exponentials
-    concatenated, two per token; none in backward (each rank's softmax gradient is local)."""
+    _VocabParallelCrossEntropy (megatron/core/tensor_parallel/cross_entropy.py): in forward three all-reduces of
+    one fp32 value per token, the logits' max (MAX), the target's logit and the sum of exponentials (SUM; the fused
+    variant, --cross-entropy-loss-fusion, concatenates these two); none in backward (each rank's softmax gradient
+    is local)."""
     def hook(module, args, output):
         if tracer.suppress or not isinstance(output, torch.Tensor):
             return None
-        for values in (1, 2):
+        for values in (1, 1, 1):
             with tracer.suppressed():
                 per_token = output.new_empty((*output.shape[:-1], values), dtype=torch.float32)
             tracer.record("nccl.all_reduce", (per_token,), {}, (per_token,), alias=True, attrs={"group": tp})

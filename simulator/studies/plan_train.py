@@ -149,7 +149,7 @@ def plan_train(req: PlanTrainRequest, progress: Callable[[str], None] | None = N
                 counts["considered"] += _space(req, config)
                 pruned["no such cluster"] = pruned.get("no such cluster", 0) + _space(req, config)
                 continue
-            sc = scenario(req.model, dev, dtype=PRECISION_DTYPE[req.precision], tp=1, pp=1, dp=gpus)
+            sc = scenario(req.model, dev, dtype=PRECISION_DTYPE[req.precision], tp=1, pp=1, dp=gpus, phase="train")
             before = (dict(counts), dict(pruned))
             mine = _search(req, sc, counts, pruned, traced)
             if not mine:
@@ -222,7 +222,7 @@ def _space(req: PlanTrainRequest, config: dict | None = None) -> int:
     return len(req.tp) * len(req.pp) * eps * len(req.zero) * len(req.recompute) * len(req.micro_batch)
 
 
-DEFAULT_EP = (1, 8, 64)   # Mixtral / Qwen-MoE / OLMoE run EP 8 (one node); DeepSeek-V3 trained at EP 64
+DEFAULT_EP = (1, 8, 64)   # Mixtral, Qwen3-MoE, OLMoE: EP 8 (one node); DeepSeek-V3 trained at EP 64
 
 
 def expert_degrees(config: dict, asked: list[int] | None = None) -> list[int]:
@@ -284,7 +284,8 @@ def _search(req: PlanTrainRequest, sc: Scenario, counts: dict, pruned: dict, tra
                 for zero in req.zero:
                     why = _shape_reason(sc, gpus, per_node, tp, pp)
                     dp = gpus // (tp * pp) if not why else 1
-                    why = why or ((tp * dp) % ep and "shape: ep does not divide tp x dp")
+                    why = why or ((tp * dp) % ep and "shape: ep does not divide tp x dp") or (
+                        ep > tp and ep % tp and "shape: ep above tp is not a multiple of it")
                     plan = TrainPlan(precision=req.precision, zero=zero)
                     why = why or _states_reason(params - experts, experts, tp, pp, dp, ep, plan,
                                                 sc.device.gpu.memory_bytes)
@@ -432,11 +433,15 @@ def _assumptions(req: PlanTrainRequest, config: dict) -> list[str]:
            "communication and the optimizer at the waiting power; hosts and network not counted"]
     eps = expert_degrees(config, req.ep)
     if eps != [1]:
-        out.append(f"MoE: expert parallel degrees {', '.join(map(str, eps))} tried (the 'ep' of tp.pp.dp.ep: experts "
+        out.append(f"MoE: expert parallel degrees {', '.join(map(str, eps))} tried where ep divides tp x dp (the 'ep' "
+                   "of tp.pp.dp.ep: experts "
                    "spread over ep of the tp x dp GPUs, tokens and their gradients by all-to-all, on the critical "
                    "path; the experts' gradients and ZeRO shards over the GPUs holding the same experts); the experts "
                    "run as transformers' grouped GEMMs with its routing ops, routing taken as uniform")
-    uneven = sorted(p for p in req.pp if p > 1 and layer_count(config) % p)
+    if isinstance(config.get("quantization_config"), dict):
+        out.append(f"training: the checkpoint's {config['quantization_config'].get('quant_method', 'quantized')} "
+                   "weights are trained in the precision's dtype (quantized training is not modelled)")
+    uneven = sorted(p for p in req.pp if 1 < p <= layer_count(config) and layer_count(config) % p)
     if uneven:
         out.append(f"--pp {', '.join(map(str, uneven))} over {layer_count(config)} layers: uneven stages (Megatron's "
                    "--decoder-first/last-pipeline-num-layers), priced as pp stages of the largest")

@@ -126,10 +126,13 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     w = mb.workload
     graph = op_arrays(sc, w).graph
     in_flight = _in_flight(par.pp, m, plan)
+    from .train_comm import shard_groups
+
     groups = state_groups(sc, graph.param_count, graph.layers)
+    shards = shard_groups(sc, plan, groups)      # HYBRID_SHARD: the states sharded inside a node
     # a forward that follows a backward of the same step (m > pp) runs beside the accumulated gradients
     memory = with_runtime_reserve(
-        train_breakdown(graph, w, plan, par.dp, sc.device, in_flight, accumulating=m > par.pp, groups=groups,
+        train_breakdown(graph, w, plan, par.dp, sc.device, in_flight, accumulating=m > par.pp, groups=shards,
                         pp=par.pp),
         sc.calibration, sc.runtime.framework, par.gpus > 1)
     notes = list(sc.assumptions) + _notes(plan, par, b, m, {"adamw": "AdamW", "sgd": "SGD"}[sc.optimizer])
@@ -151,7 +154,7 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     bwd_frac = _backward_fraction(sc, w)
     weight_b, grad_b, compute_b = TRAIN_STATE_BYTES[plan.precision]
     compute_s = _pipeline_s(t_mb, m, par.pp, plan)
-    opt = optimizer_cost(sc, graph, plan, par.dp, groups)
+    opt = optimizer_cost(sc, graph, plan, par.dp, shards)
     comm = dp_comm(sc, graph, plan, m, t_mb * (1 - bwd_frac), t_mb * bwd_frac, w.autocast, groups)
     p2p_s = pipeline_p2p(sc, b, req.seq, compute_b, plan) if par.pp > 1 else 0.0
     step_s = compute_s + comm.exposed_s + opt.time_s + p2p_s

@@ -109,15 +109,16 @@ def dp_comm(sc: Scenario, graph, plan: TrainPlan, m: int, fwd_s: float, bwd_s: f
                      _row("nccl.all_gather (ZeRO parameters)", 1, params, ag, "network")]
         return out
     def size(g: int, st: int) -> int:
-        """The ranks a part is sharded over: all its group, or for HYBRID_SHARD those inside one node."""
-        system = sc.device.system
-        if plan.fsdp == "hybrid" and system is not None and getattr(system, "gpus_per_node", None):
-            return max(1, min(g, system.gpus_per_node // st))
-        return g
+        return hybrid_shard_size(sc, plan, g, st)
 
     ag = coll("all_gather", compute_b, size)
     rs = coll("reduce_scatter", grad_reduce_b, size)
-    exposed = ag / units + max(0.0, ag - fwd_s) + max(0.0, ag + rs - bwd_s) + rs / units
+    # HYBRID_SHARD: each unit's reduced shard all-reduced across the replicas (one per node) right after its
+    # reduce-scatter, on FSDP2's all-reduce stream, every micro-batch (torch/distributed/fsdp/_fully_shard/
+    # _fsdp_collectives.py, foreach_reduce): it overlaps the backward as the reduce-scatters do
+    replicas = [(n, g, st, size(g, st)) for n, g, st in parts if size(g, st) < g]
+    ar = sum(_coll(sc, "all_reduce", n * grad_reduce_b / k, g // k, st * k) for n, g, st, k in replicas)
+    exposed = ag / units + max(0.0, ag - fwd_s) + max(0.0, ag + rs + ar - bwd_s) + (rs + ar) / units
     # FSDP2 kernels around the collectives: all-gather copy-in (cast of the shard) and copy-out into the unsharded
     # params, twice per micro-batch; the gradients cast to the reduce dtype and copied into the reduce-scatter input
     shard = sum(n / size(g, st) for n, g, st in parts)
@@ -126,20 +127,32 @@ def dp_comm(sc: Scenario, graph, plan: TrainPlan, m: int, fwd_s: float, bwd_s: f
     kernels = 2 * (_memory_op_s(sc, moved[0]) + _memory_op_s(sc, moved[1]))
     kernels += _memory_op_s(sc, moved[3]) + _memory_op_s(sc, moved[4])
     kernel_bytes = 2 * (moved[0] + moved[1]) + moved[3] + moved[4]
-    out.total_s = m * (2 * ag + rs)
+    out.total_s = m * (2 * ag + rs + ar)
     out.exposed_s = m * (exposed + kernels)
     out.rows += [_row("nccl.all_gather (FSDP parameters, fwd + bwd)", 2 * m * units, 2 * m * params, 2 * m * ag,
                       "network"),
                  _row("nccl.reduce_scatter (FSDP gradients)", m * units, m * grads, m * rs, "network"),
                  _row("fsdp.copy_in_out_cast", 4 * m * units, m * kernel_bytes, m * kernels, "memory")]
-    replicas = [(n, g, st, size(g, st)) for n, g, st in parts if size(g, st) < g]
-    if replicas:   # HYBRID_SHARD: the shards' gradients all-reduced across the replicas (one per node), once per step
-        ar = sum(_coll(sc, "all_reduce", n * grad_reduce_b / k, g // k, st * k) for n, g, st, k in replicas)
+    if replicas:
         shards = sum(n * grad_reduce_b / k for n, _, _, k in replicas)
-        out.total_s += ar
-        out.exposed_s += ar
-        out.rows.append(_row("nccl.all_reduce (HSDP replicas)", 1, shards, ar, "network"))
+        out.rows.append(_row("nccl.all_reduce (HSDP replicas)", m * units, m * shards, m * ar, "network"))
     return out
+
+
+def hybrid_shard_size(sc: Scenario, plan: TrainPlan, group: int, stride: int) -> int:
+    """The ranks a part of ``group`` data-parallel ranks ``stride`` apart is sharded over: all of them, or under
+    HYBRID_SHARD those inside one node (the rest are replicas)."""
+    system = sc.device.system
+    node = getattr(system, "gpus_per_node", None) if system is not None else None
+    if plan.fsdp == "hybrid" and node:
+        return max(1, min(group, node // stride))
+    return group
+
+
+def shard_groups(sc: Scenario, plan: TrainPlan, groups: tuple) -> tuple:
+    """``groups`` (aisim.step.state_groups) with each part's group the ranks its states are sharded over
+    (hybrid_shard_size): what train_breakdown and optimizer_cost divide by."""
+    return tuple((n, hybrid_shard_size(sc, plan, g, st), st) for n, g, st in groups)
 
 
 def optimizer_cost(sc: Scenario, graph, plan: TrainPlan, dp: int, groups: tuple | None = None) -> Added:
