@@ -43,7 +43,7 @@ def collective_time_s(op: Op, cost: Cost, device: Device, cal: CalibrationSpec) 
 
 def _all_to_all_across_nodes_s(nbytes: float, group: int, stride: int, device: Device,
                                cal: CalibrationSpec) -> float | None:
-    """An all-to-all whose ``group`` ranks, ``stride`` apart (tp innermost), span nodes of a multi-node system:
+    """An all-to-all whose ``group`` ranks, ``stride`` apart, span nodes of a multi-node system:
     each rank sends 1/n of its ``nbytes`` to every other rank, (g - 1)/n of it inside its node (g group members
     per node) over NVLink and (n - g)/n through its share of the node's NICs, both at once:
         t = max(latency + (g - 1)/n x bytes / intra bus bw, net latency + (n - g)/n x bytes / NIC bw per GPU)

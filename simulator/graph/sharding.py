@@ -250,16 +250,16 @@ def _routed_copy(tracer, hidden, config, ep: int):
         return hidden.new_empty((hidden.shape[0] * top_k, hidden.shape[-1]))
 
 
-def _all_to_all(tracer, ep: int, config, direction: str, stride: int = 1):
+def _all_to_all(tracer, ep: int, config, direction: str):
     """A hook recording the expert-parallel all-to-all of the routed tokens: ``dispatch`` as a forward pre-hook
     (module, args) on the experts' input, ``combine`` as a forward hook (module, args, output) on their output; in
     backward each one's gradient travels back by the same all-to-all (Megatron's token dispatcher: the
-    all-to-all's autograd function is an all-to-all). ``stride``: how far apart the group's ranks are, which places
-    them on nodes (cost.comm); 1: an expert-parallel group of ep > tp is ep consecutive GPUs, whole tp groups (each
-    holding whole experts, Megatron's expert tensor parallel 1, vLLM's EP), the layout step.state_groups' expert
-    data-parallel groups (ranks max(tp, ep) apart) assume. With full recompute the recomputed forward runs the
-    dispatch again and the combine where the checkpoint's early stop reaches it (5-6 all-to-alls per MoE layer)."""
-    attrs = {"group": ep, "moe": direction, "stride": stride}
+    all-to-all's autograd function is an all-to-all). The group (ep > tp) is ep consecutive GPUs, whole tp groups
+    each holding whole experts (Megatron's expert tensor parallel 1, vLLM's EP), the layout step.state_groups'
+    expert data-parallel groups (ranks max(tp, ep) apart) assume: ``stride`` 1, which places it on nodes
+    (cost.comm). With full recompute the recomputed forward runs the dispatch again and the combine where the
+    checkpoint's early stop reaches it (5-6 all-to-alls per MoE layer)."""
+    attrs = {"group": ep, "moe": direction, "stride": 1}
 
     def hook(module, args, *output):
         if tracer.suppress or not args:
@@ -338,9 +338,9 @@ def _vocab_parallel_loss(tracer, tp: int):
     def hook(module, args, output):
         if tracer.suppress or not isinstance(output, torch.Tensor):
             return None
-        for values in (1, 1, 1):
-            with tracer.suppressed():
-                per_token = output.new_empty((*output.shape[:-1], values), dtype=torch.float32)
+        with tracer.suppressed():
+            per_token = output.new_empty(output.shape[:-1], dtype=torch.float32)
+        for _ in range(3):
             tracer.record("nccl.all_reduce", (per_token,), {}, (per_token,), alias=True, attrs={"group": tp})
         return None
     return hook
