@@ -61,7 +61,7 @@ def shard_model(model, tp: int, scope: str, tracer, kv_replicas: int = 1, moe_re
                     for owner in (model.config, model):
                         if isinstance(getattr(owner, "vocab_size", None), int):
                             owner.vocab_size = _features(module, "out")
-                _hook_grad_allreduce(module, tracer, tp)   # the head's input gradient: partial sums over vocab
+                    _hook_grad_allreduce(module, tracer, tp)   # the head's input gradient: partial sums over vocab
                 _vocab_parallel_embedding(model, module, tp, tracer)
             else:
                 blocks.add(parent)
