@@ -6,8 +6,9 @@
     python3 -m aisim.validation.harness.train_step --smoke --out /tmp/train.jsonl      (CPU: plain, DDP, FSDP2 on gloo)
 
 Models: harness/configs/llama-1b.json and llama-3b.json (Llama-3.2-1B / 3B values, sources in the files;
---suite-moe: the MoE configs there), random weights built directly on the GPU, sdpa attention, ``model.train()``. One step = ``model(input_ids, labels=
-input_ids, use_cache=False).loss`` (HF's loss over the full logits) + ``backward()`` + ``optimizer.step()`` +
+--suite-moe: the MoE configs there), random weights built directly on the GPU, sdpa attention, ``model.train()``.
+One step = ``model(input_ids, labels=input_ids, use_cache=False).loss`` (HF's loss over the full logits) +
+``backward()`` + ``optimizer.step()`` +
 ``zero_grad(set_to_none=True)``; batch x seq are per GPU, random token ids (different per rank).
 
 - precision ``bf16-mixed``: fp32 weights, grads and AdamW states; plain / DDP compute under
