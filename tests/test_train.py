@@ -438,6 +438,8 @@ def test_expert_states_shard_over_the_expert_data_parallel_ranks():
     graph = op_arrays(sc, sc.workload(StepShape(phase="forward-backward", batch=16, seq=256))).graph
     (dense, dp, _), (experts, expert_dp, _) = state_groups(sc, graph.param_count, graph.layers)
     assert (dp, expert_dp) == (16, 2)
+    assert experts == pytest.approx(16 * 64 / 8 * 3 * 2048 * 1024)        # 8 of the 64 experts per GPU, 16 layers
+    assert dense == pytest.approx(graph.param_count - experts)
     assert est.memory.optimizer_gb == pytest.approx(ADAM_STATES * 2 * (dense / 16 + experts / 2) / 1e9)
 
 
