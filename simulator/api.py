@@ -101,7 +101,8 @@ def estimate(model: Union[str, Path], device: Union[str, Path, Device], workload
         ep: MoE expert parallel degree (experts spread over ep of the stage's tp x dp GPUs).
         kv_dtype: KV cache element type: auto (the model dtype), fp16, bf16 or fp8 (vLLM --kv-cache-dtype fp8).
         train: train: an ``aisim.workload.TrainPlan`` (precision mode, ZeRO stage / FSDP, recompute, micro-batch,
-            gradient accumulation, pipeline schedule, DDP bucket); None: ``dtype``'s true precision, plain DDP.
+            gradient accumulation, pipeline schedule, DDP bucket); None: ``dtype``'s true precision (fp16:
+            16-true; the CLI, whose --dtype has no default, takes bf16-mixed without one), plain DDP.
         nodes: train: nodes of a multi-node system (a100x8-hdr, h100x8-ndr; or the name SYSTEMxN).
         token_budget: train: tokens to train on, for the time to train.
         static_cache_len: decode/generate under a static-cache runtime (graphs): HF StaticCache's max_cache_len,

@@ -79,7 +79,8 @@ FSDP_PREFETCHED_UNITS = 2     # the unit computing and the one being all-gathere
 
 
 def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device, in_flight: float = 1.0,
-                    accumulating: bool = False, groups: tuple | None = None, pp: int = 1) -> MemoryBreakdown:
+                    accumulating: bool = False, groups: tuple | None = None, pp: int = 1,
+                    root_less: float = 0.0) -> MemoryBreakdown:
     """Peak memory per GPU of a training step (``tp_plan``: aisim.workload.TrainPlan).
 
     persistent = weights + optimizer states (+ sharded gradients for ZeRO-2/3), each divided by ``dp`` from its
@@ -102,8 +103,10 @@ def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device,
     expert-data-parallel ranks); default the traced ones, all over ``dp``.
     With ``pp`` stages the first one holds ``in_flight`` micro-batches of its layers but not the head and loss,
     the last one a single micro-batch with them: the larger of the two (the loss tail: the forward's peak above
-    its layers' saved activations).
-    Known inaccuracies: the allocator's rounding and fragmentation."""
+    its layers' saved activations); ``root_less``: parameters of the traced root unit (embeddings, final norm,
+    head) no stage holds (aisim.step.pipeline_vocab_params).
+    Known inaccuracies: the allocator's rounding and fragmentation; the first stage's activations leave out the
+    largest temporaries inside a layer along with the loss tail (small beside the logits of a large vocabulary)."""
     p = sum(n for n, *_ in groups) if groups else graph.param_count
     weight_b, grad_b, compute_b = TRAIN_STATE_BYTES[tp_plan.precision]
     stage = tp_plan.stage
@@ -131,7 +134,9 @@ def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device,
     # forward) and the last layer's parameters, prefetched for backward, unsharded in the compute dtype.
     # Later in backward the sharded gradients grow while one unit's full gradient and its reduce-dtype copy wait
     # for the reduce-scatter; the optimizer step adds its temporaries.
-    unsharded = (max(p - layer * graph.layers, 0) + layer) * compute_b if stage >= 3 else 0.0
+    # the root unit from the traced stage (a heavier stage's extra MoE layers are sharded units, not root)
+    root = max(graph.param_count - layer * graph.layers - root_less, 0)
+    unsharded = (root + layer) * compute_b if stage >= 3 else 0.0
     grad_unit = layer * (compute_b + grad_b) if stage >= 2 else 0.0
     temporaries = (OPTIMIZER_TEMPORARIES[w.optimizer] * on_gpu(1) * weight_b
                    if tp_plan.optimizer_impl == "foreach" else 0.0)

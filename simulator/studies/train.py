@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..errors import AisimError
 from ..results import MemoryBreakdown, OpCost
 from ..scenario import Scenario, calibration_note
-from ..step import op_arrays, state_groups, step_cost
+from ..step import op_arrays, pipeline_vocab_params, state_groups, step_cost
 from ..units import MS_PER_S
 from ..workload import MAX_BATCH, MAX_TOKENS, StepShape, TrainPlan
 from .common import TRAIN_NOT_FIT_HINT, not_fit_reason
@@ -133,7 +133,7 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     # a forward that follows a backward of the same step (m > pp) runs beside the accumulated gradients
     memory = with_runtime_reserve(
         train_breakdown(graph, w, plan, par.dp, sc.device, in_flight, accumulating=m > par.pp, groups=shards,
-                        pp=par.pp),
+                        pp=par.pp, root_less=pipeline_vocab_params(sc)),
         sc.calibration, sc.runtime.framework, par.gpus > 1)
     notes = list(sc.assumptions) + _notes(plan, par, b, m, {"adamw": "AdamW", "sgd": "SGD"}[sc.optimizer])
     cal = calibration_note(sc)
