@@ -250,9 +250,9 @@ def state_groups(sc: Scenario, param_count: float, stage_layers: int) -> tuple[t
 
     plan = sc.plan
     extra_layers, routed, other = heaviest_stage_extra(sc, stage_layers)
-    experts = moe_layer_count(sc.config, stage_layers) * _expert_params_per_gpu(sc) + extra_layers * routed
-    dense = max(param_count - moe_layer_count(sc.config, stage_layers) * _expert_params_per_gpu(sc)
-                + extra_layers * other - pipeline_vocab_params(sc), 0.0)
+    traced = moe_layer_count(sc.config, stage_layers) * _expert_params_per_gpu(sc)   # the traced stage's experts
+    experts = traced + extra_layers * routed
+    dense = max(param_count - traced + extra_layers * other - pipeline_vocab_params(sc), 0.0)
     if plan.ep <= plan.tp:
         return ((dense + experts, plan.dp, plan.tp),)
     return ((dense, plan.dp, plan.tp), (experts, plan.tp * plan.dp // max(plan.tp, plan.ep), max(plan.tp, plan.ep)))
@@ -267,11 +267,10 @@ def pipeline_vocab_params(sc: Scenario) -> float:
 
     if sc.plan.pp <= 1:
         return 0.0
-    hf = make_config(sc.config)
+    hf = make_config(sc.config)   # hidden_size is every family's width (HF attribute_map: n_embd, d_model)
     if getattr(hf, "tie_word_embeddings", False) or not getattr(hf, "vocab_size", None):
         return 0.0
-    hidden = getattr(hf, "hidden_size", None) or getattr(hf, "n_embd", None) or getattr(hf, "d_model", None) or 0
-    return hf.vocab_size * hidden / (sc.plan.tp if sc.plan.tp_scope == "full" else 1)
+    return hf.vocab_size * getattr(hf, "hidden_size", 0) / (sc.plan.tp if sc.plan.tp_scope == "full" else 1)
 
 
 def heaviest_stage_extra(sc: Scenario, stage_layers: int) -> tuple[int, float, float]:

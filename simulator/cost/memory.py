@@ -78,6 +78,13 @@ ADAM_STATES = 2               # exp_avg, exp_avg_sq, in the weights' dtype
 FSDP_PREFETCHED_UNITS = 2     # the unit computing and the one being all-gathered (FSDP2 implicit prefetch)
 
 
+def kept_params(parts, stage: int, from_stage: int) -> float:
+    """Parameters one GPU keeps of ``parts`` ((count, group, ...) per data-parallel group: aisim.step.state_groups):
+    each part divided by its group from ZeRO stage ``from_stage`` on (1: optimizer states, 2: gradients, 3: weights),
+    whole below it."""
+    return sum(n / (g if stage >= from_stage else 1) for n, g, *_ in parts)
+
+
 def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device, in_flight: float = 1.0,
                     accumulating: bool = False, groups: tuple | None = None, pp: int = 1,
                     root_less: float = 0.0) -> MemoryBreakdown:
@@ -111,7 +118,7 @@ def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device,
     weight_b, grad_b, compute_b = TRAIN_STATE_BYTES[tp_plan.precision]
     stage = tp_plan.stage
     parts = groups or ((p, dp, 1),)
-    on_gpu = lambda s: sum(n / (g if stage >= s else 1) for n, g, *_ in parts)  # noqa: E731  params it keeps
+    on_gpu = lambda s: kept_params(parts, stage, s)  # noqa: E731
     weights = on_gpu(3) * weight_b
     if stage >= 1 and weight_b != compute_b and tp_plan.fsdp == "none":
         # DeepSpeed-style ZeRO: compute-dtype model weights (sharded at stage 3) + fp32 master copy (sharded)

@@ -346,12 +346,12 @@ def _states_reason(dense: float, experts: float, tp: int, pp: int, dp: int, ep: 
     """Lower bound of the persistent training state per GPU (see aisim.cost.memory.train_breakdown): ``dense``
     parameters over tp x pp, sharded over dp; an MoE's routed ``experts`` over max(tp, ep) x pp, sharded over the
     tp x dp / max(tp, ep) GPUs that hold the same experts (aisim.step.state_groups)."""
-    from ..cost.memory import ADAM_STATES, TRAIN_STATE_BYTES
+    from ..cost.memory import ADAM_STATES, TRAIN_STATE_BYTES, kept_params
 
     weight_b, grad_b, compute_b = TRAIN_STATE_BYTES[plan.precision]
     split = max(tp, ep)
     parts = ((dense / (tp * pp), dp), (experts / (split * pp), tp * dp // split))
-    held = lambda s: sum(p / (g if plan.stage >= s else 1) for p, g in parts)  # noqa: E731
+    held = lambda s: kept_params(parts, plan.stage, s)  # noqa: E731
     low = held(3) * min(weight_b, compute_b) + ADAM_STATES * weight_b * held(1)
     low += held(2) * min(grad_b, compute_b) if plan.stage >= 2 else 0.0
     return "states: weights and optimizer states alone exceed the GPU memory" if low > capacity_bytes else None

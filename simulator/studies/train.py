@@ -126,7 +126,7 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     w = mb.workload
     graph = op_arrays(sc, w).graph
     in_flight = _in_flight(par.pp, m, plan)
-    from .train_comm import shard_groups
+    from .train_comm import dp_comm, optimizer_cost, pipeline_p2p, shard_groups
 
     groups = state_groups(sc, graph.param_count, graph.layers)
     shards = shard_groups(sc, plan, groups)      # HYBRID_SHARD: the states sharded inside a node
@@ -148,7 +148,6 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
                            model_tflops_per_gpu=None, mfu=None, hardware_tflops_per_gpu=None,
                            flops_per_gpu=mb.flops * m, bytes_per_gpu=mb.bytes * m, top_ops=rows,
                            unknown_ops=list(mb.unknown), assumptions=notes)
-    from .train_comm import dp_comm, optimizer_cost, pipeline_p2p
 
     t_mb = mb.runtime_s / par.pp
     bwd_frac = _backward_fraction(sc, w)

@@ -158,7 +158,7 @@ def shard_groups(sc: Scenario, plan: TrainPlan, groups: tuple) -> tuple:
 def optimizer_cost(sc: Scenario, graph, plan: TrainPlan, dp: int, groups: tuple | None = None) -> Added:
     """The optimizer (AdamW, or SGD with --optimizer sgd) over the parameters this GPU updates (all; from ZeRO-1
     1/dp, or per part of ``groups`` 1/its group: aisim.step.state_groups), in the weights' dtype."""
-    from ..cost.memory import TRAIN_STATE_BYTES
+    from ..cost.memory import TRAIN_STATE_BYTES, kept_params
     from ..cost.ops_time import op_time
     from ..formulas import op_cost
     from ..graph.ops import optimizer_op
@@ -166,7 +166,7 @@ def optimizer_cost(sc: Scenario, graph, plan: TrainPlan, dp: int, groups: tuple 
     weight_b = TRAIN_STATE_BYTES[plan.precision][0]
     shard = dp if plan.stage >= 1 else 1
     parts = groups or ((graph.param_count, dp, 1),)
-    n = max(1, round(sum(k / (g if plan.stage >= 1 else 1) for k, g, *_ in parts)))
+    n = max(1, round(kept_params(parts, plan.stage, 1)))
     tensors = max(1, round(graph.meta.get("n_param_tensors", 1) / (shard if plan.stage >= 3 else 1)))
     op = optimizer_op(sc.optimizer, n, "fp32" if weight_b == 4 else "bf16", tensors, plan.optimizer_impl)
     cost = op_cost(op)
