@@ -189,7 +189,8 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     syncs = np.array([k == "sync" for k in a.kinds])
     # HF's per-call host work happens once per model call: in the first stage's timeline (pp 1), else added once
     head_s = step_host_s(cal, rt, w.phase, model_type)
-    timeline = simulate(gpu_s, cpu_s, a.repeats, syncs, head_s if plan.pp == 1 else 0.0)
+    timeline = simulate(gpu_s, cpu_s, a.repeats, syncs, head_s if plan.pp == 1 else 0.0,
+                        tuple(op.phase for op in a.ops))
     stage_s = timeline.runtime_s + rt.per_step_overhead_s
     # the GPUs of one pipeline stage (tensor x data parallel) work together; the stages run one after another
     # (no micro-batching): each stage's GPUs wait, at the waiting power, while the other pp - 1 stages run

@@ -5,8 +5,12 @@ Eager PyTorch: every aten op costs the CPU its dispatch (``cpu_costs``), every n
 (``Tensor.item()``) makes the CPU wait for the GPU. CUDA graphs: ``graphs_dispatch_s`` per kernel. 'none':
 kernel time only, as a profiler's sum of kernel times reports it. The step ends when both queues are done.
 
-Layer repeats (Graph.repeats) are applied to each op as a block of back-to-back calls; this keeps the totals
-exact and the overlap approximate where CPU-bound and GPU-bound ops alternate within a layer.
+Layer repeats (Graph.repeats): the trace holds a few layers whose ops repeat ``r`` times in the full model. Each
+phase's (forward, backward) run of repeated ops is walked in rounds, layer after layer as the model runs them, each
+op taking r / R of its calls per round (R the run's largest repeat), so the GPU's backlog from one layer's GEMMs
+covers the next layer's host-bound ops as it does on the machine; once a round leaves the CPU-GPU gap where the
+round before left it, the rest repeats exactly and is added at once. The ops before and after the run (embedding,
+head, loss) are walked once.
 """
 from __future__ import annotations
 
@@ -126,34 +130,65 @@ def step_host_s(cal: CalibrationSpec, runtime: RuntimeSpec, phase: str = "forwar
 
 
 def simulate(gpu_s: np.ndarray, cpu_s: np.ndarray, repeats: np.ndarray, syncs: np.ndarray,
-             head_cpu_s: float = 0.0) -> Timeline:
-    """Walk the ops in order, after ``head_cpu_s`` of host work before the first op (step_host_s). A run of
-    consecutive ops with the same repeat count that holds a sync (an engine's per-layer host sync, e.g.
-    bitsandbytes) is walked call by call, since each repetition waits for the GPU; other ops are walked as blocks
-    of back-to-back calls."""
+             head_cpu_s: float = 0.0, phases: tuple[str, ...] | None = None) -> Timeline:
+    """Walk the ops in order, after ``head_cpu_s`` of host work before the first op (step_host_s), each phase's
+    repeated layers in rounds (module docstring; ``phases``: each op's phase, one phase where not given)."""
     g_l, c_l, r_l, s_l = gpu_s.tolist(), cpu_s.tolist(), repeats.tolist(), syncs.tolist()
     state = [head_cpu_s, 0.0]  # cpu, gpu
-    i, n = 0, len(g_l)
-    while i < n:
-        j = i + 1
-        while j < n and r_l[j] == r_l[i]:
-            j += 1
-        r = r_l[i]
-        if r > 1 and any(s_l[i:j]):
-            whole = int(r)
-            for _ in range(whole):
-                for k in range(i, j):
-                    _step(state, g_l[k], c_l[k], 1.0, s_l[k])
-            if r > whole:
-                for k in range(i, j):
-                    _step(state, g_l[k], c_l[k], r - whole, s_l[k])
-        else:
-            for k in range(i, j):
-                _step(state, g_l[k], c_l[k], r, s_l[k])
-        i = j
+    n = len(g_l)
+    for lo, hi in _phase_runs(phases, n):
+        top = max(r_l[lo:hi], default=1.0)
+        layer = [k for k in range(lo, hi) if r_l[k] == top] if top > 1 else []
+        if not layer:
+            for k in range(lo, hi):
+                _step(state, g_l[k], c_l[k], r_l[k], s_l[k])
+            continue
+        first, last = layer[0], layer[-1] + 1
+        for k in range(lo, first):
+            _step(state, g_l[k], c_l[k], r_l[k], s_l[k])
+        _rounds(state, g_l[first:last], c_l[first:last], [r / top for r in r_l[first:last]], s_l[first:last], top)
+        for k in range(last, hi):
+            _step(state, g_l[k], c_l[k], r_l[k], s_l[k])
     cpu, gpu = state
     return Timeline(runtime_s=max(cpu, gpu), gpu_busy_s=float(np.dot(gpu_s, repeats)),
                     cpu_busy_s=float(np.dot(cpu_s, repeats)) + head_cpu_s)
+
+
+def _phase_runs(phases: tuple[str, ...] | None, n: int) -> list[tuple[int, int]]:
+    """[lo, hi) index ranges of consecutive ops of one phase."""
+    if not phases:
+        return [(0, n)]
+    runs, lo = [], 0
+    for k in range(1, n + 1):
+        if k == n or phases[k] != phases[lo]:
+            runs.append((lo, k))
+            lo = k
+    return runs
+
+
+def _rounds(state: list[float], g: list[float], c: list[float], share: list[float], s: list[bool],
+            rounds: float) -> None:
+    """``rounds`` passes over one traced block of layers, op k taking share[k] of its calls per pass; a whole pass
+    that leaves the CPU-GPU gap unchanged repeats exactly from there on (the walk depends only on the gap)."""
+    whole = int(rounds)
+    gap = None
+    done = 0
+    while done < whole:
+        before = list(state)
+        for k in range(len(g)):
+            _step(state, g[k], c[k], share[k], s[k])
+        done += 1
+        new_gap = state[0] - state[1]
+        if gap is not None and abs(new_gap - gap) <= 1e-12:
+            left = whole - done
+            state[0] += left * (state[0] - before[0])
+            state[1] += left * (state[1] - before[1])
+            break
+        gap = new_gap
+    if rounds > whole:
+        part = rounds - whole
+        for k in range(len(g)):
+            _step(state, g[k], c[k], share[k] * part, s[k])
 
 
 def _step(state: list[float], g: float, c: float, r: float, sync: bool) -> None:
@@ -165,7 +200,7 @@ def _step(state: list[float], g: float, c: float, r: float, sync: bool) -> None:
         return
     cpu += c * r
     if g >= c:   # GPU-bound block: the first call waits for its dispatch, the rest queue behind it
-        gpu = max(gpu, cpu - c * (r - 1)) + g * r
+        gpu = max(gpu, cpu - c * max(r - 1, 0.0)) + g * r
     else:        # CPU-bound block: the GPU follows the CPU, finishing one kernel after the last dispatch
         gpu = max(gpu + g * r, cpu + g)
     state[0], state[1] = cpu, gpu
