@@ -27,6 +27,16 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+# exit status of an answer that is "no": the configuration does not fit, or no candidate meets the goals (the
+# answer is printed; 2 is bad input, 0 an answer that fits), so a script can branch on it as on grep's "no match"
+EXIT_NO_FIT = 1
+
+
+def _exit_if(no_fit: bool) -> None:
+    if no_fit:
+        raise typer.Exit(EXIT_NO_FIT)
+
+
 # image formats matplotlib writes without extra packages, by file suffix (the plots pick the format from it)
 PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
 
@@ -146,6 +156,7 @@ def estimate(
         typer.echo(result.model_dump_json(indent=2))
     else:
         report.print_estimate(result, notes)
+    _exit_if(result.fits is False)
 
 
 def _train_plan(model, workload, dtype, precision, zero, fsdp, recompute, micro_batch, grad_accum, pp_schedule,
@@ -296,6 +307,9 @@ def serve(
         "transformers CB: ContinuousBatchingConfig.num_blocks)"),
     chunked_prefill: Optional[bool] = typer.Option(None, "--chunked-prefill/--no-chunked-prefill"),
     preemption_mode: Optional[str] = typer.Option(None, "--preemption-mode", help="recompute | swap"),
+    prefix_caching: Optional[bool] = typer.Option(
+        None, "--enable-prefix-caching/--no-enable-prefix-caching", help="vLLM's flag (on by default in V1): a "
+        "request preempted by recompute takes back its prefix blocks still cached"),
     percentiles: str = typer.Option("50,90,99", "--metric-percentiles", help="as vLLM's"),
     per_request: Optional[Path] = typer.Option(None, "--per-request", help="write one CSV row per request"),
     as_json: bool = typer.Option(False, "--json", help="print the vLLM bench-serve style JSON"),
@@ -314,7 +328,8 @@ def serve(
                          knobs={"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
                                 "block_size": block_size, "gpu_memory_utilization": gpu_memory_utilization,
                                 "num_gpu_blocks_override": num_gpu_blocks_override,
-                                "enable_chunked_prefill": chunked_prefill, "preemption_mode": preemption_mode})
+                                "enable_chunked_prefill": chunked_prefill, "preemption_mode": preemption_mode,
+                                "enable_prefix_caching": prefix_caching})
 
     _output_path(per_request, "--per-request")
     (result, run, notes), _ = _run(go)
@@ -451,6 +466,7 @@ def plan_serve_cmd(
         typer.echo(result.model_dump_json(indent=2))
     else:
         report.print_plan(result)
+    _exit_if(not result.ranked)
 
 
 @plan_app.command("train")
@@ -504,10 +520,11 @@ def plan_train_cmd(
         _run(train_plan_png, result, plot)
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
-        return
-    from .report import print_train_plan
+    else:
+        from .report import print_train_plan
 
-    print_train_plan(result, top)
+        print_train_plan(result, top)
+    _exit_if(not result.ranked)
 
 
 @app.command("list")

@@ -483,6 +483,9 @@ class ServingSpec(Spec):
                                                             "reserved beside the KV cache")
     cuda_graph_reserve_bytes: NonNegative = Field(0.0, description="memory the engine keeps for CUDA graphs")
     preemption_mode: Literal["recompute", "swap"] = "recompute"
+    enable_prefix_caching: bool = Field(False, description="a request preempted by recompute finds the computed "
+                                        "blocks it freed still cached when it is readmitted, unless other "
+                                        "requests' allocations reused them (EngineConfig.enable_prefix_caching)")
     scheduler_overhead_s: NonNegative = Field(0.0, description="CPU time per engine step outside the model's "
                                               "forward (scheduling, batch preparation, sampling, detokenizing)")
     scheduler_overhead_per_seq_s: NonNegative = Field(0.0, description="the part of it that grows with each "

@@ -87,7 +87,7 @@ def test_bad_workload_is_a_clear_error():
 
 def test_config_that_does_not_fit_says_so_with_numbers():
     r = run("estimate", "--model", "Llama-2-70b-hf", "--device", "rtx-a5000", "--seq", "128", "--json")
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 1, r.output          # answered "no": exit status 1 (bad input is 2)
     data = json.loads(r.output)
     assert data["fits"] is False and data["runtime_ms"] is None
     assert "does not fit" in data["not_fit_reason"] and "GB" in data["not_fit_reason"]

@@ -180,6 +180,20 @@ def test_plan_train_table_is_full_width_when_piped():
     assert "h100-sxm" in out.output and "…" not in out.output
 
 
+def test_plans_with_no_answer_exit_1():
+    """'Nothing meets the SLOs' and 'no plan' are answers, printed, with exit status 1 (bad input is 2), so a script
+    can tell them from a plan as from grep's 'no match'."""
+    none_meet = CliRunner().invoke(app, ["plan", "serve", "-m", "opt-125m", "--devices", "h100", "--runtime", "vllm",
+                                         "--rate", "2", "--num-requests", "20", "--max-gpus", "1", "--input-len",
+                                         "100", "--output-len", "20", "--slo", "tpot_p50_ms=0.01", "--json"])
+    assert none_meet.exit_code == 1, none_meet.output
+    assert json.loads(none_meet.output)["ranked"] == []
+    no_plan = CliRunner().invoke(app, ["plan", "train", "-m", "opt-125m", "--tokens", "1e9", "--seq", "512",
+                                       "--global-batch", "64", "--devices", "h100", "--gpus", "7", "--tp", "1",
+                                       "--pp", "1", "--zero", "0", "--micro-batch", "1"])
+    assert no_plan.exit_code == 1 and "batch split" in no_plan.output, no_plan.output
+
+
 def test_plan_train_says_why_a_gpu_count_has_no_plan():
     """A global batch that no dp x micro-batch divides prunes every candidate before a trace: the reason says so
     (it used to say 'no plan fits in memory')."""

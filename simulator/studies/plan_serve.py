@@ -252,6 +252,13 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
     for c in ok:
         cheapest.setdefault(c.device, c)
         min_gpus[c.device] = min(min_gpus.get(c.device, c.gpus), c.gpus)
+    for c in cheapest.values():
+        load = c.output_tokens_per_s_per_gpu / c.max_output_tokens_per_s_per_gpu \
+            if c.max_output_tokens_per_s_per_gpu else 0.0
+        if load > HEADROOM_NOTE_LOAD:
+            notes.add(f"{c.device} tp {c.tp} x {c.replicas}: the load is {load:.0%} of its saturated capacity; near "
+                      "saturation queues grow fast, so a few percent more load or burstier arrivals (--arrival "
+                      "gamma:2) miss the SLOs: plan at a higher --rate for headroom")
     front = pareto(ok)
     for c in [*cheapest.values(), *front]:   # the configurations the table and the plot show
         notes.update(search.scenario_notes.get((c.device, c.runtime, c.tp), ()))
@@ -470,6 +477,10 @@ def _min_replicas(req, sc, tp, knobs, percentiles, search, notes) -> Candidate |
     notes.add(f"{sc.runtime.name}: engine defaults as serving.source in its runtime spec cites them "
               "(hardware_specs/runtimes/ or $AISIM_SPECS_DIR/runtimes/)")
     return best
+
+
+# the share of a configuration's saturated throughput above which its plan gets a headroom note
+HEADROOM_NOTE_LOAD = 0.9
 
 
 def _improved(before: Candidate, after: Candidate, slo: dict[str, float], rel: float = 0.02) -> bool:

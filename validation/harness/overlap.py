@@ -14,6 +14,8 @@ if it never does. This measures the three quantities on the same forward, in the
   forward while the GPU is still asleep and never waits for it (the kernels per forward stay under the 1024-entry
   launch queue: 6 layers); ``host_ms`` is the host's time to issue the forward, ``gpu_ms`` the time between CUDA
   events recorded after the sleep and after the forward: the GPU's busy time with every kernel already queued.
+  A step that makes a host sync (transformers 5.17's forward without cache does: the host time then includes the
+  sleep) gets both wrong, so only its wall time is compared; the decode steps make none.
 
 Models: validation/harness/configs/overlap-*.json, widths of their own (a Llama, a Qwen3-MoE with 64 experts of
 512 top-6, a Mixtral with 8 experts top-2; 6 layers, random bf16 weights, grouped-GEMM experts as transformers picks

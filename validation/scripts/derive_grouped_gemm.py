@@ -16,6 +16,11 @@
   are not host-bound): bytes / bandwidth / measured time against log10 bytes, the median per quarter decade.
   cost/efficiency.py takes the smaller of it and the contiguous memory curve.
 
+``--check-grid FILE ...``: instead, the calibration's table (``--calibration``, default the GPU's) against other grid
+runs (other expert counts and widths than the table's: validation/data/kernels/grouped-gemm-grid-e8-h100.jsonl,
+8 experts, N up to 28672, K up to 14336; grouped-gemm-grid-e64-h100.jsonl, 64 experts, N and K 8192): time MAPE and
+mean signed error per file, as ops_time reads the table (the memory curve caps a memory-bound call).
+
 Without --write it prints the YAML blocks and a check: the model section's grouped GEMMs (the three models' shapes,
 not used to build the table) predicted with the dense table at rows per touched expert (before) and the grouped
 table (after), against the measured times. --write replaces (or appends) the two blocks in the calibration file
@@ -185,6 +190,28 @@ def write(path: Path, blocks: str, provenance: str) -> None:
     path.write_text("".join(lines[:end] + [entry] + lines[end:]))
 
 
+def grid_check(paths: list[Path], gpu, cal) -> list[tuple[str, int, float, float]]:
+    """(file, rows, time MAPE %, mean signed time error %) of the calibration's grouped table on each file's grid."""
+    from aisim.cost.efficiency import grouped_gemm_efficiency, memory_efficiency
+
+    out = []
+    for path in paths:
+        errors = []
+        for r in load(path)[1]:
+            if r.get("section") != "grid":
+                continue
+            memory_bound = r["bytes"] / gpu.memory_bw_bytes_per_s > r["flop"] / gpu.peak_for("bf16")
+            eff = grouped_gemm_efficiency(cal, "bf16", r["m"], r["n"], r["k"], r["bytes"], memory_bound, gpu)
+            if memory_bound:
+                eff = min(eff, memory_efficiency(cal, r["bytes"], gpu))
+            estimate_ms = roofline_s(r["flop"], r["bytes"], gpu) / eff * 1e3
+            errors.append(estimate_ms / r["median_ms"] - 1)
+        if not errors:
+            raise ValueError(f"{path}: no grid rows")
+        out.append((path.name, len(errors), 100 * statistics.mean(map(abs, errors)), 100 * statistics.mean(errors)))
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("data", nargs="?", default=str(DATA))
@@ -192,10 +219,16 @@ def main(argv=None) -> int:
     parser.add_argument("--calibration", default=None, help="calibration whose curves the check's 'before' reads "
                         "(default: the GPU's)")
     parser.add_argument("--write", default=None, help="calibration YAML to update in place")
+    parser.add_argument("--check-grid", nargs="+", type=Path, default=None, help="grid runs to check the "
+                        "calibration's table against (no derivation)")
     args = parser.parse_args(argv)
     from aisim.specs import load_calibration
 
     gpu = _gpu(args.gpu)
+    if args.check_grid:
+        for name, n, mape, signed in grid_check(args.check_grid, gpu, load_calibration(args.calibration or args.gpu)):
+            print(f"{name}: {n} grouped GEMMs, time MAPE {mape:.1f}%, mean signed {signed:+.1f}%")
+        return 0
     header, rows = load(Path(args.data))
     table, curve = grouped_table(rows, gpu), broadcast_curve(rows, gpu)
     try:

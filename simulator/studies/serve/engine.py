@@ -13,7 +13,11 @@ Each step (vllm/v1/core/sched/scheduler.py `Scheduler.schedule`):
    Without chunked prefill, a prompt larger than the budget left stops admission too.
 Preemption by recompute (vLLM v1's only mode, `_preempt_request`): the request loses its KV, goes to the front
 of the waiting queue, and recomputes prompt + generated tokens as one prefill whose last step emits the next
-token. Preemption by swap (vLLM v0 vllm/core/scheduler.py `_preempt_by_swap` / `_schedule_swapped`): the
+token; with prefix caching (vLLM V1's default) the blocks it freed stay cached in the free pool, least recently
+freed evicted first (a request's tail blocks first), and its readmission takes back the cached prefix, at most all
+its tokens but one (vllm/v1/core/kv_cache_manager.py `free`, `get_computed_blocks`). Blocks freed before a
+preemption are reused before its cached ones, blocks freed after it (finished requests) after them; only the
+preempted requests' own prefixes are hits (the simulated prompts share none). Preemption by swap (vLLM v0 vllm/core/scheduler.py `_preempt_by_swap` / `_schedule_swapped`): the
 blocks are copied to host memory (cost: blocks * block_size * kv_bytes_per_token / swap bandwidth, added to
 the step), the request joins the swapped queue, and swapped requests are resumed before waiting ones when no
 preemption happened in the step.
@@ -29,7 +33,8 @@ before an earlier one (without it, the one request left mid-prompt is always the
 vLLM schedule in tests/test_serve_sim.py matches step for step). Not modelled from transformers: its
 safety_margin (no new prefills when free blocks fall under a fraction) and CPU offloading. In swap mode a request preempted during its prompt is recomputed (it has no
 output yet), and host swap space is unlimited; a recomputed request longer than max_num_batched_tokens is chunked
-even without chunked prefill (vLLM would never schedule it); no prefix caching, no speculative decoding.
+even without chunked prefill (vLLM would never schedule it); prefix caching only of preempted requests' own
+prefixes and only in pools without sliding-window groups; no speculative decoding.
 """
 from __future__ import annotations
 
@@ -63,6 +68,9 @@ class EngineConfig(BaseModel):
     max_model_len: int | None = Field(None, ge=2, le=2 * MAX_TOKENS,
                                       description="requests with input + output over this are rejected")
     preemption_mode: Literal["recompute", "swap"] = "recompute"
+    enable_prefix_caching: bool = Field(False, description="recompute preemption keeps the victim's full computed "
+                                        "blocks cached in the free pool until reused; readmission takes them back "
+                                        "(vLLM V1's default prefix caching; full-attention pools only)")
     swap_bandwidth_bytes_per_s: float = Field(25e9, gt=0, le=1e13, description="host<->device copy bandwidth")
     kv_bytes_per_token: float = Field(0.0, ge=0, le=1e10, description="KV bytes of one token, all layers")
     full_groups: int = Field(1, ge=0, le=100_000, description="KV groups of full-attention layers; one block of the "
@@ -129,13 +137,14 @@ class RequestState:
 
     __slots__ = ("rid", "arrival_s", "input_tokens", "output_tokens", "state", "generated", "computed", "blocks",
                  "units", "swapped_blocks", "adm", "base", "k_fin", "preemptions", "first_token_s", "finish_s",
-                 "segments", "reject_reason")
+                 "segments", "reject_reason", "cached")
 
     def __init__(self, rid: int, arrival_s: float, input_tokens: int, output_tokens: int):
         self.rid, self.arrival_s = rid, arrival_s
         self.input_tokens, self.output_tokens = input_tokens, output_tokens
         self.state, self.generated, self.computed, self.blocks, self.swapped_blocks = WAITING, 0, 0, 0, 0
         self.units = 0  # pool blocks held (blocks x the full groups, plus the sliding groups' share)
+        self.cached = 0  # after a recompute preemption with prefix caching: its prefix blocks still in the pool
         self.adm = self.base = self.k_fin = -1
         self.preemptions = 0
         self.first_token_s = self.finish_s = None
@@ -169,6 +178,12 @@ class ReplicaScheduler:
         self.swap_bytes = 0.0
         self.preempted = False
         self.num_preemptions = self.peak_used_blocks = 0
+        # prefix caching: preempted requests whose freed blocks still hold their prefix, in freeing order, and the
+        # free blocks ahead of them in the pool's eviction order
+        self._cached: deque[RequestState] = deque()
+        self._free_ahead = 0
+        self.cache_hit_tokens = 0
+        self._caching = cfg.enable_prefix_caching and cfg.full_groups == 1 and cfg.sliding_groups == 0
 
     # ---- admission control -------------------------------------------------------------------------------
     def reject_reason(self, r: RequestState) -> str | None:
@@ -263,7 +278,7 @@ class ReplicaScheduler:
         units = self.cfg.units
         grows = [units(r.blocks + 1) - r.units for r in needers]
         if sum(grows) <= self.free_blocks:
-            self.free_blocks -= sum(grows)
+            self._take(sum(grows))
             for r in needers:
                 self._grant_decode_block(r)
             return
@@ -273,7 +288,7 @@ class ReplicaScheduler:
             while self.free_blocks < grow:
                 if self._preempt_tail(k) is r:
                     return  # it preempted itself: vLLM ends the running pass
-            self.free_blocks -= grow
+            self._take(grow)
             self._grant_decode_block(r)
 
     def _grant_decode_block(self, r: RequestState) -> None:
@@ -303,7 +318,7 @@ class ReplicaScheduler:
             if preempted_self:
                 break
             r.blocks, r.units = blocks, held
-            self.free_blocks -= need
+            self._take(need)
             self.chunks.append((r, chunk))
             budget -= chunk
         return budget
@@ -327,7 +342,7 @@ class ReplicaScheduler:
             self.swapped.popleft()
             self.swap_bytes += self._block_bytes(r.swapped_blocks)
             r.blocks, r.swapped_blocks, r.units = blocks, 0, need
-            self.free_blocks -= need
+            self._take(need)
             self._admit(r)
             r.segments.append(k)
             self._enter_decode(r, k)
@@ -339,17 +354,24 @@ class ReplicaScheduler:
         cfg = self.cfg
         while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             r = self.waiting[0]
+            # a preempted request's prefix still cached: at most all its tokens but one (get_computed_blocks)
+            hit = min(r.cached, (r.input_tokens + r.generated - 1) // self.bs) if r.cached else 0
+            r.computed = hit * self.bs
             wanted = self._chunk(r, MAX_TOKENS)
-            if not cfg.enable_chunked_prefill and budget < wanted <= cfg.max_num_batched_tokens:
-                break
             chunk = min(wanted, budget)
-            blocks = _cdiv(chunk + self.cfg.prefill_slack_tokens, self.bs)
+            blocks = _cdiv(r.computed + chunk + self.cfg.prefill_slack_tokens, self.bs)
             need = self.cfg.units(blocks, chunk)
-            if need > self.free_blocks:
+            if need > self.free_blocks or (not cfg.enable_chunked_prefill
+                                           and budget < wanted <= cfg.max_num_batched_tokens):
+                r.computed = 0      # still waiting: nothing of it is computed
                 break
             self.waiting.popleft()
+            if r.cached:
+                self._uncache(r)
+                self.free_blocks -= hit          # its cached blocks leave the free pool, evicting nothing
+                self.cache_hit_tokens += r.computed
             r.blocks, r.units = blocks, need
-            self.free_blocks -= need
+            self._take(need - hit)
             r.state = PREFILL
             self._admit(r)
             self.prefilling.append(r)
@@ -397,6 +419,27 @@ class ReplicaScheduler:
         cfg = self.cfg
         return cfg.units(blocks) * self.bs * cfg.kv_bytes_per_token / (cfg.full_groups + cfg.sliding_groups)
 
+    def _take(self, n: int) -> None:
+        """Allocate n pool blocks: free blocks ahead of the cached prefixes go first, then the oldest preempted
+        request's cached blocks (its tail first), then blocks freed after it."""
+        self.free_blocks -= n
+        if not self._cached:
+            return
+        ahead = min(n, self._free_ahead)
+        self._free_ahead -= ahead
+        n -= ahead
+        while n and self._cached:
+            r = self._cached[0]
+            evicted = min(n, r.cached)
+            r.cached -= evicted
+            n -= evicted
+            if not r.cached:
+                self._cached.popleft()
+
+    def _uncache(self, r: RequestState) -> None:
+        self._cached.remove(r)
+        r.cached = 0
+
     def _preempt_tail(self, k: int) -> RequestState:
         """Preempt the most recently admitted running request at step k (vLLM FCFS: `self.running.pop()`)."""
         _, victim = self.running.popitem()
@@ -414,6 +457,13 @@ class ReplicaScheduler:
             victim.swapped_blocks, victim.blocks, victim.units, victim.state = victim.blocks, 0, 0, SWAPPED
             self.swapped.append(victim)
         else:
+            if self._caching and victim.computed >= self.bs:
+                if not self._cached:    # everything free now is ahead of its blocks in the eviction order
+                    self._free_ahead = self.free_blocks - victim.units
+                if victim.cached:
+                    self._uncache(victim)
+                victim.cached = min(victim.computed // self.bs, victim.blocks)
+                self._cached.append(victim)
             victim.blocks, victim.units, victim.computed, victim.state = 0, 0, 0, WAITING
             self.waiting.appendleft(victim)
         return victim

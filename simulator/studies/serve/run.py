@@ -19,11 +19,12 @@ from . import EngineConfig, ServeRequest, ServeRun, run_serving, validated
 from .timer import ModelDims, StepCostTimer
 
 ENGINE_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "block_size",
-                "preemption_mode", "gpu_memory_utilization", "num_gpu_blocks_override")
+                "preemption_mode", "gpu_memory_utilization", "num_gpu_blocks_override", "enable_prefix_caching")
 ENGINE_FLAGS = {"max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
                 "enable_chunked_prefill": "--chunked-prefill", "block_size": "--block-size",
                 "preemption_mode": "--preemption-mode", "gpu_memory_utilization": "--gpu-memory-utilization",
-                "num_gpu_blocks_override": "--num-gpu-blocks-override"}
+                "num_gpu_blocks_override": "--num-gpu-blocks-override",
+                "enable_prefix_caching": "--enable-prefix-caching"}
 
 # --block-size values each engine accepts. vLLM: CacheConfig's BlockSize = Literal[1, 8, 16, 32, 64, 128, 256]
 # (vllm/config/cache.py), and its FlashAttention backend takes multiples of 16 only (vllm/v1/attention/backends/
@@ -179,6 +180,7 @@ def engine_config(sc: Scenario, knobs: dict[str, Any]) -> tuple[EngineConfig, Kv
         "num_kv_blocks": cap.blocks, "block_size": values["block_size"], "max_num_seqs": values["max_num_seqs"],
         "max_num_batched_tokens": values["max_num_batched_tokens"],
         "enable_chunked_prefill": values["enable_chunked_prefill"], "preemption_mode": values["preemption_mode"],
+        "enable_prefix_caching": values["enable_prefix_caching"],
         "kv_bytes_per_token": cap.bytes_per_token, "full_groups": cap.full_groups,
         "sliding_groups": cap.sliding_groups, "sliding_window_blocks": cap.sliding_window_blocks,
         "sliding_chunk_blocks": bool(cap.sliding_groups) and sc.runtime.name != "transformers-cb",
