@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from .errors import AisimError
+from .errors import AisimError, DoesNotFit
 
 # torch's import of the deprecated pynvml package warns on every run; it says nothing about the estimate
 warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
@@ -66,6 +66,9 @@ def _run(fn, *args, **kwargs):
             warnings.simplefilter("always")
             result = fn(*args, **kwargs)
         return result, [str(w.message) for w in caught if "aisim" in str(w.filename) or w.category is UserWarning]
+    except DoesNotFit as exc:      # an answer, not bad input
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(EXIT_NO_FIT) from None
     except AisimError as exc:
         _fail(str(exc))
 
@@ -186,6 +189,9 @@ def _train_plan(model, workload, dtype, precision, zero, fsdp, recompute, micro_
                              fsdp=fsdp, recompute=recompute, micro_batch=micro_batch, grad_accum=grad_accum,
                              pp_schedule=pp_schedule, virtual_stages=virtual_stages, bucket_mb=bucket_mb,
                              optimizer_impl=optimizer_impl)
+    except DoesNotFit as exc:      # an answer, not bad input
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(EXIT_NO_FIT) from None
     except AisimError as exc:
         _fail(str(exc))
 

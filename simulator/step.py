@@ -58,6 +58,7 @@ class OpArrays:
     ops: tuple
     costs: tuple
     repeats: np.ndarray
+    walk_repeats: np.ndarray          # the timeline's (cost.timeline.layer_walk_repeats): same totals
     kinds: tuple[str, ...]
     launches: np.ndarray
     flops: float
@@ -114,8 +115,11 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
         costs = [kv_append_in_place(c, op) for c, op in zip(costs, ops)]
         ops = [replace(op, attrs={k: v for k, v in op.attrs.items() if k != "strided_inputs"})
                if op.attrs.get("strided_inputs") and is_kv_append(op) else op for op in ops]
+    from .cost.timeline import layer_walk_repeats
+
     reps = np.array(repeats, dtype=float)
-    arrays = OpArrays(ops=tuple(ops), costs=tuple(costs), repeats=reps, kinds=tuple(c.kind for c in costs),
+    arrays = OpArrays(ops=tuple(ops), costs=tuple(costs), repeats=reps, walk_repeats=layer_walk_repeats(ops, reps),
+                      kinds=tuple(c.kind for c in costs),
                       launches=np.array([c.launches for c in costs], dtype=float),
                       flops=float(np.dot([c.flops for c in costs], reps)),
                       bytes=float(np.dot([c.bytes for c in costs], reps)),
@@ -190,7 +194,7 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     # HF's per-call host work happens once per model call: in the first stage's timeline (pp 1), else added once
     head_s = step_host_s(cal, rt, w.phase, model_type)
     timeline = simulate(gpu_s, cpu_s, a.repeats, syncs, head_s if plan.pp == 1 else 0.0,
-                        tuple(op.phase for op in a.ops))
+                        tuple(op.phase for op in a.ops), a.walk_repeats)
     stage_s = timeline.runtime_s + rt.per_step_overhead_s
     # the GPUs of one pipeline stage (tensor x data parallel) work together; the stages run one after another
     # (no micro-batching): each stage's GPUs wait, at the waiting power, while the other pp - 1 stages run

@@ -193,9 +193,12 @@ def test_prefix_caching_gives_a_preempted_request_its_cached_prefix_back():
     assert victim.cached == 10 and sched.free_blocks == 20
     sched._take(10 + 3)                         # the 10 blocks free before it first, then 3 of its own, tail first
     assert victim.cached == 7 and sched.free_blocks == 7
-    sched.free_blocks += 13                     # give the pool back, then readmit: 7 blocks of prefix are hits
-    sched.schedule(2)
-    assert victim.computed == 7 * 16 and sched.cache_hit_tokens == 112 and victim.cached == 0
+    sched._give(13)                             # blocks freed later queue behind its prefix, which goes first
+    sched._take(5)
+    assert victim.cached == 2
+    sched._give(5)
+    sched.schedule(2)                           # readmitted: its 2 blocks of prefix left are hits
+    assert victim.computed == 2 * 16 and sched.cache_hit_tokens == 32 and victim.cached == 0
 
 
 def test_request_that_never_fits_is_rejected_not_looped():

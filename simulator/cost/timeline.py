@@ -129,11 +129,42 @@ def step_host_s(cal: CalibrationSpec, runtime: RuntimeSpec, phase: str = "forwar
     return adds * cal.eager_add_dispatch_s * host_scale(cal, phase, model_type)
 
 
+def layer_walk_repeats(ops, repeats) -> np.ndarray:
+    """The repeats the walk takes: a forward op whose signature the trace holds both inside its layers (a module path
+    with a layer index) and outside them (the final norm shares the layers' norm signature, every nn.Module call
+    one signature) gets one call per instance outside and the rest shared by the instances inside, so the rounds
+    hold every op of a layer and the embedding and head run once. Each signature's total is unchanged. Backward
+    ops carry no module path and keep theirs."""
+    out = np.array(repeats, dtype=float)
+    groups: dict[tuple, list[int]] = {}
+    for i, op in enumerate(ops):
+        if out[i] > 1 and op.phase == "forward":
+            groups.setdefault(op.signature, []).append(i)
+    for idx in groups.values():
+        inside = [i for i in idx if _in_layer(ops[i].scope)]
+        outside = len(idx) - len(inside)
+        if not inside or not outside:
+            continue
+        per_inside = (float(out[idx].sum()) - outside) / len(inside)
+        if per_inside >= 1.0:
+            out[idx] = 1.0
+            out[inside] = per_inside
+    return out
+
+
+def _in_layer(scope: str) -> bool:
+    """A module path inside a layer stack: one of its parts is an index (model.layers.3.mlp, transformer.h.0)."""
+    return any(part.isdigit() for part in scope.split("."))
+
+
 def simulate(gpu_s: np.ndarray, cpu_s: np.ndarray, repeats: np.ndarray, syncs: np.ndarray,
-             head_cpu_s: float = 0.0, phases: tuple[str, ...] | None = None) -> Timeline:
+             head_cpu_s: float = 0.0, phases: tuple[str, ...] | None = None,
+             walk_repeats: np.ndarray | None = None) -> Timeline:
     """Walk the ops in order, after ``head_cpu_s`` of host work before the first op (step_host_s), each phase's
-    repeated layers in rounds (module docstring; ``phases``: each op's phase, one phase where not given)."""
-    g_l, c_l, r_l, s_l = gpu_s.tolist(), cpu_s.tolist(), repeats.tolist(), syncs.tolist()
+    repeated layers in rounds (module docstring; ``phases``: each op's phase, one phase where not given;
+    ``walk_repeats``: the repeats to walk where they differ from the totals' (layer_walk_repeats))."""
+    walk = repeats if walk_repeats is None else walk_repeats
+    g_l, c_l, r_l, s_l = gpu_s.tolist(), cpu_s.tolist(), walk.tolist(), syncs.tolist()
     state = [head_cpu_s, 0.0]  # cpu, gpu
     n = len(g_l)
     for lo, hi in _phase_runs(phases, n):
@@ -168,9 +199,13 @@ def _phase_runs(phases: tuple[str, ...] | None, n: int) -> list[tuple[int, int]]
 
 def _rounds(state: list[float], g: list[float], c: list[float], share: list[float], s: list[bool],
             rounds: float) -> None:
-    """``rounds`` passes over one traced block of layers, op k taking share[k] of its calls per pass; a whole pass
-    that leaves the CPU-GPU gap unchanged repeats exactly from there on (the walk depends only on the gap)."""
+    """``rounds`` passes over one traced block of layers, op k taking share[k] of its calls per pass. The walk depends
+    only on the CPU-GPU gap, so a whole pass that leaves the gap where the pass before left it repeats exactly from
+    there on; and a pass without a sync in which the GPU never waited for a dispatch and fell further behind is
+    followed by passes that do the same (the GPU-bound steady state). Either way the rest is added at once."""
     whole = int(rounds)
+    gpu_round = sum(gk * sk for gk, sk in zip(g, share))
+    no_sync = not any(s)
     gap = None
     done = 0
     while done < whole:
@@ -179,7 +214,9 @@ def _rounds(state: list[float], g: list[float], c: list[float], share: list[floa
             _step(state, g[k], c[k], share[k], s[k])
         done += 1
         new_gap = state[0] - state[1]
-        if gap is not None and abs(new_gap - gap) <= 1e-12:
+        gpu_bound = (no_sync and gap is not None and new_gap <= gap
+                     and abs(state[1] - before[1] - gpu_round) <= 1e-12 + 1e-9 * gpu_round)
+        if gap is not None and (abs(new_gap - gap) <= 1e-12 or gpu_bound):
             left = whole - done
             state[0] += left * (state[0] - before[0])
             state[1] += left * (state[1] - before[1])
@@ -201,6 +238,6 @@ def _step(state: list[float], g: float, c: float, r: float, sync: bool) -> None:
     cpu += c * r
     if g >= c:   # GPU-bound block: the first call waits for its dispatch, the rest queue behind it
         gpu = max(gpu, cpu - c * max(r - 1, 0.0)) + g * r
-    else:        # CPU-bound block: the GPU follows the CPU, finishing one kernel after the last dispatch
-        gpu = max(gpu + g * r, cpu + g)
+    else:        # CPU-bound block: the GPU follows the CPU, finishing one kernel (or the block's share of one) after
+        gpu = max(gpu + g * r, cpu + g * min(r, 1.0))        # the last dispatch
     state[0], state[1] = cpu, gpu

@@ -24,9 +24,10 @@ CONFIGS = Path(__file__).resolve().parents[2] / "validation" / "harness" / "conf
 DIFFER = 0.01
 
 
-def block_walk(gpu_s, cpu_s, repeats, syncs, head_cpu_s: float = 0.0, phases=None):
+def block_walk(gpu_s, cpu_s, repeats, syncs, head_cpu_s: float = 0.0, phases=None, walk_repeats=None):
     """The timeline walk before 2026-11-28: each run of consecutive ops with one repeat count walked op by op, each op
-    as a block of its repeats back to back (call by call where the run holds a sync); ``phases`` ignored."""
+    as a block of its repeats back to back (call by call where the run holds a sync); ``phases`` and
+    ``walk_repeats`` ignored (it walked the traced repeats)."""
     import numpy as np
 
     from aisim.cost.timeline import Timeline, _step

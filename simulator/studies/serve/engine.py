@@ -178,12 +178,12 @@ class ReplicaScheduler:
         self.swap_bytes = 0.0
         self.preempted = False
         self.num_preemptions = self.peak_used_blocks = 0
-        # prefix caching: preempted requests whose freed blocks still hold their prefix, in freeing order, and the
-        # free blocks ahead of them in the pool's eviction order
-        self._cached: deque[RequestState] = deque()
-        self._free_ahead = 0
+        # prefix caching: the free pool in eviction order (vLLM's free block queue: freed blocks appended, reused from
+        # the front), as runs of plain free blocks ([count]) and of a preempted request's cached prefix (the request:
+        # its ``cached`` blocks)
         self.cache_hit_tokens = 0
         self._caching = cfg.enable_prefix_caching and cfg.full_groups == 1 and cfg.sliding_groups == 0
+        self._pool: deque = deque([[cfg.num_kv_blocks]]) if self._caching else deque()
 
     # ---- admission control -------------------------------------------------------------------------------
     def reject_reason(self, r: RequestState) -> str | None:
@@ -367,8 +367,11 @@ class ReplicaScheduler:
                 break
             self.waiting.popleft()
             if r.cached:
+                spare = r.cached - hit           # cached blocks past the hit (its last token is recomputed)
                 self._uncache(r)
-                self.free_blocks -= hit          # its cached blocks leave the free pool, evicting nothing
+                self.free_blocks -= hit          # the hit blocks leave the free pool, evicting nothing
+                if spare:
+                    self._pool.appendleft([spare])
                 self.cache_hit_tokens += r.computed
             r.blocks, r.units = blocks, need
             self._take(need - hit)
@@ -389,7 +392,7 @@ class ReplicaScheduler:
         r.state = DECODE
         steady = self.cfg.units(r.blocks)
         if r.units > steady:   # the last prompt chunk's extra sliding-window blocks, freed (vLLM)
-            self.free_blocks += r.units - steady
+            self._give(r.units - steady)
             r.units = steady
         r.base = k - r.input_tokens - r.generated
         r.k_fin = k + r.output_tokens - r.generated - 1
@@ -411,7 +414,7 @@ class ReplicaScheduler:
     def _finish(self, r: RequestState, t_end_s: float) -> None:
         r.state, r.finish_s = DONE, t_end_s
         del self.running[r.rid]
-        self.free_blocks += r.units
+        self._give(r.units)
         r.blocks = r.units = 0
 
     def _block_bytes(self, blocks: int) -> float:
@@ -419,25 +422,37 @@ class ReplicaScheduler:
         cfg = self.cfg
         return cfg.units(blocks) * self.bs * cfg.kv_bytes_per_token / (cfg.full_groups + cfg.sliding_groups)
 
-    def _take(self, n: int) -> None:
-        """Allocate n pool blocks: free blocks ahead of the cached prefixes go first, then the oldest preempted
-        request's cached blocks (its tail first), then blocks freed after it."""
-        self.free_blocks -= n
-        if not self._cached:
+    def _give(self, n: int, owner: RequestState | None = None) -> None:
+        """Free n pool blocks, appended to the free queue (as ``owner``'s cached prefix when given)."""
+        self.free_blocks += n
+        if not self._caching or n <= 0:
             return
-        ahead = min(n, self._free_ahead)
-        self._free_ahead -= ahead
-        n -= ahead
-        while n and self._cached:
-            r = self._cached[0]
-            evicted = min(n, r.cached)
-            r.cached -= evicted
-            n -= evicted
-            if not r.cached:
-                self._cached.popleft()
+        if owner is not None:
+            self._pool.append(owner)
+        elif self._pool and isinstance(self._pool[-1], list):
+            self._pool[-1][0] += n
+        else:
+            self._pool.append([n])
+
+    def _take(self, n: int) -> None:
+        """Allocate n pool blocks from the front of the free queue, evicting cached prefixes there (tail first)."""
+        self.free_blocks -= n
+        pool = self._pool
+        while n > 0 and pool:
+            head = pool[0]
+            have = head[0] if isinstance(head, list) else head.cached
+            used = min(n, have)
+            if isinstance(head, list):
+                head[0] -= used
+            else:
+                head.cached -= used
+            n -= used
+            if used == have:
+                pool.popleft()
 
     def _uncache(self, r: RequestState) -> None:
-        self._cached.remove(r)
+        """A readmitted request takes its cached prefix out of the free queue."""
+        self._pool.remove(r)
         r.cached = 0
 
     def _preempt_tail(self, k: int) -> RequestState:
@@ -448,22 +463,21 @@ class ReplicaScheduler:
             self._leave_decode(victim, k - 1)
         else:
             self.prefilling.remove(victim)
-        self.free_blocks += victim.units
         victim.preemptions += 1
         self.num_preemptions += 1
         self.preempted = True
         if was_decoding and self.cfg.preemption_mode == "swap":
+            self._give(victim.units)
             self.swap_bytes += self._block_bytes(victim.blocks)
             victim.swapped_blocks, victim.blocks, victim.units, victim.state = victim.blocks, 0, 0, SWAPPED
             self.swapped.append(victim)
         else:
-            if self._caching and victim.computed >= self.bs:
-                if not self._cached:    # everything free now is ahead of its blocks in the eviction order
-                    self._free_ahead = self.free_blocks - victim.units
-                if victim.cached:
-                    self._uncache(victim)
-                victim.cached = min(victim.computed // self.bs, victim.blocks)
-                self._cached.append(victim)
+            # its blocks are freed tail first (vLLM frees them in reverse): the ones past its full computed blocks,
+            # then, with prefix caching, its cached prefix
+            cached = min(victim.computed // self.bs, victim.blocks) if self._caching else 0
+            self._give(victim.units - cached)
+            victim.cached = cached
+            self._give(cached, victim)
             victim.blocks, victim.units, victim.computed, victim.state = 0, 0, 0, WAITING
             self.waiting.appendleft(victim)
         return victim
