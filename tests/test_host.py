@@ -511,7 +511,7 @@ def test_simulate_walks_repeated_layers_in_order_as_the_model_runs_them():
     """A traced layer (a host-bound norm, GEMMs and adds between them) repeated 40 times between an embedding and a head
     costs what the 40 layers walked one after another cost: the GEMMs' backlog covers the next layer's host-bound
     ops, so a balanced step takes about max(host, GPU), not the sum of per-op blocks (the walk before 2026-11-28
-    ran each op's 40 calls back to back: 15.7 ms for opt-13b forward 1 x 128 on an H100, now 14.6, measured
+    ran each op's 40 calls back to back: 15.7 ms for opt-13b forward 1 x 128 on an H100, now 13.6, measured
     12.8-13.3)."""
     import numpy as np
 

@@ -54,7 +54,7 @@ CEILINGS = {
     "whisper-h200.jsonl": {"encode runtime": 7.6, "decode runtime": 9.6, "peak memory": 1.7,
                            "energy per token": 25.95},
     "tp2-moe-h100.jsonl": {"forward/prefill runtime": 5.6, "decode runtime": 7.2, "tp runtime": 13.7,
-                           "peak memory": 0.6, "energy per token": 26.7},
+                           "peak memory": 0.6, "energy per token": 27.2},
     "tp2-moe-h100-run2.jsonl": {"forward/prefill runtime": 3.9, "decode runtime": 5.5, "tp runtime": 8.0,
                                 "peak memory": 0.6, "energy per token": 25.7},
     "tp2-mixtral-h200.jsonl": {"forward/prefill runtime": 5.8, "decode runtime": 24.1, "tp runtime": 28.0,

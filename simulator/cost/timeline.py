@@ -169,7 +169,7 @@ def simulate(gpu_s: np.ndarray, cpu_s: np.ndarray, repeats: np.ndarray, syncs: n
     n = len(g_l)
     for lo, hi in _phase_runs(phases, n):
         top = max(r_l[lo:hi], default=1.0)
-        layer = [k for k in range(lo, hi) if r_l[k] == top] if top > 1 else []
+        layer = [k for k in range(lo, hi) if r_l[k] >= top * (1 - 1e-9)] if top > 1 else []
         if not layer:
             for k in range(lo, hi):
                 _step(state, g_l[k], c_l[k], r_l[k], s_l[k])

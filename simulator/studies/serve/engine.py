@@ -17,7 +17,8 @@ token; with prefix caching (vLLM V1's default) the blocks it freed stay cached i
 freed evicted first (a request's tail blocks first), and its readmission takes back the cached prefix, at most all
 its tokens but one (vllm/v1/core/kv_cache_manager.py `free`, `get_computed_blocks`). Blocks freed before a
 preemption are reused before its cached ones, blocks freed after it (finished requests) after them; only the
-preempted requests' own prefixes are hits (the simulated prompts share none). Preemption by swap (vLLM v0 vllm/core/scheduler.py `_preempt_by_swap` / `_schedule_swapped`): the
+preempted requests' own prefixes are hits (the simulated prompts share none). Preemption by swap (vLLM v0
+vllm/core/scheduler.py `_preempt_by_swap` / `_schedule_swapped`): the
 blocks are copied to host memory (cost: blocks * block_size * kv_bytes_per_token / swap bandwidth, added to
 the step), the request joins the swapped queue, and swapped requests are resumed before waiting ones when no
 preemption happened in the step.
