@@ -60,7 +60,8 @@ def _output_path(path: Optional[Path], flag: str) -> None:
 
 
 def _run(fn, *args, **kwargs):
-    """Call ``fn``; bad input becomes a one-line error and exit code 2, never a traceback."""
+    """Call ``fn``; bad input becomes a one-line error and exit code 2, never a traceback; a configuration that does
+    not fit, its one line and exit code 1 (EXIT_NO_FIT)."""
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -189,9 +190,6 @@ def _train_plan(model, workload, dtype, precision, zero, fsdp, recompute, micro_
                              fsdp=fsdp, recompute=recompute, micro_batch=micro_batch, grad_accum=grad_accum,
                              pp_schedule=pp_schedule, virtual_stages=virtual_stages, bucket_mb=bucket_mb,
                              optimizer_impl=optimizer_impl)
-    except DoesNotFit as exc:      # an answer, not bad input
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(EXIT_NO_FIT) from None
     except AisimError as exc:
         _fail(str(exc))
 
