@@ -136,10 +136,12 @@ def layer_walk_repeats(ops, repeats) -> np.ndarray:
     hold every op of a layer and the embedding and head run once. Each signature's total is unchanged. Backward
     ops carry no module path and keep theirs."""
     out = np.array(repeats, dtype=float)
+    forward = [i for i, op in enumerate(ops) if op.phase == "forward"]
+    top = max((out[i] for i in forward), default=1.0)
     groups: dict[tuple, list[int]] = {}
-    for i, op in enumerate(ops):
-        if out[i] > 1 and op.phase == "forward":
-            groups.setdefault(op.signature, []).append(i)
+    for i in forward:   # a signature with instances outside the layers averages below the layers' count
+        if 1 < out[i] < top * (1 - 1e-9):
+            groups.setdefault(ops[i].signature, []).append(i)
     for idx in groups.values():
         inside = [i for i in idx if _in_layer(ops[i].scope)]
         outside = len(idx) - len(inside)
