@@ -18,8 +18,8 @@ from . import catalog
 from .cost.power import PowerMode
 from .errors import AisimError
 from .plan import check_ep, check_ep_experts, choose_plan
-from .specs import (CalibrationSpec, Device, HostSpec, RuntimeSpec, all_runtimes, calibration_for, load_yaml,
-                    parse_spec)
+from .specs import (CalibrationSpec, Device, HostSpec, RuntimeSpec, all_runtimes, calibration_file, calibration_for,
+                    load_yaml, parse_spec)
 from .workload import DType, ParallelPlan, Quant, StepShape, TpScope, Workload
 
 TRANSCRIBE_RUNTIME = "ggml-cuda"
@@ -231,11 +231,11 @@ def _calibration(choice, dev: Device) -> tuple[CalibrationSpec, str | None]:
         if not catalog.path_exists(path, "calibration", Path.is_file):
             raise AisimError(f"--calibration {str(choice)!r}: no such file (from {Path.cwd()}); give auto, none, or "
                              "the path of a calibration YAML")
-        data = load_yaml(path)
-        if data and "device" not in data and set(data) <= set(HostSpec.model_fields):
+        cal = calibration_file(path)
+        if cal is None:
             raise AisimError(f"--calibration {str(choice)!r} is a host file (aisim calibrate --host-only): pass it "
                              "as --host")
-        cal, where = parse_spec(CalibrationSpec, data, path), str(path)
+        where = str(path)
     measured_on = "" if cal.device == dev.gpu.name else f", measured on {cal.device}, applied to {dev.gpu.name}"
     return cal, f"--calibration {where}{measured_on}"
 

@@ -694,6 +694,22 @@ def load_calibration(device: str) -> CalibrationSpec:
     return load_spec_file(CalibrationSpec, path)
 
 
+@lru_cache(maxsize=64)
+def _calibration_file(path: str, mtime_ns: int, size: int) -> CalibrationSpec | None:
+    """A calibration YAML given by path, parsed once per version of the file (None: it is a host file)."""
+    data = load_yaml(Path(path))
+    if data and "device" not in data and set(data) <= set(HostSpec.model_fields):
+        return None
+    return parse_spec(CalibrationSpec, data, Path(path))
+
+
+def calibration_file(path: Path) -> CalibrationSpec | None:
+    """The calibration in the YAML at ``path`` (None where it holds a host file's fields only); read again only
+    when the file changed (its modification time or size), so sweeps over a --calibration path parse it once."""
+    st = path.stat()
+    return _calibration_file(str(path.resolve()), st.st_mtime_ns, st.st_size)
+
+
 def default_calibration() -> CalibrationSpec:
     return load_calibration("default")
 
@@ -710,5 +726,5 @@ def calibration_for(device: str, architecture: str, default: bool = False) -> Ca
 
 def clear_caches() -> None:
     """Forget loaded spec files (after a user directory changed)."""
-    for fn in (all_hardware, all_systems, all_runtimes, load_calibration, calibration_for):
+    for fn in (all_hardware, all_systems, all_runtimes, load_calibration, calibration_for, _calibration_file):
         fn.cache_clear()
