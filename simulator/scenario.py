@@ -100,12 +100,10 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     (a training plan's sharding, e.g. "ZeRO stage 3") makes the default plan data parallel (plan.choose_plan)."""
     name, config = catalog.resolve_model(request.model)
     dequantized_note = None
-    if phase in TRAIN_PHASES and isinstance(config.get("quantization_config"), dict):
+    if phase in TRAIN_PHASES:
         # a quantized checkpoint (DeepSeek-V3's fp8, gpt-oss's MXFP4 experts) trains in the precision's dtype
-        method = config["quantization_config"].get("quant_method", "quantized")
+        dequantized_note = quantized_training_note(config)
         config = {k: v for k, v in config.items() if k != "quantization_config"}
-        dequantized_note = (f"training: the checkpoint's {method} weights are trained in the precision's dtype "
-                            "(its quantization_config left out; quantized training is not modelled)")
     dev = catalog.resolve_device(request.device)
     rt, default_note = _runtime(request.runtime, phase)
     cal, cal_note = _calibration(request.calibration, dev)
@@ -212,6 +210,16 @@ def _runtime(runtime, phase: str) -> tuple[RuntimeSpec, str | None]:
         raise catalog.UnknownNameError("runtime", runtime, sorted(runtimes),
                                        f"Choose one of: {', '.join(sorted(runtimes))}.")
     return runtimes[runtime], note
+
+
+def quantized_training_note(config: dict) -> str | None:
+    """The note for training a quantized checkpoint (config.json's quantization_config), which aisim trains in the
+    precision's dtype; None for an unquantized one."""
+    if not isinstance(config.get("quantization_config"), dict):
+        return None
+    method = config["quantization_config"].get("quant_method", "quantized")
+    return (f"training: the checkpoint's {method} weights are trained in the precision's dtype (its "
+            "quantization_config left out; quantized training is not modelled)")
 
 
 def _calibration(choice, dev: Device) -> tuple[CalibrationSpec, str | None]:

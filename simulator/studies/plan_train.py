@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..catalog import resolve_device, resolve_gpu, resolve_model
 from ..errors import AisimError
 from ..plan import check_ep_experts, check_tp
-from ..scenario import Scenario, scenario
+from ..scenario import Scenario, quantized_training_note, scenario
 from ..specs import all_systems
 from ..step import step_cost
 from ..workload import MAX_BATCH, MAX_TOKENS, ParallelPlan, Precision, Recompute, StepShape, TrainPlan
@@ -438,9 +438,9 @@ def _assumptions(req: PlanTrainRequest, config: dict) -> list[str]:
                    "spread over ep of the tp x dp GPUs, tokens and their gradients by all-to-all, on the critical "
                    "path; the experts' gradients and ZeRO shards over the GPUs holding the same experts); the experts "
                    "run as transformers' grouped GEMMs with its routing ops, routing taken as uniform")
-    if isinstance(config.get("quantization_config"), dict):
-        out.append(f"training: the checkpoint's {config['quantization_config'].get('quant_method', 'quantized')} "
-                   "weights are trained in the precision's dtype (quantized training is not modelled)")
+    quantized = quantized_training_note(config)
+    if quantized:
+        out.append(quantized)
     uneven = sorted(p for p in req.pp if 1 < p <= layer_count(config) and layer_count(config) % p)
     if uneven:
         out.append(f"--pp {', '.join(map(str, uneven))} over {layer_count(config)} layers: uneven stages (Megatron's "
