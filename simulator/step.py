@@ -59,6 +59,7 @@ class OpArrays:
     costs: tuple
     repeats: np.ndarray
     walk_repeats: np.ndarray          # the timeline's (cost.timeline.layer_walk_repeats): same totals
+    phases: tuple[str, ...]           # each op's phase (forward, backward, optimizer): the timeline's rounds
     kinds: tuple[str, ...]
     launches: np.ndarray
     flops: float
@@ -119,7 +120,7 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
 
     reps = np.array(repeats, dtype=float)
     arrays = OpArrays(ops=tuple(ops), costs=tuple(costs), repeats=reps, walk_repeats=layer_walk_repeats(ops, reps),
-                      kinds=tuple(c.kind for c in costs),
+                      phases=tuple(op.phase for op in ops), kinds=tuple(c.kind for c in costs),
                       launches=np.array([c.launches for c in costs], dtype=float),
                       flops=float(np.dot([c.flops for c in costs], reps)),
                       bytes=float(np.dot([c.bytes for c in costs], reps)),
@@ -194,7 +195,7 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     # HF's per-call host work happens once per model call: in the first stage's timeline (pp 1), else added once
     head_s = step_host_s(cal, rt, w.phase, model_type)
     timeline = simulate(gpu_s, cpu_s, a.repeats, syncs, head_s if plan.pp == 1 else 0.0,
-                        tuple(op.phase for op in a.ops), a.walk_repeats)
+                        a.phases, a.walk_repeats)
     stage_s = timeline.runtime_s + rt.per_step_overhead_s
     # the GPUs of one pipeline stage (tensor x data parallel) work together; the stages run one after another
     # (no micro-batching): each stage's GPUs wait, at the waiting power, while the other pp - 1 stages run
