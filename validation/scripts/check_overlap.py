@@ -84,6 +84,8 @@ def rows(paths: list[Path], calibration: str, use_host: bool) -> list[dict]:
             clear_caches()
             out.append({**{k: r[k] for k in ("model", "workload", "batch", "seq", "wall_ms")},
                         "host_ms": r.get("host_ms"), "gpu_ms": r.get("gpu_ms"), **est})
+    if not out:
+        raise ValueError(f"no measured overlap cases in {', '.join(map(str, paths))}")
     return out
 
 
