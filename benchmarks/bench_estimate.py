@@ -2,6 +2,9 @@
 
     python benchmarks/bench_estimate.py [--out docs/performance.md]
 
+An existing file keeps everything after its timing table (notes, the serving section); the head and the table are
+rewritten.
+
 Measures: a cold CLI estimate (new process; graph cache empty, then warm), a warm API estimate (in process),
 tracing a 70B model, and a sweep over devices x batch sizes x dtypes. Each time is the median of repeats.
 """
@@ -94,6 +97,12 @@ def main() -> None:
     write(Path(args.out), rows)
 
 
+CACHE_NOTE = ("A new process pays for importing torch and transformers when it must trace; graphs and filled model "
+              "configs are cached on disk (`~/.cache/aisim/graphs`, `configs`, `AISIM_CACHE_DIR`) keyed by config, "
+              "workload, plan, the torch and transformers versions and a hash of the graph-building source (JSON: "
+              "nothing read back can execute), so a repeated estimate in a new process does not import them.")
+
+
 def write(path: Path, rows) -> None:
     import torch
     import transformers
@@ -105,13 +114,19 @@ def write(path: Path, rows) -> None:
              "Each time is a median over repeats (sweeps: one run each).", "",
              "| what | wall time (s) |", "|---|---:|"]
     lines += [f"| {name} | {seconds:.3f} |" for name, seconds in rows]
-    lines += ["", "A new process pays for importing torch and transformers when it must trace; graphs are cached on "
-              "disk (`~/.cache/aisim/graphs`, `AISIM_CACHE_DIR`) keyed by config, workload, plan, the torch and "
-              "transformers versions and a hash of the graph-building source (JSON: nothing read back can execute), so "
-              "a repeated estimate in a new process does not import them.", ""]
+    table = "\n".join(lines)
+    # only the head and the table are rewritten: the notes and the other sections below them are kept
+    old = path.read_text() if path.is_file() else ""
+    if "| what | wall time (s) |" in old:
+        rest = old.split("| what | wall time (s) |", 1)[1].split("\n")
+        while rest and (not rest[0] or rest[0].startswith("|")):
+            rest.pop(0)
+        text = table + "\n\n" + "\n".join(rest)
+    else:
+        text = table + "\n\n" + CACHE_NOTE + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines))
-    print("\n".join(lines))
+    path.write_text(text)
+    print(table)
 
 
 if __name__ == "__main__":

@@ -269,6 +269,29 @@ DEFAULTS_KEY = "_aisim_defaults"
 
 
 def with_model_defaults(config: dict) -> tuple[dict, dict]:
+    """_fill_model_defaults, kept on disk (aisim.graph.cache ``configs/``, keyed on the config, the transformers
+    version and this code) so that a new process with a cached graph need not import transformers and torch."""
+    from .graph import cache
+
+    inputs = json.dumps([config, cache.version("transformers"), cache.code_hash(), _catalog_hash()], sort_keys=True,
+                        default=str)
+    path = cache.cache_root() / "configs" / f"{cache.cache_key(inputs)}.json"
+    stored = cache.load_entry(path, inputs)
+    if isinstance(stored, list) and len(stored) == 2 and all(isinstance(x, dict) for x in stored):
+        return stored[0], stored[1]
+    filled = _fill_model_defaults(config)
+    cache.store_entry(path.parent, path.name, inputs, list(filled))
+    return filled
+
+
+@lru_cache(maxsize=1)
+def _catalog_hash() -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
+def _fill_model_defaults(config: dict) -> tuple[dict, dict]:
     """(config, filled): the config with every field its transformers config class declares (or computes, as
     gpt-oss's layer_types) and the file leaves out, at the value the built config holds (HF builds the model from
     it, and aisim's readers of the config.json then see the same model), and the architecture fields so filled

@@ -230,6 +230,21 @@ def test_a_pickle_in_the_graph_cache_is_never_loaded(tmp_path, monkeypatch):
     assert not sentinel.exists()
 
 
+def test_a_filled_model_config_is_read_back_without_importing_transformers(tmp_path):
+    """A new process resolving a model whose filled config is cached on disk neither imports transformers (seconds
+    of a cached estimate) nor gets another config than the process that filled it."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, AISIM_CACHE_DIR=str(tmp_path))
+    code = ("import json, sys; from aisim.catalog import resolve_model; name, c = resolve_model('Qwen1.5-MoE-A2.7B'); "
+            "print(json.dumps([name, c, 'transformers' in sys.modules], sort_keys=True))")
+    runs = [json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                      check=True).stdout) for _ in range(2)]
+    assert runs[0][2] and not runs[1][2]
+    assert runs[0][:2] == runs[1][:2] and len(runs[0][1]["layer_types"]) == 24
+
+
 def test_changing_a_graph_building_source_invalidates_the_cache(tmp_path, monkeypatch):
     from aisim.graph import cache
 

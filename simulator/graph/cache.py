@@ -4,8 +4,9 @@ The key hashes the model config, the workload, the plan, the torch and transform
 of the modules that build graphs (``CODE_HASH``: every file of aisim.graph plus the workload and dtype tables),
 so a code change invalidates old entries without a hand-kept format version. Each entry stores the key's inputs
 and is checked against them when read (another model's graph under a key is a miss, not an answer). Writes go to
-a temporary file renamed into place; entries over ``MAX_ENTRY_BYTES`` are neither written nor read; the folder
-keeps at most ``MAX_ENTRIES`` entries, oldest evicted first. ``AISIM_CACHE_DIR`` (default ``~/.cache/aisim``).
+a temporary file renamed into place; entries over ``MAX_ENTRY_BYTES`` are neither written nor read; each folder
+keeps at most ``MAX_ENTRIES`` entries, oldest evicted first. ``AISIM_CACHE_DIR`` (default ``~/.cache/aisim``):
+``graphs/`` here, ``configs/`` for model configs filled with their transformers class's defaults (aisim.catalog).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def code_hash() -> str:
 
 
 @functools.cache
-def _version(dist: str) -> str:
+def version(dist: str) -> str:
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -48,7 +49,7 @@ def _version(dist: str) -> str:
 
 def key_inputs(config: dict, traced: dict, plan: dict) -> str:
     """The canonical JSON of everything a graph depends on."""
-    return json.dumps([config, traced, plan, _version("torch"), _version("transformers"), code_hash()],
+    return json.dumps([config, traced, plan, version("torch"), version("transformers"), code_hash()],
                       sort_keys=True, default=str)
 
 
@@ -56,13 +57,31 @@ def cache_key(inputs: str) -> str:
     return hashlib.sha256(inputs.encode()).hexdigest()[:32]
 
 
+def cache_root() -> Path:
+    return Path(os.environ.get("AISIM_CACHE_DIR") or Path.home() / ".cache" / "aisim")
+
+
 def cache_dir() -> Path:
-    return Path(os.environ.get("AISIM_CACHE_DIR") or Path.home() / ".cache" / "aisim") / "graphs"
+    return cache_root() / "graphs"
 
 
 def load(key: str, inputs: str) -> Graph | None:
     """The cached graph for ``key`` if its stored inputs match, else None (a miss: the caller traces)."""
-    path = cache_dir() / f"{key}{SUFFIX}"
+    data = load_entry(cache_dir() / f"{key}{SUFFIX}", inputs)
+    try:
+        return None if data is None else _graph_from(data)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def store(key: str, inputs: str, graph: Graph) -> None:
+    """Write atomically (temporary file + rename); skip silently when the cache folder is not writable."""
+    store_entry(cache_dir(), f"{key}{SUFFIX}", inputs, _graph_to(graph))
+
+
+def load_entry(path: Path, inputs: str):
+    """The JSON payload stored at ``path`` if its stored inputs equal ``inputs``, else None. Any entry of this
+    cache (graphs, filled model configs) is plain JSON checked against its inputs."""
     try:
         if not path.is_file() or path.stat().st_size > MAX_ENTRY_BYTES:
             return None
@@ -70,30 +89,29 @@ def load(key: str, inputs: str) -> Graph | None:
             data = json.load(f, object_hook=_decode)
         if not isinstance(data, dict) or data.get("inputs") != inputs:
             return None
-        return _graph_from(data["graph"])
+        return data["payload"]
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
 
 
-def store(key: str, inputs: str, graph: Graph) -> None:
-    """Write atomically (temporary file + rename); skip silently when the cache folder is not writable."""
-    folder = cache_dir()
+def store_entry(folder: Path, name: str, inputs: str, payload) -> None:
+    """Write ``payload`` with its inputs atomically; skip silently when the folder is not writable."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"inputs": inputs, "graph": _graph_to(graph)}, default=_encode)
+        text = json.dumps({"inputs": inputs, "payload": payload}, default=_encode)
         if len(text) > MAX_ENTRY_BYTES:
             return
         fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        os.replace(tmp, folder / f"{key}{SUFFIX}")
+        os.replace(tmp, folder / name)
         _evict(folder)
-    except OSError:
+    except (OSError, TypeError, ValueError):   # not writable, or a payload JSON cannot hold: not cached
         return
 
 
 def _evict(folder: Path) -> None:
-    entries = list(folder.glob(f"*{SUFFIX}"))
+    entries = list(folder.glob("*.json"))
     if len(entries) <= MAX_ENTRIES:
         return
     entries.sort(key=lambda p: p.stat().st_mtime)
