@@ -315,6 +315,8 @@ def serve(
         None, "--enable-prefix-caching/--no-enable-prefix-caching", help="vLLM's flag (on by default in V1): a "
         "request preempted by recompute takes back its prefix blocks still cached"),
     percentiles: str = typer.Option("50,90,99", "--metric-percentiles", help="as vLLM's"),
+    goodput: str = typer.Option("", "--goodput", help="as vLLM's: per-request limits KEY:MS for ttft, tpot, e2el "
+                                "(e.g. 'ttft:300 tpot:50'): adds Request goodput (req/s)"),
     per_request: Optional[Path] = typer.Option(None, "--per-request", help="write one CSV row per request"),
     as_json: bool = typer.Option(False, "--json", help="print the vLLM bench-serve style JSON"),
 ):
@@ -327,7 +329,8 @@ def serve(
                          runtime=runtime,
                          calibration=calibration, num_requests=num_requests, input_len=input_len,
                          output_len=output_len, rate=rate, arrival=arrival, seed=seed, trace=trace_file,
-                         replicas=replicas, router=router, percentiles=percentiles, progress=not as_json,
+                         replicas=replicas, router=router, percentiles=percentiles, goodput=goodput,
+                         progress=not as_json,
                          ignored=_given(ctx, "num_requests", "input_len", "output_len", "rate", "arrival", "seed"),
                          knobs={"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
                                 "block_size": block_size, "gpu_memory_utilization": gpu_memory_utilization,

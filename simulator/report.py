@@ -155,40 +155,59 @@ def print_serve_bench(bench) -> None:
         console.print(f"[yellow]note:[/] {a}")
 
 
-SERVE_ROWS = (("request_throughput", "Request throughput (req/s)"), ("output_throughput", "Output token throughput (tok/s)"),
-              ("total_token_throughput", "Total token throughput (tok/s)"), ("mean_ttft_ms", "Mean TTFT (ms)"),
-              ("median_ttft_ms", "Median TTFT (ms)"), ("mean_tpot_ms", "Mean TPOT (ms)"),
-              ("median_tpot_ms", "Median TPOT (ms)"), ("mean_itl_ms", "Mean ITL (ms)"),
-              ("median_e2el_ms", "Median E2EL (ms)"),
-              # the run's energy, the GPUs' waiting power between steps included, over its output tokens (at a low
-              # rate mostly waiting: `estimate --workload generate` prices one request alone)
-              ("energy_j_per_output_token", "Energy (J/output token, idle GPUs included)"),
-              ("kv_cache_peak_utilization", "KV cache peak utilization"), ("num_preemptions", "Preemptions"))
+# vLLM bench serve's printout (vllm/benchmarks/serve.py `benchmark`, as of commit 009e6d4): its labels, its order
+SERVE_HEAD = (("completed", "Successful requests"), ("failed", "Failed requests"),
+              ("duration_s", "Benchmark duration (s)"), ("total_input_tokens", "Total input tokens"),
+              ("total_output_tokens", "Total generated tokens"), ("request_throughput", "Request throughput (req/s)"),
+              ("request_goodput", "Request goodput (req/s)"), ("output_throughput", "Output token throughput (tok/s)"),
+              ("max_output_tokens_per_s", "Peak output token throughput (tok/s)"),
+              ("max_concurrent_requests", "Peak concurrent requests"),
+              ("total_token_throughput", "Total token throughput (tok/s)"))
+SERVE_SECTIONS = (("ttft", "TTFT", "Time to First Token"), ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
+                  ("itl", "ITL", "Inter-token Latency"), ("e2el", "E2EL", "End-to-end Latency"))
+# what only a simulator sees; the energy: the serving GPUs' steps plus their waiting power between steps (at a low
+# rate mostly waiting: `estimate --workload generate` prices one request alone)
+SERVE_EXTRA = (("energy_j_per_output_token", "Energy (J/output token, waiting between steps included)"),
+               ("kv_cache_peak_utilization", "KV cache peak utilization"), ("num_preemptions", "Preemptions"),
+               ("mean_running_batch_size", "Mean running batch (sequences/step)"))
+
+
+def _percentile_rows(m: dict, metric: str) -> list[tuple[str, str]]:
+    """(key, 'P99 TTFT (ms)') for the run's percentiles of a metric, in percentile order."""
+    keys = [k for k in m if k.startswith("p") and k.endswith(f"_{metric}_ms")]
+    return sorted(((k, f"P{k[1:].split('_')[0]}") for k in keys), key=lambda kv: float(kv[1][1:]))
 
 
 def print_serve(r, notes: list[str] | None = None) -> None:
-    """`aisim serve`'s summary, in the order and names of vLLM's bench-serve printout."""
+    """`aisim serve`'s summary, in the order and names of vLLM's bench-serve printout, then aisim's own rows."""
     m = r.metrics
     ep = f" ep {r.plan.ep}" if r.plan.ep > 1 else ""
     table = Table(title=f"{r.model} on {r.device}: {r.runtime}, tp {r.plan.tp} pp {r.plan.pp}{ep}, {r.replicas} "
                         f"replica(s)", header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    table.add_row("Successful requests", str(m.get("completed")))
-    table.add_row("Failed requests", str(m.get("failed")))
-    table.add_row("Benchmark duration (s)", _fmt(m.get("duration_s")))
     none_done = not m.get("completed")     # no request finished: latencies are undefined, not 0
 
-    def cell(key: str, digits: int) -> str:
+    def cell(key: str) -> str:
         value = m.get(key)
         if none_done and key.endswith("_ms"):
             return "n/a"
-        return str(value) if isinstance(value, int) else _fmt(value, digits)
+        return str(value) if isinstance(value, int) else _fmt(value, 2)
 
-    for key, label in SERVE_ROWS:
-        table.add_row(label, cell(key, 3))
-    for key in sorted(k for k in m if k.startswith("p") and k.endswith("_ms")):
-        table.add_row(key, cell(key, 2))
+    for key, label in SERVE_HEAD:
+        if m.get(key) is not None:
+            table.add_row(label, cell(key))
+    for metric, name, header in SERVE_SECTIONS:
+        table.add_section()
+        table.add_row(f"[dim]{header}[/]", "")
+        table.add_row(f"Mean {name} (ms)", cell(f"mean_{metric}_ms"))
+        table.add_row(f"Median {name} (ms)", cell(f"median_{metric}_ms"))
+        for key, p in _percentile_rows(m, metric):
+            table.add_row(f"{p} {name} (ms)", cell(key))
+    table.add_section()
+    table.add_row("[dim]aisim[/]", "")
+    for key, label in SERVE_EXTRA:
+        table.add_row(label, cell(key) if key != "kv_cache_peak_utilization" else _fmt(m.get(key), 3))
     console.print(table)
     for note in notes or []:
         console.print(f"[yellow]note:[/] {note}")

@@ -26,6 +26,25 @@ def test_serve_json_has_vllm_metric_names():
                 "kv_cache_peak_utilization", "num_preemptions"):
         assert key in m, key
     assert m["completed"] == 40 and m["output_throughput"] > 0
+    assert m["request_goodput"] is None and m["max_concurrent_requests"] >= 1
+
+
+def test_serve_goodput_in_vllms_printout_and_bad_limits_are_one_line_errors():
+    args = ["serve", "--model", "opt-125m", "--device", "h100", "--num-requests", "40", "--rate", "20",
+            "--input-len", "uniform:32:256", "--output-len", "16"]
+    r = runner.invoke(app, [*args, "--goodput", "ttft:1e6 tpot:1e6"])
+    assert r.exit_code == 0, r.output
+    rows = [line for line in r.output.splitlines() if "(" in line]
+    labels = ["Total generated tokens", "Request throughput (req/s)", "Request goodput (req/s)",
+              "Output token throughput (tok/s)", "Peak concurrent requests", "Mean TTFT (ms)", "P99 TPOT (ms)",
+              "Median ITL (ms)", "Mean E2EL (ms)"]
+    where = [next(i for i, line in enumerate(r.output.splitlines()) if label in line) for label in labels]
+    assert where == sorted(where) and rows
+    j = json.loads(runner.invoke(app, [*args, "--goodput", "ttft:1e6,tpot:1e6", "--json"]).output)["metrics"]
+    assert j["request_goodput"] == pytest.approx(j["request_throughput"])     # every request within the limits
+    for bad in ("ttft", "ttft:-1", "latency:50", "tpot:abc"):
+        r = runner.invoke(app, [*args, "--goodput", bad])
+        assert r.exit_code == 2 and "--goodput" in r.output and "Traceback" not in r.output, (bad, r.output)
 
 
 def test_replicas_fill_the_device_and_never_lower_throughput():

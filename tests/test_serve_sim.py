@@ -72,6 +72,38 @@ def test_tiny_case_hand_worked():
     assert result.energy_j == pytest.approx(4.3) and result.energy_j_per_output_token == pytest.approx(0.86)
     assert result.kv_cache_peak_utilization == pytest.approx(0.04)
     assert result.mean_running_batch_size == pytest.approx(5 / 3)
+    # vLLM's peaks: all 5 tokens within the first second; R0 [0, 43) and R1 [5, 38) overlap
+    assert result.max_output_tokens_per_s == 5.0 and result.max_concurrent_requests == 2
+    assert result.request_goodput is None
+    for limits, good in (({"ttft": 20.0}, 1), ({"tpot": 12.0}, 1), ({"ttft": 20.0, "tpot": 12.0}, 0),
+                         ({"e2el": 43.0}, 2), ({"e2el": 42.0}, 1)):
+        res, _ = summarize(simulate(workload([0.0, 0.005], [6, 4], [3, 2]), timer, engine), [50], None, limits)
+        assert res.request_goodput == pytest.approx(good / 0.043), limits
+
+
+def test_goodput_and_peaks_match_vllms_definitions_on_a_random_run():
+    """vllm/benchmarks/serve.py calculate_metrics transcribed loop by loop, against the vectorised metrics."""
+    req = ServeRequest(num_requests=400, rate_per_s=30.0, seed=7, input_len="uniform:1:600", output_len="uniform:1:80",
+                       goodput={"ttft": 60.0, "tpot": 9.0})
+    out = run_serving(req, H100_7B, ENGINE.model_copy(update={"max_num_seqs": 16}))
+    t, res = out.requests, out.result
+    good = 0
+    for i in np.flatnonzero(t.completed):
+        tpot = (t.e2el_ms[i] - t.ttft_ms[i]) / (t.output_tokens[i] - 1) if t.output_tokens[i] > 1 else 0.0
+        good += all(slo >= v for slo, v in ((60.0, t.ttft_ms[i]), (9.0, tpot)))
+    assert 0 < good < t.completed.sum()
+    assert res.request_goodput == pytest.approx(good / res.duration_s)
+    start = min(t.arrival_s[t.completed])
+    buckets = np.zeros(int(np.ceil(max(t.finish_s[t.completed]) - start)) + 1)
+    for time_s in out.token_time_s:
+        buckets[int(time_s - start)] += 1
+    events = sorted([(t.arrival_s[i], 1) for i in np.flatnonzero(t.completed)]
+                    + [(t.finish_s[i], -1) for i in np.flatnonzero(t.completed)])
+    level = peak = 0
+    for _, delta in events:
+        level += delta
+        peak = max(peak, level)
+    assert res.max_output_tokens_per_s == buckets.max() and res.max_concurrent_requests == peak
 
 
 def test_littles_law():

@@ -94,6 +94,16 @@ class ServeRequest(BaseModel):
     engine_overrides: dict[str, Any] = Field(default_factory=dict, description="EngineConfig fields to replace")
     metric_percentiles: list[float] = Field(default_factory=lambda: [90.0, 99.0],
                                             description="as vLLM's --metric-percentiles")
+    goodput: dict[Literal["ttft", "tpot", "e2el"], float] = Field(
+        default_factory=dict, description="as vLLM's --goodput: per-request limits in milliseconds")
+
+    @field_validator("goodput")
+    @classmethod
+    def _goodput(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: x for k, x in v.items() if not (math.isfinite(x) and x >= 0)}
+        if bad:
+            raise AisimError(f"goodput limits must be non-negative milliseconds, got {bad}")
+        return v
 
     @field_validator("input_len")
     @classmethod
@@ -151,7 +161,7 @@ def run_serving(request: ServeRequest, timer: StepTimer, engine_config: EngineCo
     workload = build_workload(request)
     run = simulate(workload, timer, engine, replicas=request.replicas, router=request.router, progress=progress)
     tokens = token_times(run)
-    result, table = summarize(run, request.metric_percentiles, tokens)
+    result, table = summarize(run, request.metric_percentiles, tokens, request.goodput)
     return ServeRun(result, table, *tokens, steady=steady_window(run))
 
 

@@ -12,6 +12,7 @@ from ...errors import AisimError
 from ...scenario import ScenarioRequest, build_request, resolve_scenario
 from ...workload import ParallelPlan
 from . import ServeRequest, ServeResult, validated
+from .metrics import GOODPUT_METRICS
 from .run import failure_summary, serve
 
 
@@ -23,13 +24,14 @@ class ServeReport(BaseModel):
     plan: ParallelPlan
     replicas: int
     engine: dict[str, Any]
-    metrics: dict[str, float | int | str]
+    metrics: dict[str, float | int | str | None]
     assumptions: list[str] = Field(default_factory=list)
 
 
 SERVE_FLAGS = {"num_requests": "--num-requests", "input_len": "--input-len", "output_len": "--output-len",
                "rate_per_s": "--rate", "arrival": "--arrival", "seed": "--seed", "trace_path": "--trace",
-               "replicas": "--replicas", "router": "--router", "metric_percentiles": "--metric-percentiles"}
+               "replicas": "--replicas", "router": "--router", "metric_percentiles": "--metric-percentiles",
+               "goodput": "--goodput"}
 
 
 def _percentiles(text: str) -> list[float]:
@@ -40,11 +42,27 @@ def _percentiles(text: str) -> list[float]:
     return values
 
 
+def parse_goodput(text: str) -> dict[str, float]:
+    """vLLM's --goodput: KEY:VALUE pairs (ttft, tpot, e2el; milliseconds), separated by spaces or commas."""
+    out: dict[str, float] = {}
+    for item in text.replace(",", " ").split():
+        key, _, value = item.partition(":")
+        try:
+            ms = float(value)
+        except ValueError:
+            ms = math.nan
+        if key.lower() not in GOODPUT_METRICS or not 0 <= ms < math.inf:
+            raise AisimError(f"--goodput takes KEY:MILLISECONDS pairs, KEY one of {', '.join(GOODPUT_METRICS)}, as "
+                             f"vLLM's (e.g. --goodput 'ttft:300 tpot:50'); got {item!r}")
+        out[key.lower()] = ms
+    return out
+
+
 def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_requests, input_len, output_len,
               ep: int = 1,
               kv_dtype="auto",
               rate, arrival, seed, trace: Path | None, replicas, router, percentiles: str, knobs: dict,
-              progress: bool = False, ignored: tuple[str, ...] = ()):
+              progress: bool = False, ignored: tuple[str, ...] = (), goodput: str = ""):
     """``ignored``: load options the caller was given beside --trace (named in a note: the trace replaces them)."""
     base = build_request(ScenarioRequest, model=model, device=device, dtype=dtype, tp=tp, pp=pp, ep=ep, quant=quant,
                          kv_dtype=kv_dtype, runtime=runtime, calibration=calibration)
@@ -65,7 +83,8 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
     req = validated(ServeRequest, {"num_requests": num_requests, "input_len": input_len, "output_len": output_len,
                                    "rate_per_s": rate, "arrival": arrival, "seed": seed, "trace_path": trace,
                                    "replicas": replicas, "router": router,
-                                   "metric_percentiles": _percentiles(percentiles)}, SERVE_FLAGS)
+                                   "metric_percentiles": _percentiles(percentiles),
+                                   "goodput": parse_goodput(goodput)}, SERVE_FLAGS)
     bar = _progress_bar() if progress else None
     try:
         run, cfg, notes = serve(replica, req, knobs, bar.update if bar else None)

@@ -7,6 +7,10 @@ ITL = every gap between consecutive tokens of a request (stalls from preemption 
 Throughputs divide by duration_s, the time from t = 0 (the start of the arrival process, as vLLM's benchmark
 clock starts before the first request is sent) to the last finish. Means, medians, population standard
 deviations and linear-interpolation percentiles, as numpy computes them in vLLM; an empty list gives 0.
+Goodput (vLLM's --goodput): completed requests whose TTFT, TPOT (0 for one output token) and E2EL are each within
+the given milliseconds, per second of duration_s. Peak output token throughput: the most tokens emitted in a
+1-second bucket counted from the first arrival; peak concurrent requests: the most requests between arrival and
+finish at once (vllm/benchmarks/serve.py calculate_metrics, as of commit 009e6d4).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from .simulate import SimRun
 
 MS_PER_S = 1e3
 METRICS = ("ttft", "tpot", "itl", "e2el")
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")      # what vLLM's --goodput accepts
 
 
 class ServeResult(BaseModel):
@@ -42,6 +47,10 @@ class ServeResult(BaseModel):
     request_throughput: float = Field(description="completed requests per second")
     output_throughput: float = Field(description="output tokens per second")
     total_token_throughput: float = Field(description="input + output tokens per second")
+    request_goodput: float | None = Field(None, description="completed requests within every --goodput limit per "
+                                                            "second (None without --goodput)")
+    max_output_tokens_per_s: float = Field(0.0, description="peak output tokens in a 1-second bucket")
+    max_concurrent_requests: int = Field(0, description="peak requests between arrival and finish at once")
     mean_ttft_ms: float
     median_ttft_ms: float
     std_ttft_ms: float
@@ -68,7 +77,7 @@ class ServeResult(BaseModel):
     replicas: int
     router: str
 
-    def flat(self) -> dict[str, float | int | str]:
+    def flat(self) -> dict[str, float | int | str | None]:
         """The result as one flat dict with vLLM's key names (percentiles as p99_ttft_ms, ...)."""
         out = self.model_dump(exclude={"percentiles", "failed_reasons"})
         out.update(self.percentiles)
@@ -198,6 +207,31 @@ def _throughputs(table: RequestTable, duration_s: float) -> dict:
             "output_throughput": total_out * per_s, "total_token_throughput": (total_in + total_out) * per_s}
 
 
+def _goodput(table: RequestTable, goodput_ms: dict[str, float], duration_s: float) -> float:
+    """Completed requests with every named metric within its limit, per second (vLLM's request_goodput)."""
+    ok = table.completed.copy()
+    values = {"ttft": table.ttft_ms, "tpot": np.nan_to_num(table.tpot_ms, nan=0.0), "e2el": table.e2el_ms}
+    for metric, limit_ms in goodput_ms.items():
+        ok &= values[metric] <= limit_ms
+    return int(ok.sum()) / duration_s if duration_s > 0 else 0.0
+
+
+def _peaks(table: RequestTable, times_s: np.ndarray) -> dict:
+    """vLLM's peak output token throughput (1-second buckets from the first arrival of a completed request) and peak
+    concurrent requests (half-open [arrival, finish) intervals, a finish before an arrival at the same time)."""
+    ok = table.completed
+    if not ok.any():
+        return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
+    start = float(table.arrival_s[ok].min())
+    buckets = np.floor(times_s - start).astype(np.int64) if len(times_s) else np.zeros(0, dtype=np.int64)
+    per_s = np.bincount(buckets[buckets >= 0]) if len(buckets) else np.zeros(1)
+    events = np.concatenate([np.stack([table.arrival_s[ok], np.ones(ok.sum())], 1),
+                             np.stack([table.finish_s[ok], -np.ones(ok.sum())], 1)])
+    order = np.lexsort((events[:, 1], events[:, 0]))
+    return {"max_output_tokens_per_s": float(per_s.max()) if len(per_s) else 0.0,
+            "max_concurrent_requests": int(np.cumsum(events[order, 1]).max())}
+
+
 def _engine_stats(run: SimRun, duration_s: float, total_out: int) -> dict:
     reps = run.replicas
     steps = sum(len(st.step_end_s) for st in reps)
@@ -213,8 +247,10 @@ def _engine_stats(run: SimRun, duration_s: float, total_out: int) -> dict:
 
 
 def summarize(run: SimRun, percentiles: list[float],
-              tokens: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[ServeResult, RequestTable]:
-    """The vLLM-named summary of a run, and its per-request table; tokens = token_times(run) if already known."""
+              tokens: tuple[np.ndarray, np.ndarray] | None = None,
+              goodput_ms: dict[str, float] | None = None) -> tuple[ServeResult, RequestTable]:
+    """The vLLM-named summary of a run, and its per-request table; tokens = token_times(run) if already known;
+    goodput_ms: vLLM's --goodput limits (ttft, tpot, e2el in milliseconds), if any."""
     times, owner = tokens if tokens is not None else token_times(run)
     table = request_table(run, owner)
     ok = table.completed
@@ -224,6 +260,9 @@ def summarize(run: SimRun, percentiles: list[float],
     values = {"ttft": table.ttft_ms[ok] / MS_PER_S, "tpot": table.tpot_ms[ok & (table.output_tokens > 1)] / MS_PER_S,
               "itl": itl_s, "e2el": table.e2el_ms[ok] / MS_PER_S}
     fields: dict = _throughputs(table, duration_s)
+    fields.update(_peaks(table, times))     # token_times holds the completed requests' tokens only
+    if goodput_ms:
+        fields["request_goodput"] = _goodput(table, goodput_ms, duration_s)
     pcts: dict[str, float] = {}
     for metric in METRICS:
         main, extra = _stats(metric, values[metric], percentiles)
