@@ -493,3 +493,9 @@ def test_serve_energy_counts_the_gpus_waiting_between_steps_and_agrees_with_plan
     plan = plan_serve(plan_request(model="Meta-Llama-3-8B", devices=["h100"], runtimes=["vllm"], tp=[1], max_gpus=1,
                                    slo={}, max_num_seqs=[None], **args))
     assert result.energy_j_per_output_token == pytest.approx(plan.ranked[0].joules_per_output_token, rel=0.2)
+
+
+def test_serve_bench_names_its_own_flag_when_a_shard_count_does_not_divide_the_model():
+    r = runner.invoke(app, ["serve-bench", "--model", "bloomz-7b1-mt", "--device", "a100", "--shards", "1,3",
+                            "--batch", "1"])
+    assert r.exit_code == 2 and "--shards 3" in r.output and "--tp" not in r.output, r.output

@@ -8,7 +8,7 @@ import pytest
 from aisim.errors import AisimError
 from aisim.studies.serve import (BatchShape, EngineConfig, LinearStepTimer, ServeRequest, Workload, run_serving,
                                  simulate_serving, validated, write_requests_csv)
-from aisim.studies.serve.metrics import summarize
+from aisim.studies.serve.metrics import overload, summarize
 from aisim.studies.serve.requests import SHAREGPT, arrival_times_s, parse_arrival_cv, parse_length, read_trace
 from aisim.studies.serve.simulate import simulate
 
@@ -139,6 +139,21 @@ def test_throughput_saturates_and_ttft_grows_without_bound_past_capacity():
         assert big.request_throughput == pytest.approx(capacity, rel=0.05)
         assert big.mean_ttft_ms > 2.5 * small.mean_ttft_ms  # the queue grows with the number of requests
     assert _saturated(4 * capacity, 2000).mean_ttft_ms > _saturated(2 * capacity, 2000).mean_ttft_ms
+
+
+def test_overload_is_told_past_capacity_and_not_below_it():
+    capacity = _saturated(math.inf, 2000).request_throughput
+
+    def behind(factor):
+        req = ServeRequest(num_requests=1000, input_len="200", output_len="100", rate_per_s=factor * capacity, seed=5)
+        out = run_serving(req, H100_7B, ENGINE)
+        return overload(out.requests, out.steady)
+
+    assert behind(0.5) is None and behind(0.8) is None
+    for factor in (1.3, 3.0):
+        arrived, done = behind(factor)
+        assert arrived == pytest.approx(factor * capacity, rel=0.15) and done < min(0.9 * arrived, 1.1 * capacity)
+    assert behind(math.inf) is None    # all at t = 0: no steady window, a burst is not a rate
 
 
 @pytest.mark.parametrize("router", ["round-robin", "least-loaded"])

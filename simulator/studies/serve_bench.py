@@ -19,6 +19,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..catalog import gpu_device, resolve_device
+from ..errors import AisimError
 from ..scenario import Scenario, ScenarioRequest, resolve_scenario
 from ..step import step_cost
 from ..workload import MAX_BATCH, MAX_TOKENS, StepShape
@@ -98,7 +99,10 @@ def serve_bench(base: ScenarioRequest, req: ServeBenchRequest) -> ServeBench:
     for s in req.shards:
         dev = gpu_device(gpu, s)
         plan = {"tp": s, "tp_scope": "full"} if s > 1 else {"tp": 1, "dp": 1}
-        sc = resolve_scenario(base.model_copy(update={"device": dev, **plan}), "prefill")
+        try:
+            sc = resolve_scenario(base.model_copy(update={"device": dev, **plan}), "prefill")
+        except AisimError as e:     # the shard count is the tensor parallel degree: name the flag the user gave
+            raise AisimError(f"--shards {s}: {str(e).replace('--tp', '--shards')}") from None
         name = sc.model
         notes.update(sc.assumptions)
         out.append(ServeShard(shards=s, device=dev.name, rows=[_row(sc, b, req) for b in req.batches]))

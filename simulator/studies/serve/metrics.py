@@ -140,6 +140,28 @@ def steady_window(run: SimRun) -> SteadyWindow | None:
     return SteadyWindow(start, end, energy, busy, len(run.replicas))
 
 
+OVERLOAD_MIN_REQUESTS = 50
+OVERLOAD_COMPLETION_SHARE = 0.9    # completions per arrival in the steady window below this ...
+OVERLOAD_TTFT_GROWTH = 2.0         # ... and the last quarter's median TTFT above this times the second quarter's
+
+
+def overload(table: RequestTable, steady: SteadyWindow | None) -> tuple[float, float] | None:
+    """(arrivals, completions) per second in the steady window when the server falls behind its arrivals: fewer
+    completions than arrivals there and a TTFT that grows from the second quarter of arrivals to the last (the
+    queue builds, so every figure depends on the run's length); None when it keeps up or the run is too short."""
+    if steady is None or len(table.arrival_s) < OVERLOAD_MIN_REQUESTS:
+        return None
+    arrived = int(((table.arrival_s >= steady.start_s) & (table.arrival_s <= steady.end_s)).sum())
+    done = int((table.completed & (table.finish_s >= steady.start_s) & (table.finish_s <= steady.end_s)).sum())
+    order = np.argsort(table.arrival_s, kind="stable")
+    quarters = np.array_split(table.ttft_ms[order], 4)
+    early, late = (np.nanmedian(q) if np.isfinite(q).any() else np.nan for q in (quarters[1], quarters[3]))
+    growing = bool(np.isnan(late) or late > OVERLOAD_TTFT_GROWTH * early)
+    if arrived == 0 or done >= OVERLOAD_COMPLETION_SHARE * arrived or not growing:
+        return None
+    return arrived / steady.duration_s, done / steady.duration_s
+
+
 def percentile_key(p: float, metric: str) -> str:
     """vLLM's name for a percentile: p99_ttft_ms, p99.9_itl_ms."""
     word = str(int(p)) if float(p) == int(p) else f"{p:g}"
