@@ -226,6 +226,9 @@ def test_prefix_caching_gives_a_preempted_request_its_cached_prefix_back():
     assert on.result.num_preemptions < off.result.num_preemptions
     prefill = {k: sum(s.prefill_tokens for s in t.shapes) for k, t in timers.items()}
     assert prefill["on"] < prefill["off"]
+    # the hits reported are the prompt tokens not recomputed (beside the fewer preemptions' own recomputes)
+    assert off.result.prefix_cache_hit_tokens == 0 and on.result.prefix_cache_hit_tokens > 0
+    assert on.result.prefix_cache_hit_tokens % 16 == 0
     assert on.result.duration_s < off.result.duration_s
 
     # the pool order: a block taken after the preemption evicts the victim's tail first, so its hit shrinks by it

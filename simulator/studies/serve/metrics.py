@@ -70,6 +70,8 @@ class ServeResult(BaseModel):
     energy_j_per_output_token: float
     kv_cache_peak_utilization: float = Field(description="peak used / total KV blocks, worst replica")
     num_preemptions: int
+    prefix_cache_hit_tokens: int = Field(0, description="prompt tokens a readmitted (preempted) request took back "
+                                                        "from the prefix cache instead of recomputing them")
     mean_running_batch_size: float = Field(description="sequences per step, mean over steps")
     mean_requests_in_system: float = Field(description="time-average of waiting + running + swapped requests, "
                                                        "summed over replicas (Little's L)")
@@ -263,6 +265,7 @@ def _engine_stats(run: SimRun, duration_s: float, total_out: int) -> dict:
     return {"energy_j": energy, "energy_j_per_output_token": energy / total_out if total_out else 0.0,
             "kv_cache_peak_utilization": max(st.peak_used_blocks / st.num_kv_blocks for st in reps),
             "num_preemptions": sum(st.num_preemptions for st in reps),
+            "prefix_cache_hit_tokens": sum(st.prefix_cache_hit_tokens for st in reps),
             "mean_running_batch_size": sum(st.batch_seqs_sum for st in reps) / steps if steps else 0.0,
             "mean_requests_in_system": sum(st.in_system_area for st in reps) / duration_s if duration_s else 0.0,
             "num_steps": steps, "replicas": len(reps), "router": run.router}

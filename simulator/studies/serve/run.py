@@ -256,6 +256,15 @@ def serve(sc: Scenario, request: ServeRequest, knobs: dict[str, Any] | None = No
     cal = calibration_note(sc)
     if cal:
         notes.append(cal)
+    if cfg.enable_prefix_caching and cap.sliding_groups and run.result.num_preemptions:
+        notes.append("prefix caching: not modelled for a KV pool with sliding-window groups (vLLM's hybrid manager "
+                     "caches them; transformers' CB shares blocks only where every layer is full attention, "
+                     "continuous_batching/cache.py); a request preempted here recomputes its whole prefix")
+    if (knobs or {}).get("enable_prefix_caching") and sc.runtime.name == "transformers-cb":
+        notes.append("--enable-prefix-caching under transformers-cb: aisim applies vLLM V1's reuse of a preempted "
+                     "request's cached prefix, which transformers' CB does not do (it matches prefixes only for "
+                     "requests not yet started, continuous_batching/scheduler.py, and evicts the last-freed cached "
+                     "block first, cache_manager.py has_enough_free_blocks)")
     failures = failure_summary(run, cfg, (knobs or {}).get("num_gpu_blocks_override") is not None)
     if failures:
         notes.append(f"failed: {failures}")

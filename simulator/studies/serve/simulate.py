@@ -74,6 +74,7 @@ class ReplicaStats:
     in_system_area: float = 0.0  # integral of (requests in the replica) dt over its steps, request-seconds
     batch_seqs_sum: int = 0
     num_preemptions: int = 0
+    prefix_cache_hit_tokens: int = 0
     peak_used_blocks: int = 0
 
 
@@ -148,6 +149,7 @@ class _Runner:
 
     def close(self) -> ReplicaStats:
         self.stats.num_preemptions = self.sched.num_preemptions
+        self.stats.prefix_cache_hit_tokens = self.sched.cache_hit_tokens
         self.stats.peak_used_blocks = self.sched.peak_used_blocks
         return self.stats
 
