@@ -499,3 +499,14 @@ def test_serve_bench_names_its_own_flag_when_a_shard_count_does_not_divide_the_m
     r = runner.invoke(app, ["serve-bench", "--model", "bloomz-7b1-mt", "--device", "a100", "--shards", "1,3",
                             "--batch", "1"])
     assert r.exit_code == 2 and "--shards 3" in r.output and "--tp" not in r.output, r.output
+
+
+def test_expert_parallel_over_data_parallel_ranks_steps_them_together():
+    args = ["serve", "--model", "OLMoE-1B-7B-0924", "--device", "h100x2", "--runtime", "vllm", "--ep", "2",
+            "--num-requests", "20", "--input-len", "64", "--output-len", "8"]
+    r = runner.invoke(app, [*args, "--replicas", "1"])
+    assert r.exit_code == 2 and "multiple of 2" in r.output, r.output
+    r = runner.invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["replicas"] == 2 and any("steps together" in a for a in out["assumptions"])

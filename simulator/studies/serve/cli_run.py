@@ -77,12 +77,18 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
                          f"{replicas * per_replica} GPUs, but {sc.device.name} has {sc.device.count}: lower "
                          f"--replicas to {sc.device.count // per_replica} or less, or give a device with more GPUs "
                          f"(-d NAMExN, e.g. -d {sc.device.gpu.name}x{replicas * per_replica})")
+    # vLLM's expert parallelism beyond the TP group spans data-parallel ranks, which step together
+    lockstep = sc.plan.ep // sc.plan.tp if sc.plan.ep > sc.plan.tp else 1
+    if replicas % lockstep:
+        raise AisimError(f"--ep {sc.plan.ep} over tp {sc.plan.tp} spreads the experts over {lockstep} data-parallel "
+                         f"ranks that step together (vLLM's data parallel + expert parallel): give --replicas as a "
+                         f"multiple of {lockstep}, or --tp {sc.plan.ep} to keep expert parallelism inside one replica")
     replica = sc.with_plan(sc.plan.model_copy(update={"dp": 1}))
     if math.isnan(rate):
         raise AisimError("--rate must be a positive number of requests per second, or inf")
     req = validated(ServeRequest, {"num_requests": num_requests, "input_len": input_len, "output_len": output_len,
                                    "rate_per_s": rate, "arrival": arrival, "seed": seed, "trace_path": trace,
-                                   "replicas": replicas, "router": router,
+                                   "replicas": replicas, "router": router, "lockstep": lockstep,
                                    "metric_percentiles": _percentiles(percentiles),
                                    "goodput": parse_goodput(goodput)}, SERVE_FLAGS)
     bar = _progress_bar() if progress else None

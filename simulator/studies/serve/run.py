@@ -271,6 +271,11 @@ def serve(sc: Scenario, request: ServeRequest, knobs: dict[str, Any] | None = No
     if request.replicas > 1:
         notes.append(f"{request.replicas} replicas of tp {sc.plan.tp} x pp {sc.plan.pp} GPUs behind a "
                      f"{request.router} router")
+    if request.lockstep > 1:
+        notes.append(f"expert parallel over data parallel: each group of {request.lockstep} replicas steps together "
+                     "(every rank joins each MoE layer's all-to-all), a step lasting as long as its slowest rank's, "
+                     "a rank without requests running vLLM's one-token dummy batch (vllm/v1/engine/core.py "
+                     "DPEngineCoreProc); each rank's step is costed as if the others carried a batch like its own")
     if sc.plan.pp > 1:
         notes.append(f"pipeline parallel {sc.plan.pp}: each step runs its {sc.plan.pp} stages one after another; "
                      "vLLM keeps a batch in flight per stage, which is not modelled: latencies at low load hold, "

@@ -31,7 +31,7 @@ from aisim.errors import AisimError
 
 from .engine import EngineConfig, ReplicaScheduler, RequestState
 from .requests import Workload
-from .steptime import StepTimer
+from .steptime import BatchShape, StepTimer
 
 ProgressFn = Callable[[int, int], None]  # (requests finished or rejected, total requests)
 ROUTERS = ("round-robin", "least-loaded")
@@ -113,8 +113,7 @@ class _Runner:
 
     def advance(self, until_s: float) -> None:
         """Run the steps that start before until_s."""
-        sched, timer, stats = self.sched, self.timer, self.stats
-        step_end = stats.step_end_s
+        sched = self.sched
         while True:
             self._ingest()
             if not sched.has_work():
@@ -124,28 +123,44 @@ class _Runner:
                 continue
             if self.clock_s >= until_s:
                 return
-            k = len(step_end)
+            k, dt, energy = self.plan_step()
+            self.end_step(k, dt, energy, dt)
+
+    def plan_step(self, shape: BatchShape | None = None) -> tuple[int, float, float]:
+        """Schedule the next step (or cost ``shape``, a dummy step of an idle rank): (its index, seconds, joules)."""
+        sched, timer = self.sched, self.timer
+        k = len(self.stats.step_end_s)
+        work = shape is None
+        if work:
             shape = sched.schedule(k)
-            dt = timer.step_time_s(shape) + self.overhead_s + sched.swap_bytes * self.s_per_swap_byte
-            energy = timer.step_energy_j(shape)
-            if self.build_s:
-                new = [key for key in timer.attention_shapes(shape) if key not in self.built]
-                if new:
-                    self.built.update(new)
-                    dt += self.build_s * len(new)
-                    energy += self.build_s * len(new) * self.build_w
-            stats.energy_j += energy
-            stats.step_energy_j.append(energy)
-            stats.step_s.append(dt)
-            stats.in_system_area += sched.in_system() * dt
-            stats.batch_seqs_sum += shape.prefill_seqs + shape.decode_seqs
-            self.clock_s += dt
-            step_end.append(self.clock_s)
-            finished = sched.complete(k, self.clock_s)
-            self.last_finished = finished
-            if finished:
-                self.outstanding -= finished
-                self.progress.add(finished)
+        dt = timer.step_time_s(shape) + self.overhead_s + (sched.swap_bytes * self.s_per_swap_byte if work else 0.0)
+        energy = timer.step_energy_j(shape)
+        if self.build_s:
+            new = [key for key in timer.attention_shapes(shape) if key not in self.built]
+            if new:
+                self.built.update(new)
+                dt += self.build_s * len(new)
+                energy += self.build_s * len(new) * self.build_w
+        if work:
+            self.stats.batch_seqs_sum += shape.prefill_seqs + shape.decode_seqs
+        return k, dt, energy
+
+    def end_step(self, k: int, own_s: float, energy: float, dt: float, worked: bool = True) -> None:
+        """Record step k lasting dt (own_s of it this replica's own work, the rest waiting at the waiting power for
+        the ranks it steps with) and complete its requests' tokens."""
+        stats, sched = self.stats, self.sched
+        energy += max(dt - own_s, 0.0) * self.build_w
+        stats.energy_j += energy
+        stats.step_energy_j.append(energy)
+        stats.step_s.append(dt)
+        stats.in_system_area += sched.in_system() * dt
+        self.clock_s += dt
+        stats.step_end_s.append(self.clock_s)
+        finished = sched.complete(k, self.clock_s) if worked else 0
+        self.last_finished = finished
+        if finished:
+            self.outstanding -= finished
+            self.progress.add(finished)
 
     def close(self) -> ReplicaStats:
         self.stats.num_preemptions = self.sched.num_preemptions
@@ -169,16 +184,55 @@ def make_requests(workload: Workload) -> list[RequestState]:
     return [RequestState(i, a, n_in, n_out) for i, (a, n_in, n_out) in enumerate(zip(arrival, inp, out))]
 
 
+class _Lockstep:
+    """Data-parallel ranks that step together (vLLM's data parallel with expert parallelism: every rank runs each
+    MoE layer's all-to-all, so a step ends when the slowest rank's does, and a rank without requests runs a dummy
+    batch meanwhile: vllm/v1/engine/core.py DPEngineCoreProc, execute_dummy_batch). Each rank keeps its own
+    scheduler, KV cache and requests; the group has one clock."""
+
+    def __init__(self, members: list[_Runner]):
+        self.members = members
+
+    def advance(self, until_s: float) -> None:
+        members = self.members
+        while True:
+            for m in members:
+                m._ingest()
+            busy = [m.sched.has_work() for m in members]
+            clock = members[0].clock_s
+            if not any(busy):
+                arrivals = [m.pending[0].arrival_s for m in members if m.pending]
+                if not arrivals or min(arrivals) >= until_s:
+                    return
+                for m in members:
+                    m.clock_s = max(clock, min(arrivals))
+                continue
+            if clock >= until_s:
+                return
+            planned = [m.plan_step(None if b else DUMMY_STEP) for m, b in zip(members, busy)]
+            dt = max(p[1] for p in planned)
+            for m, b, (k, own_s, energy) in zip(members, busy, planned):
+                m.end_step(k, own_s, energy, dt, worked=b)
+
+
+# vLLM's dummy batch on an idle data-parallel rank: one token (gpu_model_runner._dummy_run(1))
+DUMMY_STEP = BatchShape(0, 0.0, 0, 1, 1.0)
+
+
 def simulate(workload: Workload, timer: StepTimer, engine: EngineConfig, replicas: int = 1,
-             router: str = "round-robin", progress: ProgressFn | None = None) -> SimRun:
-    """Simulate serving the workload on `replicas` identical replicas behind `router`."""
+             router: str = "round-robin", progress: ProgressFn | None = None, lockstep: int = 1) -> SimRun:
+    """Simulate serving the workload on `replicas` identical replicas behind `router`; ``lockstep``: replicas per
+    group that steps together (data-parallel ranks of one expert-parallel group), 1 for independent replicas."""
     if router not in ROUTERS:
         raise AisimError(f"unknown router {router!r}; use one of {', '.join(ROUTERS)}")
     if not 1 <= replicas <= 4096:
         raise AisimError(f"replicas must be in 1..4096, got {replicas}")
+    if lockstep < 1 or replicas % lockstep:
+        raise AisimError(f"{replicas} replicas do not form groups of {lockstep} data-parallel ranks")
     requests = make_requests(workload)
     tracker = _Progress(len(requests), progress)
     runners = [_Runner(i, engine, timer, tracker) for i in range(replicas)]
+    units = runners if lockstep == 1 else [_Lockstep(runners[i:i + lockstep]) for i in range(0, replicas, lockstep)]
     replica_of = np.zeros(len(requests), dtype=np.int64)
     if router == "round-robin" or replicas == 1:
         for r in requests:
@@ -186,12 +240,12 @@ def simulate(workload: Workload, timer: StepTimer, engine: EngineConfig, replica
             runners[r.rid % replicas].push(r)
     else:
         for r in requests:
-            for runner in runners:
-                runner.advance(r.arrival_s)
+            for unit in units:
+                unit.advance(r.arrival_s)
             best = min(range(replicas), key=lambda i: runners[i].load_at(r.arrival_s))
             replica_of[r.rid] = best
             runners[best].push(r)
-    for runner in runners:
-        runner.advance(math.inf)
+    for unit in units:
+        unit.advance(math.inf)
     tracker.finish()
     return SimRun(requests, replica_of, [runner.close() for runner in runners], router)
