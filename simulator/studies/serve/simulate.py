@@ -215,7 +215,8 @@ class _Lockstep:
                 m.end_step(k, own_s, energy, dt, worked=b)
 
 
-# vLLM's dummy batch on an idle data-parallel rank: one token (gpu_model_runner._dummy_run(1))
+# vLLM's dummy batch on an idle data-parallel rank: one token (vllm/v1/worker/gpu_worker.py execute_dummy_batch:
+# model_runner._dummy_run(1, uniform_decode=True))
 DUMMY_STEP = BatchShape(0, 0.0, 0, 1, 1.0)
 
 
