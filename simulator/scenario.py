@@ -450,19 +450,32 @@ def _check_power(gpu, idle_w: float, limit: float | None, clock: float | None) -
 
 # runtimes that run the model as Hugging Face transformers does (eager, CUDA-graphed StaticCache, continuous batching)
 TRANSFORMERS_RUNTIMES = ("eager", "graphs", "transformers-cb")
-FP8_COSTED = ("W8A8 linears costed as dynamic per-tensor activation quantization (2 kernels), then an fp8 x fp8 GEMM "
-              "at the fp8 rate")
+def fp8_block_scaled(config: dict, runtime: str) -> bool:
+    """Whether W8A8 fp8 runs block-scaled: a checkpoint with 128 x 128 weight blocks (quantization_config
+    weight_block_size, DeepSeek-V3's), which vLLM runs with per-token-group activation quantization (one kernel,
+    per_token_group_quant_fp8) and w8a8_block_fp8_matmul, or any fp8 under transformers (FineGrainedFP8, whose
+    default weight_block_size is 128 x 128: integrations/finegrained_fp8.py, act_quant then the block GEMM). Else
+    vLLM's dynamic per-tensor scale (scaled_fp8_quant: an absmax reduction, then the scaled cast)."""
+    return bool((config.get("quantization_config") or {}).get("weight_block_size")) or runtime in TRANSFORMERS_RUNTIMES
 
 
-def _fp8_engine(runtime: str) -> str:
+def _fp8_costed(block: bool) -> str:
+    return ("W8A8 linears costed as " + ("per-token-group (1 x 128) activation quantization (1 kernel) with 128 x 128 "
+                                         "block-scaled fp8 weights" if block
+                                         else "dynamic per-tensor activation quantization (2 kernels)")
+            + ", then an fp8 x fp8 GEMM at the fp8 rate")
+
+
+def _fp8_engine(runtime: str, config: dict) -> str:
     """What ``--quant fp8`` means on this runtime, and how it is costed."""
+    costed = _fp8_costed(fp8_block_scaled(config, runtime))
     if runtime == "vllm":
-        return f"{FP8_COSTED}, as vLLM's Fp8LinearMethod runs them"
+        return f"{costed}, as vLLM's Fp8LinearMethod runs them"
     if runtime in TRANSFORMERS_RUNTIMES:
         return ("transformers' FineGrainedFP8 (integrations/finegrained_fp8.py fp8_linear: 128 x 128 block-scaled fp8 "
-                "weights, per-token-group activation quantization fused into a DeepGEMM or Triton fp8 GEMM); "
-                f"{FP8_COSTED} (the fused quantization charged as its own kernels)")
-    return f"{FP8_COSTED} (vLLM's Fp8LinearMethod; {runtime}'s own fp8 kernels are not modelled apart)"
+                "weights, per-token-group activation quantization, then a DeepGEMM or Triton fp8 GEMM); "
+                f"{costed}")
+    return f"{costed} (vLLM's Fp8LinearMethod; {runtime}'s own fp8 kernels are not modelled apart)"
 
 
 HF_RUNTIMES = ("eager", "graphs", "transformers-cb", "kernel-sum")    # transformers' own modelling code runs
@@ -492,7 +505,7 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
                        "each after its activation's quantization, on the dense fp8 GEMM curve (no fp8 grouped-GEMM "
                        "table is measured)" if fused
                        else "; MoE expert weights stored fp8 (their grouped GEMMs at the 16-bit rate)")
-        out.append(f"--quant fp8 on {dev.gpu.name} with {runtime}: {_fp8_engine(runtime)}{experts_fp8}; embeddings "
+        out.append(f"--quant fp8 on {dev.gpu.name} with {runtime}: {_fp8_engine(runtime, config)}{experts_fp8}; embeddings "
                    "and the LM head 16-bit")
     elif quant == "fp8":
         out.append(f"--quant fp8: {dev.gpu.name} has no fp8 tensor cores: weight-only fallback (fp8 weights "

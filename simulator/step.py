@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .results import MemoryBreakdown, OpCost
-from .scenario import Scenario
+from .scenario import Scenario, fp8_block_scaled
 from .units import GB, MS_PER_S
 from .workload import StepShape, Workload
 
@@ -94,7 +94,7 @@ def op_arrays(sc: Scenario, w: Workload) -> OpArrays:
     rt = sc.runtime
     moe = moe_routing(sc.config, sc.plan, w.quant)
     ops, repeats = expand(graph.ops, graph.repeats, w, rt, graph.meta.get("vocab_size") or 0, w.batch // sc.plan.dp,
-                          moe, bool(sc.device.gpu.peak_flops_per_s.fp8))
+                          moe, bool(sc.device.gpu.peak_flops_per_s.fp8), fp8_block_scaled(sc.config, rt.name))
     ops, repeats = fuse(ops, repeats, rt.fusions, rt.kv_cache == "preallocated")
     if "native_gqa" in rt.fusions and w.phase == "decode":   # an engine's own MLA kernels (HF's, compiled or
         ops, repeats = mla_absorb(ops, repeats, sc.config)     # not, up-project the whole cache every step)

@@ -139,6 +139,26 @@ def test_engines_write_the_kv_cache_in_place(runtime):
         assert est.runtime_ms < 0.5 * eager.runtime_ms
 
 
+def test_block_scaled_fp8_checkpoint_quantizes_each_activation_in_one_kernel(tmp_path):
+    """A checkpoint with 128 x 128 weight blocks (DeepSeek-V3's quantization_config) runs vLLM's per-token-group
+    activation quantization, one kernel; a 16-bit checkpoint with --quant fp8 the per-tensor one, two kernels."""
+    import json
+    from pathlib import Path
+
+    config = json.loads(Path("model_specs/Meta-Llama-3-8B.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                     "weight_block_size": [128, 128]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    kw = {"device": "h100", "workload": "decode", "batch": 8, "seq": 1024, "runtime": "vllm"}
+    block = _estimate(model=str(tmp_path / "config.json"), **kw)
+    tensor = _estimate(model="Meta-Llama-3-8B", quant="fp8", **kw)
+    b, t = ({r.name: r for r in e.top_ops}["fp8.quantize"] for e in (block, tensor))
+    assert b.count == t.count and b.bytes == pytest.approx(t.bytes) and b.time_ms < t.time_ms
+    assert block.runtime_ms < tensor.runtime_ms
+    assert any("per-token-group" in a for a in block.assumptions)
+    assert any("per-tensor" in a for a in tensor.assumptions)
+
+
 def test_vllm_runs_qkv_and_gate_up_as_one_gemm_each():
     """vLLM's QKVParallelLinear and MergedColumnParallelLinear: 4 projection GEMMs per Llama layer, not 7, over the
     same weight bytes; HF's eager and graphs runtimes keep the 7 separate linears."""

@@ -166,17 +166,20 @@ def routed(op: Op, moe: dict) -> Op:
 # Fp8MoEMethod for FusedMoE, which quantizes a 16-bit checkpoint's experts with scaled_fp8_quant and runs
 # fused_experts / TritonOrDeepGemmExperts with use_fp8_w8a8=True, the activations quantized per call; Marlin,
 # weight-only, below compute capability 8.9): each grouped expert GEMM fp8 x fp8 after its activation's quantization.
+# Block-scaled fp8 (scenario.fp8_block_scaled) quantizes each 1 x 128 group of the activation in one kernel.
 FP8_QUANT_LAUNCHES = 2
+FP8_BLOCK_QUANT_LAUNCHES = 1
 
 
-def fp8_linear_ops(op: Op) -> list[Op]:
-    """The ops of one W8A8 linear replacing the 16-bit GEMM ``op``: input quantization, then the fp8 GEMM (its
-    activation and weight operands fp8, the bias and output 16-bit)."""
+def fp8_linear_ops(op: Op, block: bool = False) -> list[Op]:
+    """The ops of one W8A8 linear replacing the 16-bit GEMM ``op``: input quantization (``block``: per token group),
+    then the fp8 GEMM (its activation and weight operands fp8, the bias and output 16-bit)."""
     def fp8(t):
         return TensorMeta(t.shape, "fp8") if isinstance(t, TensorMeta) and len(t.shape) >= 2 else t
 
     a = op.inputs[1] if op.name == "aten.addmm" else op.inputs[0]
-    quant = _op("fp8.quantize", (a,), (TensorMeta(a.shape, "fp8"),), op.scope, launches=FP8_QUANT_LAUNCHES)
+    quant = _op("fp8.quantize", (a,), (TensorMeta(a.shape, "fp8"),), op.scope,
+                launches=FP8_BLOCK_QUANT_LAUNCHES if block else FP8_QUANT_LAUNCHES)
     gemm = Op(name=op.name, args=tuple(fp8(x) for x in op.args), kwargs=op.kwargs, outputs=op.outputs,
               alias=op.alias, phase=op.phase, scope=op.scope, attrs={**op.attrs, "fp8": "w8a8"})
     return [quant, gemm]
@@ -194,10 +197,12 @@ def request_loop_ops(rt: RuntimeSpec, w: Workload, vocab: int) -> list[Op]:
 
 
 def expand(ops: list[Op], repeats: list[float], w: Workload, rt: RuntimeSpec, vocab: int,
-           batch: int, moe: dict | None = None, fp8_units: bool = False) -> tuple[list[Op], list[float]]:
+           batch: int, moe: dict | None = None, fp8_units: bool = False, fp8_block: bool = False
+           ) -> tuple[list[Op], list[float]]:
     """The graph's ops with the engine's own work expanded in (unchanged when there is none). ``moe``: the
     model's routing (moe_routing), tagged onto its grouped expert GEMMs; ``fp8_units``: the GPU has fp8 tensor
-    cores, so --quant fp8 runs W8A8 linears (fp8_linear_ops); without them fp8 stays weight-only."""
+    cores, so --quant fp8 runs W8A8 linears (fp8_linear_ops; ``fp8_block``: block-scaled); without them fp8 stays
+    weight-only."""
     bnb = w.quant == "bitsandbytes-int8"
     w8a8 = w.quant == "fp8" and fp8_units
     loop = rt.request_loop is not None and w.phase in ("prefill", "decode")
@@ -212,7 +217,7 @@ def expand(ops: list[Op], repeats: list[float], w: Workload, rt: RuntimeSpec, vo
         elif w8a8 and op.phase == "forward" and (_is_linear(op) or (
                 op.name == "aten._grouped_mm" and "fused_moe" in rt.fusions and moe is not None
                 and not moe.get("packed"))):
-            extra = fp8_linear_ops(op)
+            extra = fp8_linear_ops(op, fp8_block)
         else:
             extra = [op]
         out_ops += extra
