@@ -13,8 +13,10 @@ md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
 SERVING = [
     md("# Serving capacity: Llama-3-8B and Llama-3-70B across GPUs\n\nThe cheapest configuration per GPU that "
        "meets the SLOs at several loads (`aisim.studies.plan_serve`), the Pareto front of throughput per GPU vs "
-       "speed per user, and one configuration simulated request by request (`run_serve`). Few requests per "
-       "simulation keep this notebook near a minute on a CPU; raise `num_requests` for tighter percentiles."),
+       "speed per user, and one configuration simulated request by request (`run_serve`), all under the `vllm` "
+       "engine profile (vLLM V1's scheduler defaults, memory policy and kernels: hardware_specs/runtimes/vllm.yaml; "
+       "`runtimes=['vllm', 'transformers-cb']` compares engines). Few requests per simulation keep this notebook "
+       "near a minute on a CPU; raise `num_requests` for tighter percentiles."),
     code("import pandas as pd\n" if False else "from IPython.display import Image\n"
          "from aisim.studies.plan_serve import plan_request, plan_serve\n"
          "from aisim import plots\n"
@@ -22,28 +24,35 @@ SERVING = [
     code("rows = []\nresults = {}\n"
          "for model, devices, max_gpus in [('llama-3-8b', ['h100', 'a100', 'l4'], 8), ('llama-3-70b', ['h100', 'a100'], 8)]:\n"
          "    for rate in (1.0, 4.0):\n"
-         "        r = plan_serve(plan_request(model=model, devices=devices, rate_per_s=rate, input_len='512',\n"
-         "                                    output_len='128', num_requests=20, max_gpus=max_gpus,\n"
-         "                                    max_num_seqs=[None], slo=SLO))\n"
+         "        r = plan_serve(plan_request(model=model, devices=devices, runtimes=['vllm'], rate_per_s=rate,\n"
+         "                                    input_len='512', output_len='128', num_requests=20,\n"
+         "                                    max_gpus=max_gpus, max_num_seqs=[None], slo=SLO))\n"
          "        results[(model, rate)] = r\n"
          "        for d, c in r.cheapest_per_device.items():\n"
-         "            rows.append((model, rate, d, c.tp, c.replicas, c.gpus, round(c.usd_per_hour, 2),\n"
+         "            rows.append((model, rate, f'{d} ({c.runtime})', c.tp, c.replicas, c.gpus, round(c.usd_per_hour, 2),\n"
          "                         round(c.usd_per_million_output_tokens, 2), round(c.joules_per_output_token, 2),\n"
          "                         round(c.kwh_per_day, 1)))\n"
          "for r in results.values():\n    for k, why in r.not_feasible.items():\n"
          "        print(f'{r.model} at {r.rate_per_s:g} req/s, {k}: {why}')\n"
-         "print(f\"{'model':12} {'req/s':>5} {'device':14} tp rep GPUs  $/h  $/Mtok  J/tok kWh/day\")\n"
+         "print(f\"{'model':12} {'req/s':>5} {'device (engine)':23} tp rep GPUs  $/h  $/Mtok  J/tok kWh/day\")\n"
          "for r in rows:\n"
-         "    print(f'{r[0]:12} {r[1]:5.1f} {r[2]:14} {r[3]:2} {r[4]:3} {r[5]:4} {r[6]:5} {r[7]:7} {r[8]:6} {r[9]:7}')"),
+         "    print(f'{r[0]:12} {r[1]:5.1f} {r[2]:23} {r[3]:2} {r[4]:3} {r[5]:4} {r[6]:5} {r[7]:7} {r[8]:6} {r[9]:7}')"),
     md("More load needs at least as many GPUs; the cost per million tokens falls as the replicas fill up, and stays "
        "where more load takes proportionally more replicas. A deployment serves its offered load (rate x output "
        "tokens per request), so $/M and kWh/day are the steady state's, not the finite simulation's with its drain."),
-    code("r = results[('llama-3-8b', 4.0)]\nplots.pareto_png(r, 'pareto-llama-3-8b.png')\n"
+    md("The Pareto front: at a light load one replica on one GPU is both the cheapest and the fastest per user "
+       "(its batch stays small), so the trade-off shows only near saturation. At 40 req/s each candidate (tp x "
+       "replicas) either packs the load onto few GPUs (more tokens/s per GPU, larger batches, slower per user) or "
+       "spreads it (faster per user, fewer tokens/s per GPU)."),
+    code("r = plan_serve(plan_request(model='llama-3-8b', devices=['h100', 'a100'], runtimes=['vllm'], rate_per_s=40.0,\n"
+         "                            input_len='512', output_len='128', num_requests=40, max_gpus=8,\n"
+         "                            max_num_seqs=[None], slo=SLO))\n"
+         "plots.pareto_png(r, 'pareto-llama-3-8b.png')\n"
          "Image('pareto-llama-3-8b.png')"),
     md("## One configuration, request by request"),
     code("from aisim.studies.serve.cli_run import run_serve\n"
          "report, run, notes = run_serve(model='llama-3-8b', device='h100', dtype='bf16', tp=1, pp=1, quant='none',\n"
-         "    runtime='transformers-cb', calibration='auto', num_requests=30, input_len='512', output_len='128',\n"
+         "    runtime='vllm', calibration='auto', num_requests=30, input_len='512', output_len='128',\n"
          "    rate=4.0, arrival='poisson', seed=0, trace=None, replicas=None, router='round-robin',\n"
          "    percentiles='50,90,99', knobs={})\n"
          "{k: round(v, 2) for k, v in report.metrics.items() if k in ('output_throughput', 'median_ttft_ms',\n"
