@@ -17,6 +17,11 @@ Sequences: each alone, then [gemm, add], [gemm, add x 3], [gemm_small, add], [ge
 "iterations", "ms_per_iteration", "energy_j", "energy_window_s", "avg_power_w", "sm_clock_mhz" (one reading after
 the window), "busy_sm_clock_mhz" (mean of readings taken while the queue held work; in the runs made after power-mix-h200.jsonl),
 "busy_sm_clock_range_mhz", "busy_clock_samples", "clock_event_reasons" (NVML's, ORed over those readings)}``.
+``--skinny`` instead loops weight-streaming GEMMs x[M, K] @ w[K, N] (bf16, w of 112-128 MiB, past the L2 cache)
+at M = 1 .. 4096 rows, each alone, then the reference loads (``gemm``, ``copy``) and one layer-like mix (an M = 128
+GEMM between small adds): ``{"type": "skinny", "round", "name", "m", "k", "n", "parts", ...}`` as a sequence. A GEMM
+of few rows keeps HBM near its bandwidth while its tensor cores work part of the time: how its power combines the
+two activities is what the records measure (validation/scripts/derive_power_overlap.py).
 ``--gaps`` instead launches one kernel per period (add_small every 0.04-3 ms, add and gemm_small every 0.4-3 ms) with
 the host spinning in between, as an eager step bound by its host does: ``{"type": "gapped", "round", "part",
 "launches", "period_ms", "wall_s", "energy_j", ..., "avg_power_w"}``. A microbenchmark: nothing here is a judged
@@ -55,6 +60,27 @@ def loads(device, torch, smoke: bool) -> dict:
             "add": lambda: torch.add(x, y, out=outs["add"]),
             "add_small": lambda: torch.add(xs, ys, out=outs["add_small"]),
             "copy": lambda: outs["copy"].copy_(z)}
+
+
+# --skinny: (K, N) weight shapes (8192 x 8192: 128 MiB; 4096 x 14336: 112 MiB, an MLP's up projection) x rows M
+SKINNY_KN = ((8192, 8192), (4096, 14336))
+SKINNY_M = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def skinny_loads(device, torch, smoke: bool) -> dict:
+    """name -> (m, k, n, fn) for every skinny GEMM; the tensors are made once per (K, N) and largest M."""
+    dt = torch.bfloat16 if device.type == "cuda" else torch.float32
+    shapes = ((64, 64),) if smoke else SKINNY_KN
+    rows = (1, 8, 32) if smoke else SKINNY_M
+    out = {}
+    for k, n in shapes:
+        w = torch.randn(k, n, device=device, dtype=dt)
+        x = torch.randn(max(rows), k, device=device, dtype=dt)
+        y = torch.empty(max(rows), n, device=device, dtype=dt)
+        for m in rows:
+            xm, ym = x[:m], y[:m]
+            out[f"mm_M{m}_K{k}_N{n}"] = (m, k, n, (lambda xm=xm, ym=ym, w=w: torch.mm(xm, w, out=ym)))
+    return out
 
 
 def run_sequence(parts, fns, device, seconds: float) -> dict:
@@ -135,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--gaps", action="store_true", help="instead: one kernel per period, the host spinning "
                         "between launches (GAPS)")
+    parser.add_argument("--skinny", action="store_true", help="instead: weight-streaming GEMMs of 1-4096 rows "
+                        "(SKINNY_KN x SKINNY_M), the reference loads and a layer-like mix")
     args = parser.parse_args(argv)
     import torch
 
@@ -142,6 +170,25 @@ def main(argv: list[str] | None = None) -> int:
     seconds = 0.2 if args.smoke else args.seconds
     with torch.inference_mode():
         fns = loads(device, torch, args.smoke)
+        if args.skinny:
+            skinny = skinny_loads(device, torch, args.smoke)
+            fns.update({name: fn for name, (_, _, _, fn) in skinny.items()})
+            mix = next((n for n in skinny if n.startswith("mm_M128_")), next(iter(skinny)))
+            runs = [(name, [name], skinny[name][:3]) for name in skinny]
+            runs += [("gemm", ["gemm"], None), ("copy", ["copy"], None),
+                     (f"{mix}+2add_small", [mix, "add_small", "add_small"], skinny[mix][:3])]
+            for round_ in range(1 if args.smoke else args.rounds):
+                for name, parts, mkn in runs:
+                    if budget.expired():
+                        out.write({"type": "stopped"})
+                        return common.close_run(out, measure_host)
+                    shape = dict(zip(("m", "k", "n"), mkn)) if mkn else {}
+                    rec = {"type": "skinny", "round": round_, "name": name, "parts": parts, **shape,
+                           **run_sequence(parts, fns, device, seconds)}
+                    out.write(rec)
+                    print(f"{round_} {name}: {rec['ms_per_iteration']:.4f} ms/iter, {rec.get('avg_power_w')} W, "
+                          f"{rec.get('busy_sm_clock_mhz')} MHz busy", flush=True)
+            return common.close_run(out, measure_host)
         if args.gaps:
             for round_ in range(1 if args.smoke else args.rounds):
                 for part, periods in GAPS.items():
