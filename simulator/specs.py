@@ -371,6 +371,11 @@ class CalibrationSpec(Spec):
         None, description="how a step's power follows the board's power limit when compute-bound kernels mix with "
         "memory-bound ones (cost/energy.py limited_energy_j; validation/harness/power_mix.py); absent: each "
         "kernel draws what a loop of it drew")
+    power_overlap: Annotated[float, Field(ge=0.0, le=2.0)] = Field(
+        0.0, description="a kernel busy on tensor cores and HBM at once draws the larger of its two activities' power "
+        "above the waiting power plus this share of the smaller (cost/energy.py; 0: the larger alone). Fitted to "
+        "weight-streaming GEMM loops of 1-4096 rows (validation/harness/power_mix.py --skinny, "
+        "validation/scripts/derive_power_overlap.py)")
     allreduce_bus_bw_bytes_per_s: Positive | None = None
     allreduce_latency_s: NonNegative | None = None
     gemm_wave_tiles: dict[str, WaveTiles] = Field(

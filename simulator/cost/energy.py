@@ -1,10 +1,13 @@
 """Energy of one step: a power model over the op timeline, never above board power.
 
-Each kernel draws P = P_idle + max(a_c * (P_compute - P_idle), a_m * (P_memory - P_idle)), where P_compute and
+Each kernel draws P = P_idle + max(D_c, D_m) + overlap * min(D_c, D_m), with D_c = a_c * (P_compute - P_idle) and
+D_m = a_m * (P_memory - P_idle) its two activities' power above the waiting power, where P_compute and
 P_memory are the calibrated power while looping the reference loads (an 8192^3 bf16 GEMM, a 1 GiB copy: see
 validation/calibrate.py bench_power), and a_c, a_m the kernel's activity relative to those loads: the fraction of
 peak FLOP/s (bandwidth) it achieves divided by the fraction the reference load achieves, at most 1 (a GEMM at
-the reference GEMM's efficiency draws the reference power). The GPU draws P_idle while it waits. P_idle is the
+the reference GEMM's efficiency draws the reference power). ``overlap`` (the calibration's power_overlap): a kernel
+that keeps both the tensor cores and HBM busy (a GEMM of a few rows streaming its weights) draws more than either
+activity alone; 0 takes the larger alone. The GPU draws P_idle while it waits. P_idle is the
 calibrated power under back-to-back tiny kernels (clocks up, SMs nearly idle) where measured, else idle power. Energy is
 summed over all GPUs used. Where the calibration has measured power curves (GEMM and copy loops at several
 sizes), a kernel's power is read off them at its achieved fraction of peak instead (``_curve_power_w``). Under the
@@ -35,12 +38,21 @@ def reference_activity(gpu: HardwareSpec, cal: CalibrationSpec) -> tuple[float, 
     return compute, memory
 
 
+def _combined_w(idle_w: float, compute_w: np.ndarray, memory_w: np.ndarray, overlap: float,
+                board_w: float) -> np.ndarray:
+    """The larger activity's power above the waiting power plus ``overlap`` of the smaller's, at most board power."""
+    d_c, d_m = np.maximum(compute_w - idle_w, 0.0), np.maximum(memory_w - idle_w, 0.0)
+    return np.minimum(idle_w + np.maximum(d_c, d_m) + overlap * np.minimum(d_c, d_m), board_w)
+
+
 def _curve_power_w(gpu: HardwareSpec, cal: CalibrationSpec, u_c: np.ndarray, u_m: np.ndarray) -> np.ndarray:
     """Measured power curves: a kernel achieving a fraction u of peak FLOP/s (bandwidth) draws what a bf16 GEMM
-    loop (a copy loop) achieving u drew in calibration; the larger of the two, at most board power."""
-    p_c = np.interp(u_c, cal.power_compute_curve.x, cal.power_compute_curve.efficiency)
-    p_m = np.interp(u_m, cal.power_memory_curve.x, cal.power_memory_curve.efficiency)
-    return np.minimum(np.maximum(p_c, p_m) * gpu.board_power_w, gpu.board_power_w)
+    loop (a copy loop) achieving u drew in calibration; the two combined (_combined_w), at most board power."""
+    p_c = np.interp(u_c, cal.power_compute_curve.x, cal.power_compute_curve.efficiency) * gpu.board_power_w
+    p_m = np.interp(u_m, cal.power_memory_curve.x, cal.power_memory_curve.efficiency) * gpu.board_power_w
+    if not cal.power_overlap:
+        return np.minimum(np.maximum(p_c, p_m), gpu.board_power_w)
+    return _combined_w(waiting_power_w(gpu, cal), p_c, p_m, cal.power_overlap, gpu.board_power_w)
 
 
 def _linear_power_w(gpu: HardwareSpec, cal: CalibrationSpec, u_c: np.ndarray, u_m: np.ndarray,
@@ -50,8 +62,8 @@ def _linear_power_w(gpu: HardwareSpec, cal: CalibrationSpec, u_c: np.ndarray, u_
     compute_w = cal.power_compute_fraction * gpu.board_power_w
     memory_w = cal.power_memory_fraction * gpu.board_power_w
     a_c, a_m = (u_c / ref_c).clip(0, 1), (u_m / ref_m).clip(0, 1)
-    power_w = idle_w + np.maximum(a_c * max(compute_w - idle_w, 0), a_m * max(memory_w - idle_w, 0))
-    return np.minimum(power_w, gpu.board_power_w)
+    return _combined_w(idle_w, idle_w + a_c * max(compute_w - idle_w, 0), idle_w + a_m * max(memory_w - idle_w, 0),
+                       cal.power_overlap, gpu.board_power_w)
 
 
 def waiting_power_w(gpu: HardwareSpec, cal: CalibrationSpec) -> float:
