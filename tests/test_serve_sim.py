@@ -164,17 +164,28 @@ def test_throughput_saturates_and_ttft_grows_without_bound_past_capacity():
 
 def test_overload_is_told_past_capacity_and_not_below_it():
     capacity = _saturated(math.inf, 2000).request_throughput
+    alone = H100_7B.step_time_s(BatchShape(200, 200.0 * 200, 1, 0, 0.0, 200.0)) + 99 * H100_7B.step_time_s(
+        BatchShape(0, 0.0, 0, 1, 250.0))
 
-    def behind(factor):
-        req = ServeRequest(num_requests=1000, input_len="200", output_len="100", rate_per_s=factor * capacity, seed=5)
-        out = run_serving(req, H100_7B, ENGINE)
-        return overload(out.requests, out.steady)
+    def behind(factor, n=1000, **engine):
+        req = ServeRequest(num_requests=n, input_len="200", output_len="100", rate_per_s=factor * capacity, seed=5)
+        out = run_serving(req, H100_7B, ENGINE.model_copy(update=engine))
+        return overload(out.requests, alone)
 
     assert behind(0.5) is None and behind(0.8) is None
     for factor in (1.3, 3.0):
-        arrived, done = behind(factor)
-        assert arrived == pytest.approx(factor * capacity, rel=0.15) and done < min(0.9 * arrived, 1.1 * capacity)
-    assert behind(math.inf) is None    # all at t = 0: no steady window, a burst is not a rate
+        rate_s, in_mid, in_end = behind(factor)
+        assert rate_s == pytest.approx(factor * capacity, rel=0.15) and in_end > in_mid
+    # an engine that admits every request (vLLM's 1024 sequences): the running batch builds, not the TTFT
+    rate_s, in_mid, in_end = behind(1.5, n=600, max_num_seqs=1024)
+    assert in_end - in_mid > 0.1 * 300
+    assert behind(math.inf) is None    # all at t = 0: a burst, not a rate
+    assert behind(30.0, n=200) == "short"          # arrivals over before a request alone would finish twice
+    # requests the engine rejects never enter the system: a light load with rejections is not an overload
+    wl = workload(np.arange(100) * 0.2, np.r_[np.full(70, 200), np.full(30, 5000)], np.full(100, 20))
+    engine = ENGINE.model_copy(update={"max_model_len": 4096})
+    res, table = summarize(simulate(wl, H100_7B, engine), [50])
+    assert res.failed == 30 and overload(table, 0.1) is None
 
 
 @pytest.mark.parametrize("router", ["round-robin", "least-loaded"])

@@ -12,7 +12,7 @@ from ...errors import AisimError
 from ...scenario import ScenarioRequest, build_request, resolve_scenario
 from ...workload import ParallelPlan
 from . import ServeRequest, ServeResult, validated
-from .metrics import GOODPUT_METRICS, overload
+from .metrics import GOODPUT_METRICS
 from .run import failure_summary, serve
 
 
@@ -104,12 +104,6 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
         notes.append(f"{used} of {sc.device.name}'s {sc.device.count} GPUs serve ({replicas} replica(s) of tp "
                      f"{sc.plan.tp} x pp {sc.plan.pp}); the other {sc.device.count - used} idle, not counted in the "
                      "energy")
-    behind = overload(run.requests, run.steady)
-    if behind is not None:
-        notes.append(f"the server falls behind its arrivals: between the first quarter's arrivals and the last, "
-                     f"requests arrived at {behind[0]:.3g}/s and finished at {behind[1]:.3g}/s, and TTFT grows with "
-                     "the run (the queue builds, so the latencies depend on --num-requests): lower --rate, add "
-                     "replicas, or let `aisim plan serve` find the cheapest configuration for an SLO")
     if trace is not None and ignored:
         notes.append(f"--trace gives the requests: {', '.join(ignored)} ignored")
     if run.result.completed == 0:

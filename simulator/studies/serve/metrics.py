@@ -143,25 +143,32 @@ def steady_window(run: SimRun) -> SteadyWindow | None:
 
 
 OVERLOAD_MIN_REQUESTS = 50
-OVERLOAD_COMPLETION_SHARE = 0.9    # completions per arrival in the steady window below this ...
-OVERLOAD_TTFT_GROWTH = 2.0         # ... and the last quarter's median TTFT above this times the second quarter's
+OVERLOAD_GROWTH_SHARE = 0.1     # requests in the system growing by more than this share of the arrivals ...
+OVERLOAD_NOISE_SIGMAS = 2.0     # ... and by more than this many sqrt(N) of its Poisson noise, plus 2 requests
 
 
-def overload(table: RequestTable, steady: SteadyWindow | None) -> tuple[float, float] | None:
-    """(arrivals, completions) per second in the steady window when the server falls behind its arrivals: fewer
-    completions than arrivals there and a TTFT that grows from the second quarter of arrivals to the last (the
-    queue builds, so every figure depends on the run's length); None when it keeps up or the run is too short."""
-    if steady is None or len(table.arrival_s) < OVERLOAD_MIN_REQUESTS:
+def overload(table: RequestTable, unloaded_s: float) -> tuple[float, int, int] | str | None:
+    """(arrival rate, requests in the system at the middle of the arrivals, at the last arrival) when the server
+    falls behind: between the two, the requests arrived and not yet finished grew by more than a tenth of the
+    arrivals there and beyond their noise (the queue, or the running batch, builds: every latency then depends
+    on the run's length). "short" when the arrivals last less than twice ``unloaded_s`` (a typical request's
+    latency alone on the engine): the system is still filling, nothing can be told. None when it keeps up, with
+    under 50 completed requests, or all arrivals at once."""
+    ok = table.completed                        # rejected requests never enter the system
+    arrival, finish = table.arrival_s[ok], table.finish_s[ok]
+    end = float(arrival.max()) if len(arrival) else 0.0
+    if len(arrival) < OVERLOAD_MIN_REQUESTS or end <= 0:
         return None
-    arrived = int(((table.arrival_s >= steady.start_s) & (table.arrival_s <= steady.end_s)).sum())
-    done = int((table.completed & (table.finish_s >= steady.start_s) & (table.finish_s <= steady.end_s)).sum())
-    order = np.argsort(table.arrival_s, kind="stable")
-    quarters = np.array_split(table.ttft_ms[order], 4)
-    early, late = (np.nanmedian(q) if np.isfinite(q).any() else np.nan for q in (quarters[1], quarters[3]))
-    growing = bool(np.isnan(late) or late > OVERLOAD_TTFT_GROWTH * early)
-    if arrived == 0 or done >= OVERLOAD_COMPLETION_SHARE * arrived or not growing:
+    mid = end / 2
+    if unloaded_s >= mid:
+        return "short"
+    in_mid = int((arrival <= mid).sum() - (finish <= mid).sum())
+    in_end = int((arrival <= end).sum() - (finish <= end).sum())
+    arrived = int(((arrival > mid) & (arrival <= end)).sum())
+    growth = in_end - in_mid
+    if growth <= OVERLOAD_GROWTH_SHARE * arrived or growth <= OVERLOAD_NOISE_SIGMAS * math.sqrt(max(in_mid, 1)) + 2:
         return None
-    return arrived / steady.duration_s, done / steady.duration_s
+    return arrived / (end - mid), in_mid, in_end
 
 
 def percentile_key(p: float, metric: str) -> str:

@@ -11,11 +11,15 @@ from dataclasses import dataclass, replace
 from math import gcd
 from typing import Any
 
+import numpy as np
+
 from ...errors import AisimError, DoesNotFit
 from ...scenario import Scenario, calibration_note, serving_notes
 from ...step import step_cost
 from ...workload import StepShape
 from . import EngineConfig, ServeRequest, ServeRun, run_serving, validated
+from .metrics import overload
+from .steptime import BatchShape
 from .timer import ModelDims, StepCostTimer
 
 ENGINE_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "block_size",
@@ -154,6 +158,36 @@ def blocks_override(cap: KvCapacity, blocks: int, block_size: int) -> KvCapacity
     return replace(cap, blocks=blocks, tokens=blocks // groups * block_size, how=f"--num-gpu-blocks-override {blocks}")
 
 
+def unloaded_latency_s(run: ServeRun, timer, cfg: EngineConfig) -> float:
+    """A median request's latency alone on the engine: its prompt's first chunk, then one decode step per further
+    output token at half its output's context (a lower bound on what it meets under load)."""
+    table = run.requests
+    n_in, n_out = int(np.median(table.input_tokens)), int(np.median(table.output_tokens))
+    chunk = max(min(n_in, cfg.max_num_batched_tokens), 1)
+    prefill = timer.step_time_s(BatchShape(chunk, float(chunk) * chunk, 1, 0, 0.0, float(chunk)))
+    decode = timer.step_time_s(BatchShape(0, 0.0, 0, 1, n_in + n_out / 2))
+    return prefill + max(n_out - 1, 0) * decode
+
+
+def load_note(run: ServeRun, request: ServeRequest, timer, cfg: EngineConfig) -> str | None:
+    """Whether the replicas keep up with the arrivals (metrics.overload), in words with what to do."""
+    behind = overload(run.requests, unloaded_latency_s(run, timer, cfg))
+    more = "--num-requests" if request.trace_path is None else "a longer trace"
+    if behind == "short":
+        return (f"the arrivals last under twice a typical request's latency alone "
+                f"({unloaded_latency_s(run, timer, cfg):.2g} s): the run ends while the engine is still filling, so "
+                f"it cannot show whether the server keeps up with this rate; give {more}")
+    if behind is None:
+        return None
+    rate_s, in_mid, in_end = behind
+    fix = ("the trace's arrivals outpace it: use more replicas" if request.trace_path is not None else
+           "the latencies depend on --num-requests: lower --rate, add replicas")
+    return (f"the server falls behind its arrivals: in the second half of the arrivals ({rate_s:.3g} req/s) the "
+            f"requests in the system grew from {in_mid} to {in_end}; over the whole run it completed "
+            f"{run.result.request_throughput:.3g} req/s (about its capacity when overloaded); {fix}, or let "
+            "`aisim plan serve` find the cheapest configuration for an SLO")
+
+
 def refuse_encoder_decoder(model: str, config: dict) -> None:
     """The serving simulator runs decoder-only text models (one line where the model is not one)."""
     if config.get("is_encoder_decoder"):
@@ -268,6 +302,9 @@ def serve(sc: Scenario, request: ServeRequest, knobs: dict[str, Any] | None = No
     failures = failure_summary(run, cfg, (knobs or {}).get("num_gpu_blocks_override") is not None)
     if failures:
         notes.append(f"failed: {failures}")
+    load = load_note(run, request, timer, cfg)
+    if load:
+        notes.append(load)
     if request.replicas > 1:
         notes.append(f"{request.replicas} replicas of tp {sc.plan.tp} x pp {sc.plan.pp} GPUs behind a "
                      f"{request.router} router")
