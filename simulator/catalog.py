@@ -280,6 +280,8 @@ def with_model_defaults(config: dict) -> tuple[dict, dict]:
     if isinstance(stored, list) and len(stored) == 2 and all(isinstance(x, dict) for x in stored):
         return stored[0], stored[1]
     filled = _fill_model_defaults(config)
+    if filled is None:             # transformers could not build it: the tracer says why; nothing is cached
+        return config, {}
     cache.store_entry(path.parent, path.name, inputs, list(filled))
     return filled
 
@@ -291,7 +293,7 @@ def _catalog_hash() -> str:
     return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
 
-def _fill_model_defaults(config: dict) -> tuple[dict, dict]:
+def _fill_model_defaults(config: dict) -> tuple[dict, dict] | None:
     """(config, filled): the config with every field its transformers config class declares (or computes, as
     gpt-oss's layer_types) and the file leaves out, at the value the built config holds (HF builds the model from
     it, and aisim's readers of the config.json then see the same model), and the architecture fields so filled
@@ -308,7 +310,7 @@ def _fill_model_defaults(config: dict) -> tuple[dict, dict]:
         cls = CONFIG_MAPPING[config["model_type"]]
         built = make_config(config).to_dict()
     except Exception:  # noqa: BLE001 - unknown type or values transformers refuses: the tracer says which
-        return config, {}
+        return None
     params = {k: p for k, p in inspect.signature(cls.__init__).parameters.items()
               if k != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
     # PretrainedConfig's own fields (labels, dtype, version...) and the rope dict transformers derives from the

@@ -169,7 +169,7 @@ SERVE_SECTIONS = (("ttft", "TTFT", "Time to First Token"), ("tpot", "TPOT", "Tim
 # rate mostly waiting: `estimate --workload generate` prices one request alone)
 SERVE_EXTRA = (("energy_j_per_output_token", "Energy (J/output token, waiting between steps included)"),
                ("kv_cache_peak_utilization", "KV cache peak utilization"), ("num_preemptions", "Preemptions"),
-               ("prefix_cache_hit_tokens", "Prefix cache hits (tokens taken back after preemption)"),
+               ("prefix_cache_hit_tokens", "Prefix cache hits (tokens not recomputed after preemption)"),
                ("mean_running_batch_size", "Mean running batch (sequences/step)"))
 
 

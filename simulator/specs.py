@@ -473,11 +473,21 @@ class RequestLoopSpec(Spec):
     source: str
 
 
+class SmallGpuDefaults(Spec):
+    """Scheduler defaults an engine picks on smaller GPUs (vLLM's EngineArgs.get_batch_defaults: under 70 GiB of
+    device memory, or an A100 by name)."""
+    max_num_seqs: int = Field(ge=1, le=65536)
+    max_num_batched_tokens: int = Field(ge=1, le=1_048_576)
+    below_memory_gib: Positive = Field(description="a GPU with less memory than this takes these defaults")
+    names: list[str] = Field(default_factory=list, description="... and a GPU whose name contains one of these")
+
+
 class ServingSpec(Spec):
     """A continuous-batching engine's scheduler defaults and memory policy, each cited from its source
     (aisim serve and aisim plan read them; the CLI overrides them)."""
     max_num_seqs: int = Field(ge=1, le=65536, description="most sequences running in one step")
     max_num_batched_tokens: int = Field(ge=1, le=1_048_576, description="token budget of one step")
+    small_gpu: SmallGpuDefaults | None = Field(None, description="the two defaults above on smaller GPUs")
     enable_chunked_prefill: bool = True
     block_size: int = Field(ge=1, le=4096, description="KV cache block (page) size in tokens")
     gpu_memory_utilization: Fraction = Field(description="fraction of GPU memory the engine may use (weights, "

@@ -510,3 +510,22 @@ def test_expert_parallel_over_data_parallel_ranks_steps_them_together():
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert out["replicas"] == 2 and any("steps together" in a for a in out["assumptions"])
+
+
+def test_dp_ep_lockstep_is_vllms_and_serve_bench_prefixes_only_its_own_errors():
+    r = runner.invoke(app, ["serve", "--model", "OLMoE-1B-7B-0924", "--device", "h100x2", "--ep", "2",
+                            "--runtime", "transformers-cb", "--num-requests", "10"])
+    assert r.exit_code == 2 and "--tp 2" in r.output and "vllm" in r.output, r.output
+    r = runner.invoke(app, ["serve-bench", "--model", "no-such-model", "--device", "a100", "--shards", "1,2"])
+    assert r.exit_code == 2 and "--shards" not in r.output.split("error:")[-1][:12], r.output
+
+
+@pytest.mark.parametrize("device,seqs,tokens", [("h100", 1024, 8192), ("h200", 1024, 8192), ("a100", 256, 2048),
+                                                 ("l40s", 256, 2048), ("l4", 256, 2048)])
+def test_vllm_scheduler_defaults_follow_the_gpu_as_get_batch_defaults_does(device, seqs, tokens):
+    """vLLM's EngineArgs.get_batch_defaults: 1024 sequences and 8192 tokens on GPUs of >= 70 GiB except A100s,
+    256 and 2048 elsewhere; a flag still overrides them."""
+    sc = scenario(model="Meta-Llama-3-8B", device=device, runtime="vllm", dtype="bf16")
+    cfg, _ = engine_config(sc, {})
+    assert (cfg.max_num_seqs, cfg.max_num_batched_tokens) == (seqs, tokens)
+    assert engine_config(sc, {"max_num_seqs": 64})[0].max_num_seqs == 64

@@ -106,23 +106,30 @@ def test_goodput_and_peaks_match_vllms_definitions_on_a_random_run():
     assert res.max_output_tokens_per_s == buckets.max() and res.max_concurrent_requests == peak
 
 
+class _WaitingTimer(LinearStepTimer):
+    idle_power_w = 50.0
+
+
 def test_lockstep_ranks_share_each_step_and_an_idle_rank_runs_the_dummy_batch():
-    # 10 ms + 1 ms per token, 100 W. R0 (6 prompt, 3 out) on rank 0, R1 (2 prompt, 1 out) on rank 1, both at t = 0.
-    # independent: rank 0 steps 16, 11, 11 ms (ends 16, 27, 38); rank 1 one step of 12 ms.
-    # in lockstep: step 1 lasts max(16, 12) = 16 ms (R1's only token at 16), then rank 1 runs the one-token dummy
-    # batch (11 ms) beside rank 0's decodes: both ranks end their steps at 16, 27, 38 ms.
-    timer = LinearStepTimer(base_s=0.010, per_token_s=0.001, power_w=100.0)
+    # 10 ms + 1 ms per token, 100 W, 50 W waiting. R0 (6 prompt, 3 out) on rank 0, R1 (2 prompt, 1 out) on rank 1,
+    # both at t = 0. Independent: rank 0 steps 16, 11, 11 ms (ends 16, 27, 38); rank 1 one step of 12 ms.
+    # In lockstep: step 1 lasts max(16, 12) = 16 ms (R1's only token at 16, rank 1 waiting 4 ms), then rank 1 runs
+    # the one-token dummy batch (11 ms) beside rank 0's decodes; the wave ends at its 32nd step (vLLM checks for
+    # unfinished requests every 32): 29 dummy steps on both ranks after R0's last token at 38 ms.
+    timer = _WaitingTimer(base_s=0.010, per_token_s=0.001, power_w=100.0)
     engine = EngineConfig(num_kv_blocks=100, block_size=4, max_num_seqs=4, max_num_batched_tokens=8)
     wl = workload([0.0, 0.0], [6, 2], [3, 1])
     free = simulate(wl, timer, engine, replicas=2)
     tied = simulate(wl, timer, engine, replicas=2, lockstep=2)
     assert free.replicas[1].step_end_s == pytest.approx([0.012])
-    assert tied.replicas[0].step_end_s == pytest.approx([0.016, 0.027, 0.038])
-    assert tied.replicas[1].step_end_s == pytest.approx([0.016, 0.027, 0.038])
+    ends = [0.016, 0.027, 0.038] + [0.038 + 0.011 * i for i in range(1, 30)]
+    assert tied.replicas[0].step_end_s == pytest.approx(ends) and tied.replicas[1].step_end_s == pytest.approx(ends)
     res, table = summarize(tied, [50])
     assert table.e2el_ms.tolist() == pytest.approx([38.0, 16.0])
-    # rank 1: its 12 ms step and 4 ms waiting for rank 0 (the timer's waiting power: 0 here), two dummy steps
-    assert tied.replicas[1].energy_j == pytest.approx(100.0 * (0.012 + 0.011 + 0.011))
+    # rank 1: its 12 ms step at 100 W and 4 ms waiting for rank 0 at 50 W, then 31 dummy steps
+    assert tied.replicas[1].energy_j == pytest.approx(100.0 * 0.012 + 50.0 * 0.004 + 100.0 * 0.011 * 31)
+    # the dummy batches are not the replicas' steps: 3 + 1 working steps of one sequence each
+    assert res.num_steps == 4 and res.mean_running_batch_size == pytest.approx(1.0)
     with pytest.raises(AisimError, match="groups of 2"):
         simulate(wl, timer, engine, replicas=3, lockstep=2)
 

@@ -14,6 +14,7 @@ transformers implementation of the model, not TGI's own modeling code; tokenizer
 """
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -90,6 +91,9 @@ def _row(sc: Scenario, batch: int, req: ServeBenchRequest) -> ServeRow:
                     decode_throughput_tokens_per_s=batch / (step_ms / 1e3))
 
 
+TP_FLAG = re.compile(r"--tp\b(?!-)")
+
+
 def serve_bench(base: ScenarioRequest, req: ServeBenchRequest) -> ServeBench:
     """The TGI-shaped serving report for ``base``'s model on ``shards`` GPUs of its device's kind."""
     gpu = resolve_device(base.device).gpu
@@ -102,7 +106,10 @@ def serve_bench(base: ScenarioRequest, req: ServeBenchRequest) -> ServeBench:
         try:
             sc = resolve_scenario(base.model_copy(update={"device": dev, **plan}), "prefill")
         except AisimError as e:     # the shard count is the tensor parallel degree: name the flag the user gave
-            raise AisimError(f"--shards {s}: {str(e).replace('--tp', '--shards')}") from None
+            msg = str(e)
+            if "tensor parallel" not in msg and not TP_FLAG.search(msg):
+                raise
+            raise AisimError(f"--shards {s}: {TP_FLAG.sub('--shards', msg)}") from None
         name = sc.model
         notes.update(sc.assumptions)
         out.append(ServeShard(shards=s, device=dev.name, rows=[_row(sc, b, req) for b in req.batches]))

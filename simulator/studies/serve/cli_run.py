@@ -79,6 +79,10 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
                          f"(-d NAMExN, e.g. -d {sc.device.gpu.name}x{replicas * per_replica})")
     # vLLM's expert parallelism beyond the TP group spans data-parallel ranks, which step together
     lockstep = sc.plan.ep // sc.plan.tp if sc.plan.ep > sc.plan.tp else 1
+    if lockstep > 1 and sc.runtime.name != "vllm":
+        raise AisimError(f"--ep {sc.plan.ep} over tp {sc.plan.tp} is vLLM's data parallel + expert parallel, which "
+                         f"{sc.runtime.name} has no engine for: give --tp {sc.plan.ep} (experts spread over one "
+                         "replica's GPUs) or --runtime vllm")
     if replicas % lockstep:
         raise AisimError(f"--ep {sc.plan.ep} over tp {sc.plan.tp} spreads the experts over {lockstep} data-parallel "
                          f"ranks that step together (vLLM's data parallel + expert parallel): give --replicas as a "

@@ -70,8 +70,9 @@ class ServeResult(BaseModel):
     energy_j_per_output_token: float
     kv_cache_peak_utilization: float = Field(description="peak used / total KV blocks, worst replica")
     num_preemptions: int
-    prefix_cache_hit_tokens: int = Field(0, description="prompt tokens a readmitted (preempted) request took back "
-                                                        "from the prefix cache instead of recomputing them")
+    prefix_cache_hit_tokens: int = Field(0, description="tokens (its prompt's and those it had generated) a "
+                                                        "readmitted (preempted) request took back from the prefix "
+                                                        "cache instead of recomputing them")
     mean_running_batch_size: float = Field(description="sequences per step, mean over steps")
     mean_requests_in_system: float = Field(description="time-average of waiting + running + swapped requests, "
                                                        "summed over replicas (Little's L)")
@@ -265,7 +266,7 @@ def _peaks(table: RequestTable, times_s: np.ndarray) -> dict:
 
 def _engine_stats(run: SimRun, duration_s: float, total_out: int) -> dict:
     reps = run.replicas
-    steps = sum(len(st.step_end_s) for st in reps)
+    steps = sum(st.work_steps for st in reps)       # a lockstep group's dummy batches are not the replica's steps
     # the GPUs draw their waiting power whenever no step runs, before the first arrival and after a replica's last
     # step included (a deployed server is up for the whole run)
     energy = sum(st.energy_j + max(duration_s - sum(st.step_s), 0.0) * st.idle_power_w for st in reps)

@@ -205,7 +205,8 @@ def engine_config(sc: Scenario, knobs: dict[str, Any]) -> tuple[EngineConfig, Kv
     unknown = set(knobs) - set(ENGINE_KNOBS)
     if unknown:
         raise AisimError(f"unknown engine setting(s) {sorted(unknown)}; known: {', '.join(ENGINE_KNOBS)}")
-    values = {**s.model_dump(), **{k: v for k, v in knobs.items() if v is not None}}
+    values = {**s.model_dump(), **small_gpu_defaults(s, sc.device.gpu),
+              **{k: v for k, v in knobs.items() if v is not None}}
     _check_knobs(sc.runtime.name, values)
     cap = kv_capacity(sc, values["block_size"], values["max_num_batched_tokens"], values["gpu_memory_utilization"])
     if knobs.get("num_gpu_blocks_override") is not None:
@@ -221,6 +222,15 @@ def engine_config(sc: Scenario, knobs: dict[str, Any]) -> tuple[EngineConfig, Kv
         "prefill_slack_tokens": values["prefill_slack_tokens"],
         "max_model_len": _max_model_len(sc)}, ENGINE_FLAGS)
     return cfg, cap
+
+
+def small_gpu_defaults(s, gpu) -> dict[str, int]:
+    """The engine's scheduler defaults for a smaller GPU (ServingSpec.small_gpu), where they apply; else none."""
+    small = s.small_gpu
+    if small is None or (gpu.memory_bytes >= small.below_memory_gib * 2**30
+                         and not any(n.lower() in gpu.name.lower() for n in small.names)):
+        return {}
+    return {"max_num_seqs": small.max_num_seqs, "max_num_batched_tokens": small.max_num_batched_tokens}
 
 
 # engines without swap preemption, with the source that says so

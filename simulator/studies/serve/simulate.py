@@ -73,6 +73,7 @@ class ReplicaStats:
     idle_power_w: float = 0.0    # the replica's GPUs while they wait for work or for the host (timer.idle_power_w)
     in_system_area: float = 0.0  # integral of (requests in the replica) dt over its steps, request-seconds
     batch_seqs_sum: int = 0
+    work_steps: int = 0          # steps with the replica's own work (not a lockstep group's dummy batches)
     num_preemptions: int = 0
     prefix_cache_hit_tokens: int = 0
     peak_used_blocks: int = 0
@@ -156,6 +157,7 @@ class _Runner:
         stats.in_system_area += sched.in_system() * dt
         self.clock_s += dt
         stats.step_end_s.append(self.clock_s)
+        stats.work_steps += worked
         finished = sched.complete(k, self.clock_s) if worked else 0
         self.last_finished = finished
         if finished:
@@ -187,11 +189,14 @@ def make_requests(workload: Workload) -> list[RequestState]:
 class _Lockstep:
     """Data-parallel ranks that step together (vLLM's data parallel with expert parallelism: every rank runs each
     MoE layer's all-to-all, so a step ends when the slowest rank's does, and a rank without requests runs a dummy
-    batch meanwhile: vllm/v1/engine/core.py DPEngineCoreProc, execute_dummy_batch). Each rank keeps its own
-    scheduler, KV cache and requests; the group has one clock."""
+    batch meanwhile: vllm/v1/engine/core.py DPEngineCoreProc.run_busy_loop, execute_dummy_batch). Each rank keeps
+    its own scheduler, KV cache and requests; the group has one clock. A wave of steps starts with the first
+    request and ends only when no rank has work at a 32nd step of it (_has_global_unfinished_reqs all-reduces
+    every WAVE_CHECK_STEPS steps): until then the drained ranks run dummy batches."""
 
     def __init__(self, members: list[_Runner]):
         self.members = members
+        self.wave_steps = 0
 
     def advance(self, until_s: float) -> None:
         members = self.members
@@ -200,7 +205,8 @@ class _Lockstep:
                 m._ingest()
             busy = [m.sched.has_work() for m in members]
             clock = members[0].clock_s
-            if not any(busy):
+            if not any(busy) and self.wave_steps % WAVE_CHECK_STEPS == 0:
+                self.wave_steps = 0          # the wave is over (or none began): wait for the next arrival
                 arrivals = [m.pending[0].arrival_s for m in members if m.pending]
                 if not arrivals or min(arrivals) >= until_s:
                     return
@@ -211,10 +217,12 @@ class _Lockstep:
                 return
             planned = [m.plan_step(None if b else DUMMY_STEP) for m, b in zip(members, busy)]
             dt = max(p[1] for p in planned)
+            self.wave_steps += 1
             for m, b, (k, own_s, energy) in zip(members, busy, planned):
                 m.end_step(k, own_s, energy, dt, worked=b)
 
 
+WAVE_CHECK_STEPS = 32
 # vLLM's dummy batch on an idle data-parallel rank: one token (vllm/v1/worker/gpu_worker.py execute_dummy_batch:
 # model_runner._dummy_run(1, uniform_decode=True))
 DUMMY_STEP = BatchShape(0, 0.0, 0, 1, 1.0)
