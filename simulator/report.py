@@ -189,11 +189,13 @@ def print_serve(r, notes: list[str] | None = None) -> None:
     table.add_column("value", justify="right")
     none_done = not m.get("completed")     # no request finished: latencies are undefined, not 0
 
-    def cell(key: str) -> str:
+    def cell(key: str, digits: int = 2) -> str:
         value = m.get(key)
         if none_done and key.endswith("_ms"):
             return "n/a"
-        return str(value) if isinstance(value, int) else _fmt(value, 2)
+        if value is None or isinstance(value, int):
+            return str(value)
+        return f"{value:,.{digits}f}"        # as vLLM prints them: fixed decimals at any size
 
     for key, label in SERVE_HEAD:
         if m.get(key) is not None:
@@ -208,7 +210,7 @@ def print_serve(r, notes: list[str] | None = None) -> None:
     table.add_section()
     table.add_row("[dim]aisim[/]", "")
     for key, label in SERVE_EXTRA:
-        table.add_row(label, cell(key) if key != "kv_cache_peak_utilization" else _fmt(m.get(key), 3))
+        table.add_row(label, cell(key, 3 if key in ("kv_cache_peak_utilization", "energy_j_per_output_token") else 2))
     console.print(table)
     for note in notes or []:
         console.print(f"[yellow]note:[/] {note}")

@@ -390,8 +390,8 @@ def checkpoint_quant(config: dict, quant: str) -> tuple[str, str | None]:
         return quant, (f"config.json's quantization_config (quant_method {method}) is not read: the weights are "
                        "priced at --dtype; give --quant fp8, int8 or int4 for a quantized checkpoint")
     return found, (f"--quant {found}: the checkpoint's own weights (config.json quantization_config: quant_method "
-                   f"{method}), as vLLM and transformers load them; the 16-bit model: give the unquantized "
-                   "checkpoint's config")
+                   f"{method}), as vLLM and transformers load them; for a 16-bit deployment of the model give a "
+                   "config.json without quantization_config")
 
 
 def _check_capability(rt, gpu, dtype: str, quant: str, config: dict | None = None) -> None:

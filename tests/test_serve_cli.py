@@ -27,6 +27,10 @@ def test_serve_json_has_vllm_metric_names():
         assert key in m, key
     assert m["completed"] == 40 and m["output_throughput"] > 0
     assert m["request_goodput"] is None and m["max_concurrent_requests"] >= 1
+    assert m["duration"] == m["duration_s"] and out["load"]["request_rate"] == 20.0
+    assert out["load"]["num_prompts"] == 40 and out["load"]["input_len"] == "uniform:32:256"
+    r = runner.invoke(app, ["serve", "--model", "opt-125m", "--device", "h100x4", "--replicas", "0"])
+    assert r.exit_code == 2 and "--replicas" in r.output, r.output
 
 
 def test_serve_goodput_in_vllms_printout_and_bad_limits_are_one_line_errors():

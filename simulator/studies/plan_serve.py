@@ -36,7 +36,8 @@ from .common import price_notes, refuse_gpu_count
 from .serve import ArrivalSpec, ServeRequest, ServeRun, validated
 from .serve.metrics import ServeResult, percentile_key
 from .serve.requests import parse_length
-from .serve.run import engine_config, failure_summary, refuse_encoder_decoder, serve
+from .serve.run import (SERVE_ENERGY_NOTE, VLLM_UNMEASURED_NOTE, engine_config, failure_summary,
+                         refuse_encoder_decoder, serve)
 
 SLO_KEY = re.compile(r"^(mean|median|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 HOURS_PER_DAY = 24.0
@@ -222,8 +223,9 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
               "tok/s, $, J/tok and kWh/day are at its steady state: the offered load (rate x output tokens per "
               "request), the steady window's step energy plus the GPUs' waiting power between steps (the "
               "calibration's waiting_power_w)")
-    notes.add("J/tok and kWh/day: aisim's serving energy is checked only against transformers-cb runs on an H100, "
-              "where it was low on every run (docs/accuracy.md, serving section): read them as a lower bound")
+    notes.add("J/tok and kWh/day: " + SERVE_ENERGY_NOTE.removeprefix("energy: "))
+    if "vllm" in req.runtimes:
+        notes.add(VLLM_UNMEASURED_NOTE)
     if req.devices == ["all"]:
         others = sorted(k for k, g in all_hardware().items() if g.vendor != "nvidia" or not g.price_usd_per_gpu_hour)
         notes.add("--devices all searched the priced NVIDIA GPUs; not searched (name them in --devices, with "

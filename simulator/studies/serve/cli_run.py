@@ -25,6 +25,9 @@ class ServeReport(BaseModel):
     replicas: int
     engine: dict[str, Any]
     metrics: dict[str, float | int | str | None]
+    load: dict[str, float | int | str | None] = Field(
+        default_factory=dict, description="what was offered (vLLM's result JSON names where it has them: "
+        "num_prompts, request_rate, burstiness; and the length and arrival specs, the seed, or the trace)")
     assumptions: list[str] = Field(default_factory=list)
 
 
@@ -68,6 +71,8 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
                          kv_dtype=kv_dtype, runtime=runtime, calibration=calibration)
     sc = resolve_scenario(base.model_copy(update={"tp": tp or 1}), "prefill")
     given = replicas is not None
+    if given and not 1 <= replicas <= 4096:
+        raise AisimError(f"--replicas must be between 1 and 4096 (got {replicas}); leave it out for GPUs / (tp x pp)")
     replicas = replicas or sc.plan.dp
     if replicas < 1 or replicas > 4096:
         raise AisimError("--replicas must be between 1 and 4096")
@@ -102,8 +107,10 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
         if bar:
             bar.close()
     used = replicas * per_replica
-    if given:   # the device's data-parallel default does not apply
-        notes = [n for n in notes if not n.startswith("--dp not given")]
+    # serve's data-parallel degree is --replicas: its default says so, or is dropped when --replicas is given
+    notes = [n.replace("--dp not given", "--replicas not given") for n in notes
+             if not (given and n.startswith("--dp not given"))]
+    notes = [n.replace("change --tp/--dp", "change --tp/--replicas") for n in notes]
     if used < sc.device.count:
         notes.append(f"{used} of {sc.device.name}'s {sc.device.count} GPUs serve ({replicas} replica(s) of tp "
                      f"{sc.plan.tp} x pp {sc.plan.pp}); the other {sc.device.count - used} idle, not counted in the "
@@ -113,9 +120,21 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
     if run.result.completed == 0:
         overridden = knobs.get("num_gpu_blocks_override") is not None
         raise AisimError(f"no request completed: {failure_summary(run, cfg, overridden) or 'none was simulated'}")
+    load = ({"trace": str(trace), "num_prompts": run.result.completed + run.result.failed} if trace is not None else
+            {"num_prompts": num_requests, "request_rate": rate if math.isfinite(rate) else "inf",
+             "burstiness": _burstiness(arrival), "arrival": arrival, "input_len": input_len, "output_len": output_len,
+             "seed": seed})
+    metrics = {**run.result.flat(), "duration": run.result.duration_s}    # vLLM's key beside aisim's duration_s
     report = ServeReport(model=sc.model, device=sc.device.name, runtime=sc.runtime.name, plan=replica.plan,
-                         replicas=replicas, engine=cfg.model_dump(), metrics=run.result.flat(), assumptions=notes)
+                         replicas=replicas, engine=cfg.model_dump(), metrics=metrics, load=load, assumptions=notes)
     return report, run, notes
+
+
+def _burstiness(arrival: str) -> float:
+    """vLLM's --burstiness (the gamma shape: 1 is Poisson) of an arrival spec: poisson, or gamma:CV (shape 1/CV^2)."""
+    if arrival.startswith("gamma:"):
+        return 1.0 / float(arrival.split(":", 1)[1]) ** 2
+    return 1.0
 
 
 class _progress_bar:

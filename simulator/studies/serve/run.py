@@ -15,6 +15,7 @@ import numpy as np
 
 from ...errors import AisimError, DoesNotFit
 from ...scenario import Scenario, calibration_note, serving_notes
+from ...graph.engine import moe_routing
 from ...step import step_cost
 from ...workload import StepShape
 from . import EngineConfig, ServeRequest, ServeRun, run_serving, validated
@@ -158,6 +159,14 @@ def blocks_override(cap: KvCapacity, blocks: int, block_size: int) -> KvCapacity
     return replace(cap, blocks=blocks, tokens=blocks // groups * block_size, how=f"--num-gpu-blocks-override {blocks}")
 
 
+SERVE_ENERGY_NOTE = ("energy: aisim's serving energy is checked only against transformers-cb runs on an H100, where it "
+                     "was low on every run (J/token MAPE 23%, docs/accuracy.md serving section): read it as a lower "
+                     "bound")
+VLLM_UNMEASURED_NOTE = ("runtime vllm: built from vLLM's source (scheduler, memory policy, kernels: "
+                        "hardware_specs/runtimes/vllm.yaml) over aisim's step costs; no vLLM run has been measured "
+                        "against it (docs/accuracy.md, engine profiles)")
+
+
 def unloaded_latency_s(run: ServeRun, timer, cfg: EngineConfig) -> float:
     """A median request's latency alone on the engine: its prompt's first chunk, then one decode step per further
     output token at half its output's context (a lower bound on what it meets under load)."""
@@ -293,13 +302,17 @@ def serve(sc: Scenario, request: ServeRequest, knobs: dict[str, Any] | None = No
         f"{'on' if cfg.enable_chunked_prefill else 'off'}, preemption by {cfg.preemption_mode} (the engine source lines "
         f"each setting comes from: serving.source in the {sc.runtime.name} runtime spec, hardware_specs/runtimes/ or "
         "$AISIM_SPECS_DIR/runtimes/)",
-        f"step times from aisim's step costs of {sc.model} on {sc.device.name} (aisim.studies.serve.timer: dense "
-        f"forward traced at 1..{cfg.max_num_batched_tokens} tokens, {s.attention} attention)"
+        f"step times from aisim's step costs of {sc.model} on {sc.device.name} (aisim.studies.serve.timer: the "
+        f"forward without attention traced at 1..{cfg.max_num_batched_tokens} tokens"
+        f"{', MoE experts at the rows each step routes to them' if moe_routing(sc.config) else ''}, {s.attention} attention)"
         + (f"; the attention kernel's graph is built once per new (queries, keys) shape of a replica's run, "
            f"{s.attention_graph_build_s * 1e3:.1f} ms each on the host" if s.attention_graph_build_s else "")]
     cal = calibration_note(sc)
     if cal:
         notes.append(cal)
+    notes.append(SERVE_ENERGY_NOTE)
+    if sc.runtime.name == "vllm":
+        notes.append(VLLM_UNMEASURED_NOTE)
     if cfg.enable_prefix_caching and cap.sliding_groups and run.result.num_preemptions:
         notes.append("prefix caching: not modelled for a KV pool with sliding-window groups (vLLM's hybrid manager "
                      "caches them; transformers' CB shares blocks only where every layer is full attention, "
