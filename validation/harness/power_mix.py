@@ -67,10 +67,10 @@ SKINNY_KN = ((8192, 8192), (4096, 14336))
 SKINNY_M = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
-def skinny_loads(device, torch, smoke: bool) -> dict:
+def skinny_loads(device, torch, smoke: bool, kn=SKINNY_KN, dtype: str = "bf16") -> dict:
     """name -> (m, k, n, fn) for every skinny GEMM; the tensors are made once per (K, N) and largest M."""
-    dt = torch.bfloat16 if device.type == "cuda" else torch.float32
-    shapes = ((64, 64),) if smoke else SKINNY_KN
+    dt = getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[dtype]) if device.type == "cuda" else torch.float32
+    shapes = ((64, 64),) if smoke else kn
     rows = (1, 8, 32) if smoke else SKINNY_M
     out = {}
     for k, n in shapes:
@@ -79,7 +79,8 @@ def skinny_loads(device, torch, smoke: bool) -> dict:
         y = torch.empty(max(rows), n, device=device, dtype=dt)
         for m in rows:
             xm, ym = x[:m], y[:m]
-            out[f"mm_M{m}_K{k}_N{n}"] = (m, k, n, (lambda xm=xm, ym=ym, w=w: torch.mm(xm, w, out=ym)))
+            suffix = "" if dtype == "bf16" else f"_{dtype}"
+            out[f"mm_M{m}_K{k}_N{n}{suffix}"] = (m, k, n, (lambda xm=xm, ym=ym, w=w: torch.mm(xm, w, out=ym)))
     return out
 
 
@@ -163,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                         "between launches (GAPS)")
     parser.add_argument("--skinny", action="store_true", help="instead: weight-streaming GEMMs of 1-4096 rows "
                         "(SKINNY_KN x SKINNY_M), the reference loads and a layer-like mix")
+    parser.add_argument("--kn", default=None, help="with --skinny: weight shapes KxN,KxN (default SKINNY_KN)")
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="with --skinny: the GEMMs' dtype")
     args = parser.parse_args(argv)
     import torch
 
@@ -171,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     with torch.inference_mode():
         fns = loads(device, torch, args.smoke)
         if args.skinny:
-            skinny = skinny_loads(device, torch, args.smoke)
+            kn = tuple(tuple(int(v) for v in x.split("x")) for x in args.kn.split(",")) if args.kn else SKINNY_KN
+            skinny = skinny_loads(device, torch, args.smoke, kn, args.dtype)
             fns.update({name: fn for name, (_, _, _, fn) in skinny.items()})
             mix = next((n for n in skinny if n.startswith("mm_M128_")), next(iter(skinny)))
             runs = [(name, [name], skinny[name][:3]) for name in skinny]
@@ -182,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                     if budget.expired():
                         out.write({"type": "stopped"})
                         return common.close_run(out, measure_host)
-                    shape = dict(zip(("m", "k", "n"), mkn)) if mkn else {}
+                    shape = {**dict(zip(("m", "k", "n"), mkn)), "dtype": args.dtype} if mkn else {}
                     rec = {"type": "skinny", "round": round_, "name": name, "parts": parts, **shape,
                            **run_sequence(parts, fns, device, seconds)}
                     out.write(rec)

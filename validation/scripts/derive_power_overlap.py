@@ -2,7 +2,7 @@
 GEMM loops (validation/harness/power_mix.py --skinny; H200: validation/data/kernels/power-skinny-h200.jsonl).
 
     python -m aisim.validation.scripts.derive_power_overlap [FILE ...] [--calibration h200] [--write]
-        [--transfer-to h100-sxm]
+        [--transfer-to h100-sxm] [--check]
 
 A GEMM x[M, K] @ w[K, N] with few rows streams its weights at near HBM bandwidth while its tensor cores do M times
 the work of a matrix-vector product. aisim's power model (cost/energy.py) took the larger of the two activities'
@@ -45,16 +45,18 @@ def load(paths) -> tuple[list[dict], dict[str, dict]]:
                     headers.append(r)
                 elif r.get("type") == "skinny" and r.get("avg_power_w"):
                     e = found.setdefault(r["name"], {"parts": r["parts"], "power": [], "ms": [],
-                                                     "mkn": (r.get("m"), r.get("k"), r.get("n"))})
+                                                     "mkn": (r.get("m"), r.get("k"), r.get("n")),
+                                                     "dtype": r.get("dtype", "bf16")})
                     e["power"].append(r["avg_power_w"])
                     e["ms"].append(r["ms_per_iteration"])
     if not found:
         raise ValueError("no skinny records with power (power_mix --skinny writes them)")
-    return headers, {k: {"parts": v["parts"], "mkn": v["mkn"], "power_w": statistics.median(v["power"]),
-                         "ms": statistics.median(v["ms"])} for k, v in found.items()}
+    return headers, {k: {"parts": v["parts"], "mkn": v["mkn"], "dtype": v["dtype"],
+                         "power_w": statistics.median(v["power"]), "ms": statistics.median(v["ms"])}
+                     for k, v in found.items()}
 
 
-def gemm_times(name: str, mkn, seconds: float, cal, dev) -> tuple[float, float, float]:
+def gemm_times(mkn, dtype: str, seconds: float, cal, dev) -> tuple[float, float, float]:
     """(seconds, compute seconds, memory seconds) of the GEMM at its measured time: aisim's FLOPs and bytes over the
     GPU's peak FLOP/s and bandwidth, so the achieved fractions are the measured ones."""
     from aisim.cost.ops_time import op_time
@@ -62,9 +64,9 @@ def gemm_times(name: str, mkn, seconds: float, cal, dev) -> tuple[float, float, 
     from aisim.graph.ops import Op, TensorMeta
 
     m, k, n = mkn
-    op = Op(name="aten.mm", args=(TensorMeta((m, k), "bf16"), TensorMeta((k, n), "bf16")), kwargs={},
-            outputs=(TensorMeta((m, n), "bf16"),), alias=False)
-    r = op_time(op, op_cost(op), dev, cal, "bf16")
+    op = Op(name="aten.mm", args=(TensorMeta((m, k), dtype), TensorMeta((k, n), dtype)), kwargs={},
+            outputs=(TensorMeta((m, n), dtype),), alias=False)
+    r = op_time(op, op_cost(op), dev, cal, dtype)
     return seconds, r.compute_s * seconds / r.gpu_s, r.memory_s * seconds / r.gpu_s
 
 
@@ -75,7 +77,7 @@ def kernel_times(seqs: dict, cal, dev) -> dict[str, tuple[float, float, float]]:
     out = {}
     for name, s in seqs.items():
         if s["mkn"][0] is not None:
-            out[name] = gemm_times(name, s["mkn"], s["ms"] / 1e3, cal, dev)
+            out[name] = gemm_times(s["mkn"], s["dtype"], s["ms"] / 1e3, cal, dev)
         elif name in base:
             g, c, m = base[name]
             t = s["ms"] / 1e3
@@ -119,6 +121,21 @@ def derive(calibration: str, paths=DATA) -> dict:
             "mape_before": mape({n: before[n] for n in fit}), "mape_after": mape({n: after[n] for n in fit})}
 
 
+def check(paths, calibration: str) -> tuple[float, float, int]:
+    """(power MAPE of a held-out run's skinny GEMM loops with the larger activity alone, with the shipped overlap,
+    loops): nothing fitted."""
+    from aisim.catalog import resolve_device
+    from aisim.specs import load_calibration
+
+    shipped = load_calibration(calibration)
+    dev = resolve_device(shipped.device)
+    _, seqs = load(paths)
+    times = kernel_times(seqs, shipped, dev)
+    loops = [n for n, s in seqs.items() if s["mkn"][0] is not None and len(s["parts"]) == 1]
+    before = errors(seqs, loops, times, shipped.model_copy(update={"power_overlap": 0.0}), dev.gpu)
+    return mape(before), mape(errors(seqs, loops, times, shipped, dev.gpu)), len(loops)
+
+
 def write(calibration: str, result: dict, source: str | None = None) -> Path:
     path = CAL_DIR / f"{calibration}.yaml"
     h = result["headers"][0]
@@ -141,7 +158,14 @@ def main(argv=None) -> int:
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--transfer-to", default=None, type=calibration_name,
                         help="with --write: also write the overlap into this calibration (same die and power limit)")
+    parser.add_argument("--check", action="store_true", help="score the files (a held-out run) against the shipped "
+                        "calibration: nothing fitted or written")
     args = parser.parse_args(argv)
+    if args.check:
+        before, after, n = check([Path(p) for p in args.data] or DATA, args.calibration)
+        print(f"{n} skinny GEMM loops: power MAPE with the larger activity alone {before:.1f}% -> with the shipped "
+              f"power_overlap {after:.1f}%")
+        return 0
     result = derive(args.calibration, [Path(p) for p in args.data] or DATA)
     print(f"power_overlap: {result['overlap']:g}; power MAPE over {len(result['fit'])} skinny GEMM loops "
           f"{result['mape_before']:.1f}% (the larger activity alone) -> {result['mape_after']:.1f}%")
