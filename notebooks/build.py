@@ -45,7 +45,7 @@ SERVING = [
        "replicas) either packs the load onto few GPUs (more tokens/s per GPU, larger batches, slower per user) or "
        "spreads it (faster per user, fewer tokens/s per GPU)."),
     code("r = plan_serve(plan_request(model='llama-3-8b', devices=['h100', 'a100'], runtimes=['vllm'], rate_per_s=40.0,\n"
-         "                            input_len='512', output_len='128', num_requests=40, max_gpus=8,\n"
+         "                            input_len='512', output_len='128', num_requests=120, max_gpus=8,\n"
          "                            max_num_seqs=[None], slo=SLO))\n"
          "plots.pareto_png(r, 'pareto-llama-3-8b.png')\n"
          "Image('pareto-llama-3-8b.png')"),
