@@ -44,6 +44,20 @@ def test_a_looser_slo_never_costs_more():
         assert loose.cheapest_per_device[device].usd_per_million_output_tokens <= c.usd_per_million_output_tokens
 
 
+def test_replica_counts_below_a_saturated_replica_are_named_not_silently_dropped():
+    """A configuration whose one replica cannot carry the rate is not simulated at fewer replicas: plan serve says
+    why those counts are missing from the ranking."""
+    r = plan_serve(plan_request(rate_per_s=12.0, slo={"median_tpot_ms": 70.0, "p90_ttft_ms": 150.0},
+                                **{**SERVE, "devices": ["l4"], "max_num_seqs": [8]}))
+    ranked = {(c.device, c.tp, c.replicas) for c in r.ranked}
+    saturated = [a for a in r.assumptions if "saturates at" in a and "fewer are not simulated" in a]
+    assert saturated
+    for note in saturated:
+        device, tp = note.split("/")[0], int(note.split(" tp ")[1].split(":")[0])
+        low = int(note.split("at least ")[1].split(" replicas")[0])
+        assert not any(d.startswith(device) and t == tp and n < low for d, t, n in ranked), note
+
+
 def test_usd_per_million_tokens_is_price_times_gpus_over_tokens_per_hour():
     r = served(6.0, 400.0)
     assert r.ranked
