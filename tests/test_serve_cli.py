@@ -533,3 +533,9 @@ def test_vllm_scheduler_defaults_follow_the_gpu_as_get_batch_defaults_does(devic
     cfg, _ = engine_config(sc, {})
     assert (cfg.max_num_seqs, cfg.max_num_batched_tokens) == (seqs, tokens)
     assert engine_config(sc, {"max_num_seqs": 64})[0].max_num_seqs == 64
+
+
+def test_serve_bench_refuses_a_prompt_past_the_models_positions_as_estimate_does():
+    r = runner.invoke(app, ["serve-bench", "--model", "Meta-Llama-3-8B", "--device", "h100", "--seq", "100000",
+                            "--batch", "1", "--shards", "1"])
+    assert r.exit_code == 2 and "8192 positions" in r.output, r.output

@@ -15,17 +15,19 @@ transformers implementation of the model, not TGI's own modeling code; tokenizer
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..catalog import gpu_device, resolve_device
+from ..catalog import gpu_device, resolve_device, resolve_model
 from ..errors import AisimError
 from ..scenario import Scenario, ScenarioRequest, resolve_scenario
 from ..step import step_cost
 from ..workload import MAX_BATCH, MAX_TOKENS, StepShape
 from .common import not_fit_reason
 from .generate import decode_steps
+from .single import check_positions
 
 
 class ServeRow(BaseModel):
@@ -102,6 +104,9 @@ def serve_bench(base: ScenarioRequest, req: ServeBenchRequest) -> ServeBench:
     name = ""
     for s in req.shards:
         dev = gpu_device(gpu, s)
+        if not out:         # the model's position table bounds prompt + generated tokens, as estimate checks it
+            check_positions(resolve_model(base.model)[1], SimpleNamespace(phase="generate", seq=req.seq,
+                                                                          gen_tokens=req.decode_len))
         plan = {"tp": s, "tp_scope": "full"} if s > 1 else {"tp": 1, "dp": 1}
         try:
             sc = resolve_scenario(base.model_copy(update={"device": dev, **plan}), "prefill")
@@ -121,8 +126,9 @@ def serve_bench(base: ScenarioRequest, req: ServeBenchRequest) -> ServeBench:
                   "step); the CPU time of tokenizing and detokenizing is not; the estimate traces the transformers "
                   "implementation of the model")
     else:
-        notes.add(f"runtime {rt.name} has no serving loop: a server's per-step work (gRPC, token choosers) is not "
-                  "modelled (--runtime tgi-2023 models TGI 0.x's)")
+        notes.add(f"runtime {rt.name}: serve-bench prices its steps without a server's per-request loop (gRPC, "
+                  "token choosers; --runtime tgi-2023 models TGI 0.x's)" + (
+                      "; for its scheduler under a request load use `aisim serve`" if rt.serving is not None else ""))
     return ServeBench(model=name, device=str(base.device), seq=req.seq, decode_len=req.decode_len,
                       dtype=base.dtype, quant=base.quant, runtime=rt.name,
                       max_batch_total_tokens=req.max_batch_total_tokens, shards=out, assumptions=sorted(notes))
