@@ -317,6 +317,9 @@ def serve(
     percentiles: str = typer.Option("50,90,99", "--metric-percentiles", help="as vLLM's"),
     goodput: str = typer.Option("", "--goodput", help="as vLLM's: per-request limits KEY:MS for ttft, tpot, e2el "
                                 "(e.g. 'ttft:300 tpot:50'): adds Request goodput (req/s)"),
+    max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", help="as vLLM's: the client keeps at "
+                                                  "most this many requests in flight (a request's latencies count "
+                                                  "from when it is sent)"),
     per_request: Optional[Path] = typer.Option(None, "--per-request", help="write one CSV row per request"),
     as_json: bool = typer.Option(False, "--json", help="print the vLLM bench-serve style JSON"),
 ):
@@ -330,6 +333,7 @@ def serve(
                          calibration=calibration, num_requests=num_requests, input_len=input_len,
                          output_len=output_len, rate=rate, arrival=arrival, seed=seed, trace=trace_file,
                          replicas=replicas, router=router, percentiles=percentiles, goodput=goodput,
+                         max_concurrency=max_concurrency,
                          progress=not as_json,
                          ignored=_given(ctx, "num_requests", "input_len", "output_len", "rate", "arrival", "seed"),
                          knobs={"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,

@@ -157,6 +157,7 @@ def print_serve_bench(bench) -> None:
 
 # vLLM bench serve's printout (vllm/benchmarks/serve.py `benchmark`, as of commit 009e6d4): its labels, its order
 SERVE_HEAD = (("completed", "Successful requests"), ("failed", "Failed requests"),
+              ("max_concurrency", "Maximum request concurrency"),
               ("duration_s", "Benchmark duration (s)"), ("total_input_tokens", "Total input tokens"),
               ("total_output_tokens", "Total generated tokens"), ("request_throughput", "Request throughput (req/s)"),
               ("request_goodput", "Request goodput (req/s)"), ("output_throughput", "Output token throughput (tok/s)"),
@@ -164,7 +165,8 @@ SERVE_HEAD = (("completed", "Successful requests"), ("failed", "Failed requests"
               ("max_concurrent_requests", "Peak concurrent requests"),
               ("total_token_throughput", "Total token throughput (tok/s)"))
 SERVE_SECTIONS = (("ttft", "TTFT", "Time to First Token"), ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
-                  ("itl", "ITL", "Inter-token Latency"), ("e2el", "E2EL", "End-to-end Latency"))
+                  ("itl", "ITL", "Inter-token Latency"), ("e2el", "E2EL", "End-to-end Latency"),
+                  ("client_queue_time", "Client Queue Time", "Client-side Queueing"))
 # what only a simulator sees; the energy: the serving GPUs' steps plus their waiting power between steps (at a low
 # rate mostly waiting: `estimate --workload generate` prices one request alone)
 SERVE_EXTRA = (("energy_j_per_output_token", "Energy (J/output token, waiting between steps included)"),
@@ -201,6 +203,8 @@ def print_serve(r, notes: list[str] | None = None) -> None:
         if m.get(key) is not None:
             table.add_row(label, cell(key))
     for metric, name, header in SERVE_SECTIONS:
+        if metric == "client_queue_time" and m.get("mean_client_queue_time_ms") is None:   # --max-concurrency only
+            continue
         table.add_section()
         table.add_row(f"[dim]{header}[/]", "")
         table.add_row(f"Mean {name} (ms)", cell(f"mean_{metric}_ms"))

@@ -539,3 +539,15 @@ def test_serve_bench_refuses_a_prompt_past_the_models_positions_as_estimate_does
     r = runner.invoke(app, ["serve-bench", "--model", "Meta-Llama-3-8B", "--device", "h100", "--seq", "100000",
                             "--batch", "1", "--shards", "1"])
     assert r.exit_code == 2 and "8192 positions" in r.output, r.output
+
+
+def test_max_concurrency_in_vllms_printout_and_json():
+    args = ["serve", "--model", "opt-125m", "--device", "h100", "--num-requests", "40", "--input-len", "128",
+            "--output-len", "16", "--max-concurrency", "4"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0 and "Maximum request concurrency" in r.output and "Client Queue Time" in r.output
+    m = json.loads(runner.invoke(app, [*args, "--json"]).output)
+    assert m["load"]["max_concurrency"] == 4 and m["metrics"]["max_concurrent_requests"] <= 4
+    assert m["metrics"]["p99_client_queue_time_ms"] > 0
+    r = runner.invoke(app, [*args[:-1], "0"])
+    assert r.exit_code == 2 and "--max-concurrency" in r.output, r.output

@@ -134,6 +134,26 @@ def test_lockstep_ranks_share_each_step_and_an_idle_rank_runs_the_dummy_batch():
         simulate(wl, timer, engine, replicas=3, lockstep=2)
 
 
+@pytest.mark.parametrize("replicas,router", [(1, "round-robin"), (2, "round-robin"), (3, "least-loaded")])
+def test_max_concurrency_caps_requests_in_flight_and_counts_latency_from_the_send(replicas, router):
+    """vLLM bench's --max-concurrency: never more than the cap between send and finish; the wait for a slot is the
+    client queue time, not TTFT; a cap above the requests changes nothing; Little's law holds on the sent stream."""
+    kw = dict(num_requests=300, input_len="uniform:50:400", output_len="uniform:10:120", rate_per_s=60.0, seed=3,
+              replicas=replicas, router=router)
+    free = run_serving(ServeRequest(**kw), H100_7B, ENGINE)
+    capped = run_serving(ServeRequest(max_concurrency=6, **kw), H100_7B, ENGINE)
+    loose = run_serving(ServeRequest(max_concurrency=300, **kw), H100_7B, ENGINE)
+    r = capped.result
+    assert r.max_concurrency == 6 and r.max_concurrent_requests <= 6 < free.result.max_concurrent_requests
+    assert r.mean_client_queue_time_ms > 0 and r.completed == 300
+    t = capped.requests
+    assert (t.client_queue_ms >= 0).all() and np.allclose(t.arrival_s - t.client_queue_ms / 1e3,
+                                                          free.requests.arrival_s)
+    assert loose.result.mean_ttft_ms == pytest.approx(free.result.mean_ttft_ms)
+    assert loose.result.mean_client_queue_time_ms == pytest.approx(0.0)
+    assert r.mean_e2el_ms > 0 and r.request_throughput * r.mean_e2el_ms / 1e3 <= 6.0 + 1e-9
+
+
 def test_littles_law():
     req = ServeRequest(num_requests=3000, rate_per_s=22.0, seed=1)
     res = simulate_serving(req, H100_7B, ENGINE)

@@ -91,6 +91,8 @@ class ServeRequest(BaseModel):
     trace_path: Path | None = Field(None, description="CSV or JSONL with arrival_s,input_tokens,output_tokens")
     replicas: int = Field(1, ge=1, le=4096)
     router: Literal["round-robin", "least-loaded"] = "round-robin"
+    max_concurrency: int | None = Field(None, ge=1, le=MAX_REQUESTS, description="as vLLM's --max-concurrency: the "
+                                         "client keeps at most this many requests in flight")
     lockstep: int = Field(1, ge=1, le=4096, description="replicas per group stepping together: the data-parallel "
                                                          "ranks of one expert-parallel group (ep / tp); 1: independent")
     engine_overrides: dict[str, Any] = Field(default_factory=dict, description="EngineConfig fields to replace")
@@ -162,7 +164,7 @@ def run_serving(request: ServeRequest, timer: StepTimer, engine_config: EngineCo
     engine = _engine(engine_config, request.engine_overrides)
     workload = build_workload(request)
     run = simulate(workload, timer, engine, replicas=request.replicas, router=request.router, progress=progress,
-                   lockstep=request.lockstep)
+                   lockstep=request.lockstep, max_concurrency=request.max_concurrency)
     tokens = token_times(run)
     result, table = summarize(run, request.metric_percentiles, tokens, request.goodput)
     return ServeRun(result, table, *tokens, steady=steady_window(run))

@@ -34,7 +34,7 @@ class ServeReport(BaseModel):
 SERVE_FLAGS = {"num_requests": "--num-requests", "input_len": "--input-len", "output_len": "--output-len",
                "rate_per_s": "--rate", "arrival": "--arrival", "seed": "--seed", "trace_path": "--trace",
                "replicas": "--replicas", "router": "--router", "metric_percentiles": "--metric-percentiles",
-               "goodput": "--goodput"}
+               "goodput": "--goodput", "max_concurrency": "--max-concurrency"}
 
 
 def _percentiles(text: str) -> list[float]:
@@ -65,7 +65,8 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
               ep: int = 1,
               kv_dtype="auto",
               rate, arrival, seed, trace: Path | None, replicas, router, percentiles: str, knobs: dict,
-              progress: bool = False, ignored: tuple[str, ...] = (), goodput: str = ""):
+              progress: bool = False, ignored: tuple[str, ...] = (), goodput: str = "",
+              max_concurrency: int | None = None):
     """``ignored``: load options the caller was given beside --trace (named in a note: the trace replaces them)."""
     base = build_request(ScenarioRequest, model=model, device=device, dtype=dtype, tp=tp, pp=pp, ep=ep, quant=quant,
                          kv_dtype=kv_dtype, runtime=runtime, calibration=calibration)
@@ -99,7 +100,8 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
                                    "rate_per_s": rate, "arrival": arrival, "seed": seed, "trace_path": trace,
                                    "replicas": replicas, "router": router, "lockstep": lockstep,
                                    "metric_percentiles": _percentiles(percentiles),
-                                   "goodput": parse_goodput(goodput)}, SERVE_FLAGS)
+                                   "goodput": parse_goodput(goodput), "max_concurrency": max_concurrency},
+                   SERVE_FLAGS)
     bar = _progress_bar() if progress else None
     try:
         run, cfg, notes = serve(replica, req, knobs, bar.update if bar else None)
@@ -124,6 +126,7 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
             {"num_prompts": num_requests, "request_rate": rate if math.isfinite(rate) else "inf",
              "burstiness": _burstiness(arrival), "arrival": arrival, "input_len": input_len, "output_len": output_len,
              "seed": seed})
+    load["max_concurrency"] = max_concurrency
     metrics = {**run.result.flat(), "duration": run.result.duration_s}    # vLLM's key beside aisim's duration_s
     report = ServeReport(model=sc.model, device=sc.device.name, runtime=sc.runtime.name, plan=replica.plan,
                          replicas=replicas, engine=cfg.model_dump(), metrics=metrics, load=load, assumptions=notes)

@@ -138,10 +138,11 @@ class RequestState:
 
     __slots__ = ("rid", "arrival_s", "input_tokens", "output_tokens", "state", "generated", "computed", "blocks",
                  "units", "swapped_blocks", "adm", "base", "k_fin", "preemptions", "first_token_s", "finish_s",
-                 "segments", "reject_reason", "cached")
+                 "segments", "reject_reason", "cached", "scheduled_s")
 
     def __init__(self, rid: int, arrival_s: float, input_tokens: int, output_tokens: int):
         self.rid, self.arrival_s = rid, arrival_s
+        self.scheduled_s = arrival_s    # when the client meant to send it (arrival_s: when sent, after a --max-concurrency wait)
         self.input_tokens, self.output_tokens = input_tokens, output_tokens
         self.state, self.generated, self.computed, self.blocks, self.swapped_blocks = WAITING, 0, 0, 0, 0
         self.units = 0  # pool blocks held (blocks x the full groups, plus the sliding groups' share)

@@ -51,6 +51,13 @@ class ServeResult(BaseModel):
                                                             "second (None without --goodput)")
     max_output_tokens_per_s: float = Field(0.0, description="peak output tokens in a 1-second bucket")
     max_concurrent_requests: int = Field(0, description="peak requests between arrival and finish at once")
+    max_concurrency: int | None = Field(None, description="the client's cap on requests in flight (vLLM's "
+                                                          "--max-concurrency), if any")
+    mean_client_queue_time_ms: float | None = Field(None, description="with max_concurrency: a request's wait for a "
+                                                                      "slot before it is sent (its latencies count "
+                                                                      "from the send)")
+    median_client_queue_time_ms: float | None = None
+    std_client_queue_time_ms: float | None = None
     mean_ttft_ms: float
     median_ttft_ms: float
     std_ttft_ms: float
@@ -103,6 +110,7 @@ class RequestTable:
     finish_s: np.ndarray
     preemptions: np.ndarray
     tokens_emitted: np.ndarray
+    client_queue_ms: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -217,7 +225,7 @@ def request_table(run: SimRun, token_owner: np.ndarray | None = None) -> Request
     first = np.array([r.first_token_s if r.state == DONE else nan for r in reqs], dtype=np.float64)
     finish = np.array([r.finish_s if r.state == DONE else nan for r in reqs], dtype=np.float64)
     out = np.array([r.output_tokens for r in reqs], dtype=np.int64)
-    ttft, e2el = first - arrival, finish - arrival
+    ttft, e2el = first - arrival, finish - arrival    # from the send (after a --max-concurrency wait), as vLLM
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(out > 1, (e2el - ttft) / (out - 1), nan)
     if token_owner is None:
@@ -227,6 +235,7 @@ def request_table(run: SimRun, token_owner: np.ndarray | None = None) -> Request
         input_tokens=np.array([r.input_tokens for r in reqs], dtype=np.int64), output_tokens=out,
         completed=np.array([r.state == DONE for r in reqs]), ttft_ms=ttft * MS_PER_S, tpot_ms=tpot * MS_PER_S,
         e2el_ms=e2el * MS_PER_S, finish_s=finish, preemptions=np.array([r.preemptions for r in reqs]),
+        client_queue_ms=(arrival - np.array([r.scheduled_s for r in reqs])) * MS_PER_S,
         tokens_emitted=np.bincount(token_owner, minlength=n))
 
 
@@ -296,8 +305,11 @@ def summarize(run: SimRun, percentiles: list[float],
     fields.update(_peaks(table, times))     # token_times holds the completed requests' tokens only
     if goodput_ms:
         fields["request_goodput"] = _goodput(table, goodput_ms, duration_s)
+    if run.max_concurrency is not None:
+        fields["max_concurrency"] = run.max_concurrency
+        values["client_queue_time"] = table.client_queue_ms[ok] / MS_PER_S
     pcts: dict[str, float] = {}
-    for metric in METRICS:
+    for metric in [m for m in (*METRICS, "client_queue_time") if m in values]:
         main, extra = _stats(metric, values[metric], percentiles)
         fields.update(main)
         pcts.update(extra)
@@ -311,7 +323,7 @@ def summarize(run: SimRun, percentiles: list[float],
 
 
 CSV_COLUMNS = ("request_id", "replica", "arrival_s", "input_tokens", "output_tokens", "ttft_ms", "tpot_ms",
-               "e2el_ms", "finish_s", "preemptions")
+               "e2el_ms", "finish_s", "preemptions", "client_queue_ms")
 
 
 def write_requests_csv(table: RequestTable, path: str | Path) -> None:

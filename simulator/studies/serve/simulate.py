@@ -179,6 +179,7 @@ class SimRun:
     replica_of: np.ndarray
     replicas: list[ReplicaStats]
     router: str
+    max_concurrency: int | None = None
 
 
 def make_requests(workload: Workload) -> list[RequestState]:
@@ -228,10 +229,43 @@ WAVE_CHECK_STEPS = 32
 DUMMY_STEP = BatchShape(0, 0.0, 0, 1, 1.0)
 
 
+def _unit_clock(unit) -> float:
+    return unit.members[0].clock_s if isinstance(unit, _Lockstep) else unit.clock_s
+
+
+def _unit_next_s(unit) -> float | None:
+    """When a replica (or lockstep group) starts its next step: now if it has work, else at its next routed
+    request's arrival, None if it has neither."""
+    members = unit.members if isinstance(unit, _Lockstep) else [unit]
+    if any(m.sched.has_work() for m in members):
+        return _unit_clock(unit)
+    pending = [m.pending[0].arrival_s for m in members if m.pending]
+    return max(min(pending), _unit_clock(unit)) if pending else None
+
+
+def _release_s(r: RequestState, units: list, runners: list[_Runner], limit: int, after_s: float) -> float:
+    """When the client sends ``r`` under a cap of ``limit`` requests in flight (vLLM bench's --max-concurrency: an
+    asyncio semaphore around each request): at its arrival if fewer are in flight, else when one finishes. The
+    replicas are stepped one step at a time, the earliest clock first, until a slot frees (with several replicas a
+    step that starts later but ends sooner on another replica is not looked at first: an approximation). The client
+    sends in arrival order: never before ``after_s``, the previous request's send."""
+    release = max(r.arrival_s, after_s)
+    for unit in units:
+        unit.advance(release)
+    while sum(x.load_at(release) for x in runners) >= limit:      # a step ending after it still holds its requests
+        unit, start = min(((u, t) for u in units if (t := _unit_next_s(u)) is not None), key=lambda ut: ut[1])
+        unit.advance(start + 1e-12)       # its next step (after its next arrival when it was idle)
+        release = max(release, _unit_clock(unit))
+    return release
+
+
 def simulate(workload: Workload, timer: StepTimer, engine: EngineConfig, replicas: int = 1,
-             router: str = "round-robin", progress: ProgressFn | None = None, lockstep: int = 1) -> SimRun:
+             router: str = "round-robin", progress: ProgressFn | None = None, lockstep: int = 1,
+             max_concurrency: int | None = None) -> SimRun:
     """Simulate serving the workload on `replicas` identical replicas behind `router`; ``lockstep``: replicas per
-    group that steps together (data-parallel ranks of one expert-parallel group), 1 for independent replicas."""
+    group that steps together (data-parallel ranks of one expert-parallel group), 1 for independent replicas;
+    ``max_concurrency``: the client's cap on requests in flight (vLLM bench's --max-concurrency; a request's
+    latencies count from when it is sent, its wait in scheduled_s)."""
     if router not in ROUTERS:
         raise AisimError(f"unknown router {router!r}; use one of {', '.join(ROUTERS)}")
     if not 1 <= replicas <= 4096:
@@ -243,7 +277,17 @@ def simulate(workload: Workload, timer: StepTimer, engine: EngineConfig, replica
     runners = [_Runner(i, engine, timer, tracker) for i in range(replicas)]
     units = runners if lockstep == 1 else [_Lockstep(runners[i:i + lockstep]) for i in range(0, replicas, lockstep)]
     replica_of = np.zeros(len(requests), dtype=np.int64)
-    if router == "round-robin" or replicas == 1:
+    if max_concurrency is not None:
+        if max_concurrency < 1:
+            raise AisimError(f"max_concurrency must be a positive number of requests, got {max_concurrency}")
+        sent = 0.0
+        for i, r in enumerate(sorted(requests, key=lambda q: (q.arrival_s, q.rid))):
+            r.arrival_s = sent = _release_s(r, units, runners, max_concurrency, sent)
+            best = i % replicas if router == "round-robin" else min(
+                range(replicas), key=lambda j: runners[j].load_at(r.arrival_s))
+            replica_of[r.rid] = best
+            runners[best].push(r)
+    elif router == "round-robin" or replicas == 1:
         for r in requests:
             replica_of[r.rid] = r.rid % replicas
             runners[r.rid % replicas].push(r)
@@ -257,4 +301,4 @@ def simulate(workload: Workload, timer: StepTimer, engine: EngineConfig, replica
     for unit in units:
         unit.advance(math.inf)
     tracker.finish()
-    return SimRun(requests, replica_of, [runner.close() for runner in runners], router)
+    return SimRun(requests, replica_of, [runner.close() for runner in runners], router, max_concurrency)
