@@ -197,7 +197,7 @@ def print_serve(r, notes: list[str] | None = None) -> None:
             return "n/a"
         if value is None or isinstance(value, int):
             return str(value)
-        return f"{value:,.{digits}f}"        # as vLLM prints them: fixed decimals at any size
+        return f"{value:,.{digits}f}"        # fixed decimals at any size, as vLLM's {:<10.2f} (with separators)
 
     for key, label in SERVE_HEAD:
         if m.get(key) is not None:

@@ -551,3 +551,12 @@ def test_max_concurrency_in_vllms_printout_and_json():
     assert m["metrics"]["p99_client_queue_time_ms"] > 0
     r = runner.invoke(app, [*args[:-1], "0"])
     assert r.exit_code == 2 and "--max-concurrency" in r.output, r.output
+
+
+def test_a_client_queue_that_builds_under_max_concurrency_is_told():
+    args = ["serve", "--model", "opt-125m", "--device", "h100", "--num-requests", "60", "--input-len", "128",
+            "--output-len", "64", "--max-concurrency", "2", "--json"]
+    busy = json.loads(runner.invoke(app, [*args, "--rate", "1000"]).output)
+    calm = json.loads(runner.invoke(app, [*args, "--rate", "0.5"]).output)
+    assert any("sends fall behind" in a for a in busy["assumptions"])
+    assert not any("sends fall behind" in a for a in calm["assumptions"])

@@ -32,7 +32,6 @@ from .derive_power_mix import CAL_DIR, KERNELS, kernels
 
 DATA = (KERNELS / "power-skinny-h200.jsonl",)
 OVERLAPS = np.round(np.arange(0.0, 2.0001, 0.01), 4)
-BF16_BYTES = 2
 
 
 def load(paths) -> tuple[list[dict], dict[str, dict]]:

@@ -13,6 +13,7 @@ from ...scenario import ScenarioRequest, build_request, resolve_scenario
 from ...workload import ParallelPlan
 from . import ServeRequest, ServeResult, validated
 from .metrics import GOODPUT_METRICS
+from .requests import parse_arrival_cv
 from .run import failure_summary, serve
 
 
@@ -135,9 +136,8 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
 
 def _burstiness(arrival: str) -> float:
     """vLLM's --burstiness (the gamma shape: 1 is Poisson) of an arrival spec: poisson, or gamma:CV (shape 1/CV^2)."""
-    if arrival.startswith("gamma:"):
-        return 1.0 / float(arrival.split(":", 1)[1]) ** 2
-    return 1.0
+    cv = parse_arrival_cv(arrival)
+    return 1.0 / cv ** 2 if cv else 1.0
 
 
 class _progress_bar:

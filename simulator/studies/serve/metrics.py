@@ -157,7 +157,7 @@ OVERLOAD_NOISE_SIGMAS = 2.0     # ... and by more than this many sqrt(N) of its 
 
 
 def overload(table: RequestTable, unloaded_s: float) -> tuple[float, int, int] | str | None:
-    """(arrival rate, requests in the system at the middle of the arrivals, at the last arrival) when the server
+    """(arrival rate, requests in the system at the middle of the arrivals' span, at the last arrival) when the server
     falls behind: between the two, the requests arrived and not yet finished grew by more than a tenth of the
     arrivals there and beyond their noise (the queue, or the running batch, builds: every latency then depends
     on the run's length). "short" when the arrivals last less than twice ``unloaded_s`` (a typical request's
@@ -165,11 +165,13 @@ def overload(table: RequestTable, unloaded_s: float) -> tuple[float, int, int] |
     under 50 completed requests, or all arrivals at once."""
     ok = table.completed                        # rejected requests never enter the system
     arrival, finish = table.arrival_s[ok], table.finish_s[ok]
-    end = float(arrival.max()) if len(arrival) else 0.0
-    if len(arrival) < OVERLOAD_MIN_REQUESTS or end <= 0:
+    if len(arrival) < OVERLOAD_MIN_REQUESTS:
         return None
-    mid = end / 2
-    if unloaded_s >= mid:
+    start, end = float(arrival.min()), float(arrival.max())
+    if end <= start:
+        return None
+    mid = (start + end) / 2                    # a trace's clock need not start at 0
+    if unloaded_s >= mid - start:
         return "short"
     in_mid = int((arrival <= mid).sum() - (finish <= mid).sum())
     in_end = int((arrival <= end).sum() - (finish <= end).sum())
@@ -323,7 +325,7 @@ def summarize(run: SimRun, percentiles: list[float],
 
 
 CSV_COLUMNS = ("request_id", "replica", "arrival_s", "input_tokens", "output_tokens", "ttft_ms", "tpot_ms",
-               "e2el_ms", "finish_s", "preemptions", "client_queue_ms")
+               "e2el_ms", "finish_s", "preemptions", "client_queue_ms")   # arrival_s: the send (after a cap's wait)
 
 
 def write_requests_csv(table: RequestTable, path: str | Path) -> None:

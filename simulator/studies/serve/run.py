@@ -19,7 +19,7 @@ from ...graph.engine import moe_routing
 from ...step import step_cost
 from ...workload import StepShape
 from . import EngineConfig, ServeRequest, ServeRun, run_serving, validated
-from .metrics import overload
+from .metrics import MS_PER_S, overload
 from .steptime import BatchShape
 from .timer import ModelDims, StepCostTimer
 
@@ -189,12 +189,30 @@ def load_note(run: ServeRun, request: ServeRequest, timer, cfg: EngineConfig) ->
     if behind is None:
         return None
     rate_s, in_mid, in_end = behind
+    table = run.requests
+    ok = table.completed
+    span_s = float(table.finish_s[ok].max() - table.arrival_s[ok].min())
     fix = ("the trace's arrivals outpace it: use more replicas" if request.trace_path is not None else
            "the latencies depend on --num-requests: lower --rate, add replicas")
     return (f"the server falls behind its arrivals: in the second half of the arrivals ({rate_s:.3g} req/s) the "
-            f"requests in the system grew from {in_mid} to {in_end}; over the whole run it completed "
-            f"{run.result.request_throughput:.3g} req/s (about its capacity when overloaded); {fix}, or let "
+            f"requests in the system grew from {in_mid} to {in_end}; from the first arrival to the last finish it "
+            f"completed {ok.sum() / span_s:.3g} req/s (about its capacity when overloaded); {fix}, or let "
             "`aisim plan serve` find the cheapest configuration for an SLO")
+
+
+def client_queue_note(run: ServeRun, request: ServeRequest) -> str | None:
+    """Under --max-concurrency, whether the sends fall behind the arrivals (the client's queue builds)."""
+    if request.max_concurrency is None:
+        return None
+    table = run.requests
+    order = np.argsort(table.arrival_s - table.client_queue_ms / MS_PER_S, kind="stable")
+    quarters = np.array_split(table.client_queue_ms[order], 4)
+    late, early = float(np.median(quarters[3])), float(np.median(quarters[0]))
+    if late < 1000.0 or late < 2 * max(early, 1.0):
+        return None
+    return (f"under --max-concurrency {request.max_concurrency} the sends fall behind the arrivals: the last quarter "
+            f"of the requests waited a median {late / 1000:.3g} s for a slot (the client's queue builds; the "
+            "latencies shown count from the send, as vLLM's do)")
 
 
 def refuse_encoder_decoder(model: str, config: dict) -> None:
@@ -325,9 +343,9 @@ def serve(sc: Scenario, request: ServeRequest, knobs: dict[str, Any] | None = No
     failures = failure_summary(run, cfg, (knobs or {}).get("num_gpu_blocks_override") is not None)
     if failures:
         notes.append(f"failed: {failures}")
-    load = load_note(run, request, timer, cfg)
-    if load:
-        notes.append(load)
+    for note in (load_note(run, request, timer, cfg), client_queue_note(run, request)):
+        if note:
+            notes.append(note)
     if request.replicas > 1:
         notes.append(f"{request.replicas} replicas of tp {sc.plan.tp} x pp {sc.plan.pp} GPUs behind a "
                      f"{request.router} router")

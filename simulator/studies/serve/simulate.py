@@ -127,6 +127,19 @@ class _Runner:
             k, dt, energy = self.plan_step()
             self.end_step(k, dt, energy, dt)
 
+    def step_once(self) -> None:
+        """Run exactly one step: now if there is work, else at the next routed request's arrival."""
+        self._ingest()
+        if not self.sched.has_work():
+            if not self.pending:
+                return
+            self.clock_s = max(self.clock_s, self.pending[0].arrival_s)
+            self._ingest()
+            if not self.sched.has_work():     # rejected on arrival
+                return
+        k, dt, energy = self.plan_step()
+        self.end_step(k, dt, energy, dt)
+
     def plan_step(self, shape: BatchShape | None = None) -> tuple[int, float, float]:
         """Schedule the next step (or cost ``shape``, a dummy step of an idle rank): (its index, seconds, joules)."""
         sched, timer = self.sched, self.timer
@@ -199,28 +212,54 @@ class _Lockstep:
         self.members = members
         self.wave_steps = 0
 
-    def advance(self, until_s: float) -> None:
+    def _wave_over(self) -> bool:
+        return not any(m.sched.has_work() for m in self.members) and self.wave_steps % WAVE_CHECK_STEPS == 0
+
+    def _step(self) -> None:
+        """One step of the group: each rank its own batch, or the dummy batch where it has none."""
         members = self.members
+        busy = [m.sched.has_work() for m in members]
+        planned = [m.plan_step(None if b else DUMMY_STEP) for m, b in zip(members, busy)]
+        dt = max(p[1] for p in planned)
+        self.wave_steps += 1
+        for m, b, (k, own_s, energy) in zip(members, busy, planned):
+            m.end_step(k, own_s, energy, dt, worked=b)
+
+    def _jump_to_next_arrival(self, until_s: float) -> bool:
+        """Between waves: move the group's clock to its next arrival if that is before until_s."""
+        self.wave_steps = 0
+        arrivals = [m.pending[0].arrival_s for m in self.members if m.pending]
+        if not arrivals or min(arrivals) >= until_s:
+            return False
+        clock = self.members[0].clock_s
+        for m in self.members:
+            m.clock_s = max(clock, min(arrivals))
+        return True
+
+    def advance(self, until_s: float) -> None:
         while True:
-            for m in members:
+            for m in self.members:
                 m._ingest()
-            busy = [m.sched.has_work() for m in members]
-            clock = members[0].clock_s
-            if not any(busy) and self.wave_steps % WAVE_CHECK_STEPS == 0:
-                self.wave_steps = 0          # the wave is over (or none began): wait for the next arrival
-                arrivals = [m.pending[0].arrival_s for m in members if m.pending]
-                if not arrivals or min(arrivals) >= until_s:
+            if self._wave_over():
+                if not self._jump_to_next_arrival(until_s):
                     return
-                for m in members:
-                    m.clock_s = max(clock, min(arrivals))
                 continue
-            if clock >= until_s:
+            if self.members[0].clock_s >= until_s:
                 return
-            planned = [m.plan_step(None if b else DUMMY_STEP) for m, b in zip(members, busy)]
-            dt = max(p[1] for p in planned)
-            self.wave_steps += 1
-            for m, b, (k, own_s, energy) in zip(members, busy, planned):
-                m.end_step(k, own_s, energy, dt, worked=b)
+            self._step()
+
+    def step_once(self) -> None:
+        """Run exactly one group step: now if a wave is on, else at the next arrival."""
+        for m in self.members:
+            m._ingest()
+        if self._wave_over():
+            if not self._jump_to_next_arrival(math.inf):
+                return
+            for m in self.members:
+                m._ingest()
+            if self._wave_over():           # rejected on arrival
+                return
+        self._step()
 
 
 WAVE_CHECK_STEPS = 32
@@ -237,7 +276,7 @@ def _unit_next_s(unit) -> float | None:
     """When a replica (or lockstep group) starts its next step: now if it has work, else at its next routed
     request's arrival, None if it has neither."""
     members = unit.members if isinstance(unit, _Lockstep) else [unit]
-    if any(m.sched.has_work() for m in members):
+    if any(m.sched.has_work() for m in members) or (isinstance(unit, _Lockstep) and not unit._wave_over()):
         return _unit_clock(unit)
     pending = [m.pending[0].arrival_s for m in members if m.pending]
     return max(min(pending), _unit_clock(unit)) if pending else None
@@ -245,18 +284,25 @@ def _unit_next_s(unit) -> float | None:
 
 def _release_s(r: RequestState, units: list, runners: list[_Runner], limit: int, after_s: float) -> float:
     """When the client sends ``r`` under a cap of ``limit`` requests in flight (vLLM bench's --max-concurrency: an
-    asyncio semaphore around each request): at its arrival if fewer are in flight, else when one finishes. The
-    replicas are stepped one step at a time, the earliest clock first, until a slot frees (with several replicas a
-    step that starts later but ends sooner on another replica is not looked at first: an approximation). The client
-    sends in arrival order: never before ``after_s``, the previous request's send."""
-    release = max(r.arrival_s, after_s)
+    asyncio semaphore around each request): at its arrival if fewer are in flight, else at the first finish that
+    frees a slot. The client sends in arrival order: never before ``after_s``, the previous request's send. Event
+    by event: a replica's step that ends after the candidate time still holds its requests (load_at); the earliest
+    such end is the next candidate, unless some replica starts a step before it, which is run first (it may end
+    sooner)."""
+    t = max(r.arrival_s, after_s)
     for unit in units:
-        unit.advance(release)
-    while sum(x.load_at(release) for x in runners) >= limit:      # a step ending after it still holds its requests
-        unit, start = min(((u, t) for u in units if (t := _unit_next_s(u)) is not None), key=lambda ut: ut[1])
-        unit.advance(start + 1e-12)       # its next step (after its next arrival when it was idle)
-        release = max(release, _unit_clock(unit))
-    return release
+        unit.advance(t)
+    while sum(x.load_at(t) for x in runners) >= limit:
+        ends = [x.clock_s for x in runners if x.clock_s > t and x.last_finished]
+        end = min(ends) if ends else math.inf
+        starts = [(s, u) for u in units if (s := _unit_next_s(u)) is not None and s < end]
+        if starts:
+            min(starts, key=lambda su: su[0])[1].step_once()
+        elif end < math.inf:
+            t = end
+        else:
+            raise AisimError("max_concurrency: requests in flight but no replica with work (a simulator bug)")
+    return t
 
 
 def simulate(workload: Workload, timer: StepTimer, engine: EngineConfig, replicas: int = 1,
@@ -283,6 +329,9 @@ def simulate(workload: Workload, timer: StepTimer, engine: EngineConfig, replica
         sent = 0.0
         for i, r in enumerate(sorted(requests, key=lambda q: (q.arrival_s, q.rid))):
             r.arrival_s = sent = _release_s(r, units, runners, max_concurrency, sent)
+            if router != "round-robin":
+                for unit in units:          # every replica at the send: their loads then are current
+                    unit.advance(sent)
             best = i % replicas if router == "round-robin" else min(
                 range(replicas), key=lambda j: runners[j].load_at(r.arrival_s))
             replica_of[r.rid] = best
