@@ -102,10 +102,10 @@ WHY = """\
   interleaved mix sits near the limit (681-700 W where GEMMs take >= 43% of the time, against 569-656 W from the loop
   powers), and a 4096^3 GEMM every 0.4 ms averages 473 W where its loop power and the waiting power give 408 W.
   Memory-bound kernels between waits draw their loop power (within 2%). The rule fitted to those runs
-  (`power_limit_mix`: tensor-core compute-bound kernels 1.46x their loop's power above the waiting power, 1.35x
+  (`power_limit_mix`: tensor-core compute-bound kernels 1.46x their loop's power above the waiting power, 1.42x
   since the power overlap below, the step's average held to 0.9875 of board power; python -m
-  aisim.validation.scripts.derive_power_mix, power MAPE over 26 sequences and gapped runs 6.5% -> 2.6%, 5.8% -> 2.5%
-  with the overlap; on a fifth H100 machine run after the fit, held out, 5.7% -> 2.1%, 1.7% with the overlap:
+  aisim.validation.scripts.derive_power_mix, power MAPE over 26 sequences and gapped runs 6.5% -> 2.6% (6.0% ->
+  2.6% with the overlap); on a fifth H100 machine run after the fit, held out, 5.7% -> 2.1%:
   `--check validation/data/kernels/power-mix-h100-check.jsonl`), with the memory curve's top from the same loops
   (a large add at 0.90 of bandwidth: 515 W), takes energy per token on h100.jsonl from 17.16% to 11.14% MAPE and on
   h200.jsonl from 12.63% to 8.22% (the H200 carries the H100's constants: the same die and limit, its own loop
@@ -116,14 +116,14 @@ WHY = """\
   (-19% H100, -13% H200). The host-bound steps (batch 1 x 128 forwards) stayed 20-46% low: their GEMMs of 128
   rows keep the tensor cores and HBM busy at once, and such a kernel draws more than either activity alone
   (opt-13b's forward drew 652 W on an H100). Weight-streaming GEMM loops of 1-4096 rows on an H200
-  (validation/harness/power_mix.py --skinny) reach the 700 W limit from 64 rows while a copy loop draws 547 W; the
-  calibration's `power_overlap` (0.63 of the smaller activity's power added to the larger's; python -m
-  aisim.validation.scripts.derive_power_overlap: power MAPE over those loops 7.4% -> 3.5%, on a second H200 at other
-  shapes, held out, 9.4% -> 4.1%; transferred to the H100 SXM) takes energy per token on h100.jsonl to 8.43% and
-  h200.jsonl to 5.93% (those rows now -8..-21% on the H100; opt-1.3b prefill -50% and bloom-560m -43%, whose
-  runtimes are 55% and 42% off too), tp2 16.37%, tp4
-  20.78%, whisper 17.71%, the serving runs' J/token 23.2%. What stays low: the host-bound bf16 training rows, whose
-  times are short, and the MoE and tensor-parallel rows' host-bound steps. Decode rows whose energy window was dominated by the untimed cache
+  (validation/harness/power_mix.py --skinny) reach the 700 W limit from 64 rows while the machine's copy loop draws
+  547 W; the calibration's `power_overlap` (on tensor-core kernels, the smaller activity's power added to the
+  larger's: 1.0, fitted with each run's memory power normalised to its own copy loop; python -m
+  aisim.validation.scripts.derive_power_overlap: power MAPE over those loops 8.1% -> 1.7%, on a second H200 at other
+  shapes and fp16, held out, 9.4% -> 2.8%; transferred to the H100 SXM) takes energy per token on h100.jsonl to
+  7.15% and h200.jsonl to 5.04%, tp2 15.59%, tp4 19.61%, whisper 15.84%, the serving runs' J/token 21.6%. What stays
+  low: the host-bound bf16 training rows, whose times are short, opt-1.3b prefill and bloom-560m 1 x 128 (whose
+  runtimes are 42-55% off too), and the MoE and tensor-parallel rows' host-bound steps. Decode rows whose energy window was dominated by the untimed cache
   copies between trials are reported n/a (the subtraction implied more than the card's 700 W).
 - **Tensor-parallel launch-bound rows**: the measured implementation (plain sharded weights, an NCCL all-reduce
   from a forward hook, a barrier before each trial) makes TP=2 slower than TP=1 at batch 1 (Llama-3-8B decode:

@@ -1,7 +1,8 @@
 """Energy of one step: a power model over the op timeline, never above board power.
 
-Each kernel draws P = P_idle + max(D_c, D_m) + overlap * min(D_c, D_m), with D_c = a_c * (P_compute - P_idle) and
-D_m = a_m * (P_memory - P_idle) its two activities' power above the waiting power, where P_compute and
+Each kernel draws P = P_idle + max(D_c, D_m) + overlap * min(D_c, D_m) (overlap on tensor-core kernels only), with
+D_c = a_c * (P_compute - P_idle) and D_m = a_m * (P_memory - P_idle) its two activities' power above the waiting
+power, where P_compute and
 P_memory are the calibrated power while looping the reference loads (an 8192^3 bf16 GEMM, a 1 GiB copy: see
 validation/calibrate.py bench_power), and a_c, a_m the kernel's activity relative to those loads: the fraction of
 peak FLOP/s (bandwidth) it achieves divided by the fraction the reference load achieves, at most 1 (a GEMM at
@@ -38,32 +39,33 @@ def reference_activity(gpu: HardwareSpec, cal: CalibrationSpec) -> tuple[float, 
     return compute, memory
 
 
-def _combined_w(idle_w: float, compute_w: np.ndarray, memory_w: np.ndarray, overlap: float,
+def _combined_w(idle_w: float, compute_w: np.ndarray, memory_w: np.ndarray, overlap: np.ndarray | float,
                 board_w: float) -> np.ndarray:
     """The larger activity's power above the waiting power plus ``overlap`` of the smaller's, at most board power."""
     d_c, d_m = np.maximum(compute_w - idle_w, 0.0), np.maximum(memory_w - idle_w, 0.0)
     return np.minimum(idle_w + np.maximum(d_c, d_m) + overlap * np.minimum(d_c, d_m), board_w)
 
 
-def _curve_power_w(gpu: HardwareSpec, cal: CalibrationSpec, u_c: np.ndarray, u_m: np.ndarray) -> np.ndarray:
+def _curve_power_w(gpu: HardwareSpec, cal: CalibrationSpec, u_c: np.ndarray, u_m: np.ndarray,
+                   overlap: np.ndarray | float = 0.0) -> np.ndarray:
     """Measured power curves: a kernel achieving a fraction u of peak FLOP/s (bandwidth) draws what a bf16 GEMM
     loop (a copy loop) achieving u drew in calibration; the two combined (_combined_w), at most board power."""
     p_c = np.interp(u_c, cal.power_compute_curve.x, cal.power_compute_curve.efficiency) * gpu.board_power_w
     p_m = np.interp(u_m, cal.power_memory_curve.x, cal.power_memory_curve.efficiency) * gpu.board_power_w
-    if not cal.power_overlap:
+    if not np.any(overlap):
         return np.minimum(np.maximum(p_c, p_m), gpu.board_power_w)
-    return _combined_w(waiting_power_w(gpu, cal), p_c, p_m, cal.power_overlap, gpu.board_power_w)
+    return _combined_w(waiting_power_w(gpu, cal), p_c, p_m, overlap, gpu.board_power_w)
 
 
 def _linear_power_w(gpu: HardwareSpec, cal: CalibrationSpec, u_c: np.ndarray, u_m: np.ndarray,
-                    idle_w: float) -> np.ndarray:
+                    idle_w: float, overlap: np.ndarray | float = 0.0) -> np.ndarray:
     """Two calibrated loads: power rises linearly with the activity relative to each load, at most board power."""
     ref_c, ref_m = reference_activity(gpu, cal)
     compute_w = cal.power_compute_fraction * gpu.board_power_w
     memory_w = cal.power_memory_fraction * gpu.board_power_w
     a_c, a_m = (u_c / ref_c).clip(0, 1), (u_m / ref_m).clip(0, 1)
     return _combined_w(idle_w, idle_w + a_c * max(compute_w - idle_w, 0), idle_w + a_m * max(memory_w - idle_w, 0),
-                       cal.power_overlap, gpu.board_power_w)
+                       overlap, gpu.board_power_w)
 
 
 def waiting_power_w(gpu: HardwareSpec, cal: CalibrationSpec) -> float:
@@ -72,15 +74,20 @@ def waiting_power_w(gpu: HardwareSpec, cal: CalibrationSpec) -> float:
 
 
 def op_power_w(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s: np.ndarray, compute_s: np.ndarray,
-               memory_s: np.ndarray) -> np.ndarray:
-    """Power each kernel draws at full clocks, from its achieved fractions of peak FLOP/s and bandwidth."""
+               memory_s: np.ndarray, tensor_core: np.ndarray | None = None) -> np.ndarray:
+    """Power each kernel draws at full clocks, from its achieved fractions of peak FLOP/s and bandwidth; the
+    calibration's power_overlap applies to the tensor-core kernels (``tensor_core``; none where not given): the
+    loads it was measured on, GEMMs streaming their weights. An elementwise kernel's FLOPs are CUDA-core work read
+    against the tensor-core peak, and the reference loads already draw their own secondary activity."""
     busy = gpu_s > 0
     safe = np.where(busy, gpu_s, 1.0)
     u_c = np.where(busy, compute_s / safe, 0.0).clip(0, 1)   # achieved fraction of peak FLOP/s
     u_m = np.where(busy, memory_s / safe, 0.0).clip(0, 1)    # achieved fraction of bandwidth
+    overlap = (np.where(tensor_core, cal.power_overlap, 0.0) if tensor_core is not None and cal.power_overlap
+               else 0.0)
     if cal.power_compute_curve is not None and cal.power_memory_curve is not None:
-        return _curve_power_w(gpu, cal, u_c, u_m)
-    return _linear_power_w(gpu, cal, u_c, u_m, waiting_power_w(gpu, cal))
+        return _curve_power_w(gpu, cal, u_c, u_m, overlap)
+    return _linear_power_w(gpu, cal, u_c, u_m, waiting_power_w(gpu, cal), overlap)
 
 
 TENSOR_CORE_DTYPES = ("fp16", "bf16", "tf32", "fp8", "int8")
@@ -129,7 +136,7 @@ def step_energy_j(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s: np.ndarray, co
     (cost.power) has already set it, ``limit_w`` that mode's power limit; ``tensor_core``: per kernel, whether it
     runs on tensor cores, ``ratio`` the limit rule's per-kernel ratio under a clock cap (limited_energy_j)."""
     if power_w is None:
-        power_w = op_power_w(gpu, cal, gpu_s, compute_s, memory_s)
+        power_w = op_power_w(gpu, cal, gpu_s, compute_s, memory_s, tensor_core)
     energy = limited_energy_j(gpu, cal, power_w, gpu_s, compute_s, memory_s, repeats, runtime_s, tensor_core, limit_w,
                               ratio)
     avg_w = energy / runtime_s if runtime_s > 0 else 0.0

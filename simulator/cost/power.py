@@ -55,7 +55,7 @@ def reference_clock_mhz(gpu: HardwareSpec, cal: CalibrationSpec, gpu_s: np.ndarr
     if mix is None or mix.gemm_loop_clock_mhz is None:
         return ref
     low, high = HELD_BAND
-    share = op_power_w(gpu, cal, gpu_s, compute_s, memory_s) / gpu.board_power_w
+    share = op_power_w(gpu, cal, gpu_s, compute_s, memory_s, tensor_core) / gpu.board_power_w
     weight = np.where(limit_rule_kernels(gpu_s, compute_s, memory_s, tensor_core),
                       np.clip((share - low) / (high - low), 0.0, 1.0), 0.0)
     achieved = np.where(gpu_s > 0, compute_s / np.where(gpu_s > 0, gpu_s, 1.0), 0.0).clip(0, 1)   # u <= 1
@@ -84,7 +84,7 @@ def apply_power_mode(gpu: HardwareSpec, cal: CalibrationSpec, mode: PowerMode, g
 
     boost = gpu.boost_clock_mhz
     idle_w = waiting_power_w(gpu, cal)
-    full_w = op_power_w(gpu, cal, gpu_s, compute_s, memory_s)
+    full_w = op_power_w(gpu, cal, gpu_s, compute_s, memory_s, tensor_core)
     compute_bound = compute_s >= memory_s
     alpha = np.where(compute_bound, ALPHA_COMPUTE, ALPHA_MEMORY)
     ref = reference_clock_mhz(gpu, cal, gpu_s, compute_s, memory_s, tensor_core) if ref is None else ref

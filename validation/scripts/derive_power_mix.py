@@ -165,8 +165,10 @@ def predicted_w(parts, times, cal, gpu, period_s: float | None = None) -> float:
     from aisim.cost.energy import limited_energy_j, op_power_w
 
     g, c, m = (np.array([times[p][i] for p in parts]) for i in range(3))
+    tc = np.array([p in GEMM_MNK for p in parts])              # the GEMMs run on tensor cores
     runtime = float(g.sum()) if period_s is None else max(period_s, float(g.sum()))
-    return limited_energy_j(gpu, cal, op_power_w(gpu, cal, g, c, m), g, c, m, np.ones(len(parts)), runtime) / runtime
+    return limited_energy_j(gpu, cal, op_power_w(gpu, cal, g, c, m, tc), g, c, m, np.ones(len(parts)), runtime,
+                            tc) / runtime
 
 
 def cases(seqs: dict, gapped: dict) -> list[tuple[list[str], float | None, float]]:

@@ -6,13 +6,16 @@ GEMM loops (validation/harness/power_mix.py --skinny; H200: validation/data/kern
 
 A GEMM x[M, K] @ w[K, N] with few rows streams its weights at near HBM bandwidth while its tensor cores do M times
 the work of a matrix-vector product. aisim's power model (cost/energy.py) took the larger of the two activities'
-power above the waiting power; on an H200 a loop of such GEMMs draws 498 W at M = 1, 627 W at M = 32 and the 700 W
-limit from M = 64 on (clocks pulled down), where the copy loop that streams HBM alone draws 547 W. ``power_overlap``
+power above the waiting power; on an H200 a loop of such GEMMs draws 502 W at M = 1, 576-625 W at M = 32 and the
+700 W limit from M = 64 on (clocks pulled down; medians of two rounds), where the copy loop that streams HBM alone
+draws 547 W. ``power_overlap``
 adds that share of the smaller activity's power: P = P_wait + max(D_c, D_m) + overlap x min(D_c, D_m), under the
-calibration's power-limit rule (power_limit_mix) as a step's kernels are. The fit: the overlap (grid 0.01) whose
-prediction is closest (power MAPE) to every skinny loop's measured power, each GEMM at its measured time per call
-with aisim's FLOPs and bytes (a fit of power, not of aisim's kernel times); the reference GEMM and copy loops and
-the layer-like mix are shown beside it, not fitted. Nothing here reads a judged row.
+calibration's power-limit rule (power_limit_mix) as a step's kernels are, on tensor-core kernels only. The fit:
+the overlap (grid 0.01) whose prediction is closest (power MAPE) to every skinny loop's measured power, each GEMM
+at its measured time per call with aisim's FLOPs and bytes (a fit of power, not of aisim's kernel times), with the
+calibration's memory-bound power scaled to the run's own copy loop (normalised: the machine's HBM power is not the
+overlap's to absorb); the reference GEMM and copy loops and the layer-like mix are shown beside it, not fitted.
+Nothing here reads a judged row.
 
 --write puts the overlap into the calibration's file; --transfer-to writes it into another GPU's (the same GH100
 die and 700 W limit: H100 SXM from the H200's loops), which keeps its own power curves.
@@ -89,8 +92,30 @@ def predicted_w(parts, times, cal, gpu) -> float:
     from aisim.cost.energy import limited_energy_j, op_power_w
 
     g, c, m = (np.array([times[p][i] for p in parts]) for i in range(3))
+    tc = np.array([p.startswith("mm_") or p == "gemm" for p in parts])     # GEMMs: tensor cores
     runtime = float(g.sum())
-    return limited_energy_j(gpu, cal, op_power_w(gpu, cal, g, c, m), g, c, m, np.ones(len(parts)), runtime) / runtime
+    return limited_energy_j(gpu, cal, op_power_w(gpu, cal, g, c, m, tc), g, c, m, np.ones(len(parts)), runtime,
+                            tc) / runtime
+
+
+def normalised(cal, seqs: dict, times: dict, gpu):
+    """The calibration with its memory-bound power scaled to the run's own copy loop (the machine's HBM power:
+    547 W on the fit's H200 where the calibration's host drew 602 W), so that the overlap fitted is the
+    combination alone, not one machine's memory power. The linear model's power_memory_fraction, or the memory
+    curve's power above the waiting power; unchanged without a copy loop in the run."""
+    from aisim.cost.energy import waiting_power_w
+
+    if "copy" not in seqs:
+        return cal
+    idle_w, board = waiting_power_w(gpu, cal), gpu.board_power_w
+    model_w = predicted_w(["copy"], times, cal, gpu)
+    k = (seqs["copy"]["power_w"] - idle_w) / max(model_w - idle_w, 1e-9)
+    if cal.power_memory_curve is not None:
+        curve = cal.power_memory_curve
+        eff = [idle_w / board + (e - idle_w / board) * k for e in curve.efficiency]
+        return cal.model_copy(update={"power_memory_curve": curve.model_copy(update={"efficiency": eff})})
+    frac = (idle_w + (cal.power_memory_fraction * board - idle_w) * k) / board
+    return cal.model_copy(update={"power_memory_fraction": min(frac, 1.0)})
 
 
 def errors(seqs: dict, names, times, cal, gpu) -> dict[str, float]:
@@ -105,10 +130,11 @@ def derive(calibration: str, paths=DATA) -> dict:
     from aisim.catalog import resolve_device
     from aisim.specs import load_calibration
 
-    cal = load_calibration(calibration).model_copy(update={"power_overlap": 0.0})
-    dev = resolve_device(cal.device)
+    shipped = load_calibration(calibration).model_copy(update={"power_overlap": 0.0})
+    dev = resolve_device(shipped.device)
     headers, seqs = load(paths)
-    times = kernel_times(seqs, cal, dev)
+    times = kernel_times(seqs, shipped, dev)
+    cal = normalised(shipped, seqs, times, dev.gpu)
     fit = [n for n, s in seqs.items() if s["mkn"][0] is not None and len(s["parts"]) == 1]
     shown = [n for n in seqs if n not in fit]
     best = min(OVERLAPS, key=lambda o: (mape(errors(seqs, fit, times, cal.model_copy(update={"power_overlap": float(o)}),
@@ -120,9 +146,10 @@ def derive(calibration: str, paths=DATA) -> dict:
             "mape_before": mape({n: before[n] for n in fit}), "mape_after": mape({n: after[n] for n in fit})}
 
 
-def check(paths, calibration: str) -> tuple[float, float, int]:
-    """(power MAPE of a held-out run's skinny GEMM loops with the larger activity alone, with the shipped overlap,
-    loops): nothing fitted."""
+def check(paths, calibration: str) -> tuple[float, float, float, float, int]:
+    """Power MAPE of a held-out run's skinny GEMM loops with the larger activity alone and with the shipped overlap,
+    under the shipped calibration and under it with the run's own memory power (normalised), and the loops:
+    nothing fitted."""
     from aisim.catalog import resolve_device
     from aisim.specs import load_calibration
 
@@ -131,8 +158,12 @@ def check(paths, calibration: str) -> tuple[float, float, int]:
     _, seqs = load(paths)
     times = kernel_times(seqs, shipped, dev)
     loops = [n for n, s in seqs.items() if s["mkn"][0] is not None and len(s["parts"]) == 1]
-    before = errors(seqs, loops, times, shipped.model_copy(update={"power_overlap": 0.0}), dev.gpu)
-    return mape(before), mape(errors(seqs, loops, times, shipped, dev.gpu)), len(loops)
+    run = normalised(shipped.model_copy(update={"power_overlap": 0.0}), seqs, times, dev.gpu)
+    out = []
+    for cal in (shipped, run.model_copy(update={"power_overlap": shipped.power_overlap})):
+        out += [mape(errors(seqs, loops, times, cal.model_copy(update={"power_overlap": 0.0}), dev.gpu)),
+                mape(errors(seqs, loops, times, cal, dev.gpu))]
+    return (*out, len(loops))
 
 
 def write(calibration: str, result: dict, source: str | None = None) -> Path:
@@ -161,9 +192,10 @@ def main(argv=None) -> int:
                         "calibration: nothing fitted or written")
     args = parser.parse_args(argv)
     if args.check:
-        before, after, n = check([Path(p) for p in args.data] or DATA, args.calibration)
+        before, after, run_before, run_after, n = check([Path(p) for p in args.data] or DATA, args.calibration)
         print(f"{n} skinny GEMM loops: power MAPE with the larger activity alone {before:.1f}% -> with the shipped "
-              f"power_overlap {after:.1f}%")
+              f"power_overlap {after:.1f}%; with the memory power of the run's own copy loop {run_before:.1f}% -> "
+              f"{run_after:.1f}%")
         return 0
     result = derive(args.calibration, [Path(p) for p in args.data] or DATA)
     print(f"power_overlap: {result['overlap']:g}; power MAPE over {len(result['fit'])} skinny GEMM loops "
