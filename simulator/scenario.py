@@ -505,8 +505,8 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
                        "each after its activation's quantization, on the dense fp8 GEMM curve (no fp8 grouped-GEMM "
                        "table is measured)" if fused
                        else "; MoE expert weights stored fp8 (their grouped GEMMs at the 16-bit rate)")
-        out.append(f"--quant fp8 on {dev.gpu.name} with {runtime}: {_fp8_engine(runtime, config)}{experts_fp8}; embeddings "
-                   "and the LM head 16-bit")
+        out.append(f"--quant fp8 on {dev.gpu.name} with {runtime}: {_fp8_engine(runtime, config)}{experts_fp8}; "
+                   "embeddings and the LM head 16-bit")
     elif quant == "fp8":
         out.append(f"--quant fp8: {dev.gpu.name} has no fp8 tensor cores: weight-only fallback (fp8 weights "
                    "dequantized to 16-bit inside the GEMM, as vLLM's FP8 Marlin kernel on Ampere); GEMMs run at the "

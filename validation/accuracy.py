@@ -123,7 +123,8 @@ WHY = """\
   shapes and fp16, held out, 9.4% -> 2.8%; transferred to the H100 SXM) takes energy per token on h100.jsonl to
   7.15% and h200.jsonl to 5.04%, tp2 15.59%, tp4 19.61%, whisper 15.84%, the serving runs' J/token 21.6%. What stays
   low: the host-bound bf16 training rows, whose times are short, opt-1.3b prefill and bloom-560m 1 x 128 (whose
-  runtimes are 42-55% off too), and the MoE and tensor-parallel rows' host-bound steps. Decode rows whose energy window was dominated by the untimed cache
+  runtimes are 42-55% off too), and the MoE and tensor-parallel rows' host-bound steps.
+  Decode rows whose energy window was dominated by the untimed cache
   copies between trials are reported n/a (the subtraction implied more than the card's 700 W).
 - **Tensor-parallel launch-bound rows**: the measured implementation (plain sharded weights, an NCCL all-reduce
   from a forward hook, a barrier before each trial) makes TP=2 slower than TP=1 at batch 1 (Llama-3-8B decode:

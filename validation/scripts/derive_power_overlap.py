@@ -1,5 +1,5 @@
-"""How a kernel's power combines tensor-core and HBM activity (the calibration's ``power_overlap``), from weight-streaming
-GEMM loops (validation/harness/power_mix.py --skinny; H200: validation/data/kernels/power-skinny-h200.jsonl).
+"""How a kernel's power combines tensor-core and HBM activity (the calibration's ``power_overlap``), from
+weight-streaming GEMM loops (validation/harness/power_mix.py --skinny; H200: validation/data/kernels/power-skinny-h200.jsonl).
 
     python -m aisim.validation.scripts.derive_power_overlap [FILE ...] [--calibration h200] [--write]
         [--transfer-to h100-sxm] [--check]
@@ -137,8 +137,10 @@ def derive(calibration: str, paths=DATA) -> dict:
     cal = normalised(shipped, seqs, times, dev.gpu)
     fit = [n for n, s in seqs.items() if s["mkn"][0] is not None and len(s["parts"]) == 1]
     shown = [n for n in seqs if n not in fit]
-    best = min(OVERLAPS, key=lambda o: (mape(errors(seqs, fit, times, cal.model_copy(update={"power_overlap": float(o)}),
-                                                      dev.gpu)), o))
+    def fit_mape(o: float) -> float:
+        return mape(errors(seqs, fit, times, cal.model_copy(update={"power_overlap": float(o)}), dev.gpu))
+
+    best = min(OVERLAPS, key=lambda o: (fit_mape(o), o))
     fitted = cal.model_copy(update={"power_overlap": float(best)})
     before, after = (errors(seqs, list(seqs), times, c, dev.gpu) for c in (cal, fitted))
     return {"headers": headers, "overlap": float(best), "fit": fit, "shown": shown, "seqs": seqs,

@@ -142,7 +142,7 @@ class RequestState:
 
     def __init__(self, rid: int, arrival_s: float, input_tokens: int, output_tokens: int):
         self.rid, self.arrival_s = rid, arrival_s
-        self.scheduled_s = arrival_s    # when the client meant to send it (arrival_s: when sent, after a --max-concurrency wait)
+        self.scheduled_s = arrival_s    # when the client meant to send it (arrival_s: the send, after a cap's wait)
         self.input_tokens, self.output_tokens = input_tokens, output_tokens
         self.state, self.generated, self.computed, self.blocks, self.swapped_blocks = WAITING, 0, 0, 0, 0
         self.units = 0  # pool blocks held (blocks x the full groups, plus the sliding groups' share)

@@ -160,7 +160,7 @@ def blocks_override(cap: KvCapacity, blocks: int, block_size: int) -> KvCapacity
 
 
 SERVE_ENERGY_NOTE = ("energy: aisim's serving energy is checked only against transformers-cb runs on an H100, where it "
-                     "was low on every run (J/token MAPE 23%, docs/accuracy.md serving section): read it as a lower "
+                     "was low on every run (J/token MAPE 22%, docs/accuracy.md serving section): read it as a lower "
                      "bound")
 VLLM_UNMEASURED_NOTE = ("runtime vllm: built from vLLM's source (scheduler, memory policy, kernels: "
                         "hardware_specs/runtimes/vllm.yaml) over aisim's step costs; no vLLM run has been measured "
@@ -180,11 +180,12 @@ def unloaded_latency_s(run: ServeRun, timer, cfg: EngineConfig) -> float:
 
 def load_note(run: ServeRun, request: ServeRequest, timer, cfg: EngineConfig) -> str | None:
     """Whether the replicas keep up with the arrivals (metrics.overload), in words with what to do."""
-    behind = overload(run.requests, unloaded_latency_s(run, timer, cfg))
+    alone_s = unloaded_latency_s(run, timer, cfg)
+    behind = overload(run.requests, alone_s)
     more = "--num-requests" if request.trace_path is None else "a longer trace"
     if behind == "short":
         return (f"the arrivals last under twice a typical request's latency alone "
-                f"({unloaded_latency_s(run, timer, cfg):.2g} s): the run ends while the engine is still filling, so "
+                f"({alone_s:.2g} s): the run ends while the engine is still filling, so "
                 f"it cannot show whether the server keeps up with this rate; give {more}")
     if behind is None:
         return None
@@ -322,7 +323,8 @@ def serve(sc: Scenario, request: ServeRequest, knobs: dict[str, Any] | None = No
         "$AISIM_SPECS_DIR/runtimes/)",
         f"step times from aisim's step costs of {sc.model} on {sc.device.name} (aisim.studies.serve.timer: the "
         f"forward without attention traced at 1..{cfg.max_num_batched_tokens} tokens"
-        f"{', MoE experts at the rows each step routes to them' if moe_routing(sc.config) else ''}, {s.attention} attention)"
+        f"{', MoE experts at the rows each step routes to them' if moe_routing(sc.config) else ''}, "
+        f"{s.attention} attention)"
         + (f"; the attention kernel's graph is built once per new (queries, keys) shape of a replica's run, "
            f"{s.attention_graph_build_s * 1e3:.1f} ms each on the host" if s.attention_graph_build_s else "")]
     cal = calibration_note(sc)
@@ -352,8 +354,9 @@ def serve(sc: Scenario, request: ServeRequest, knobs: dict[str, Any] | None = No
     if request.lockstep > 1:
         notes.append(f"expert parallel over data parallel: each group of {request.lockstep} replicas steps together "
                      "(every rank joins each MoE layer's all-to-all), a step lasting as long as its slowest rank's, "
-                     "a rank without requests running vLLM's one-token dummy batch (vllm/v1/engine/core.py "
-                     "DPEngineCoreProc); each rank's step is costed as if the others carried a batch like its own")
+                     "a rank without requests running vLLM's one-token dummy batch until a 32nd step of the wave "
+                     "finds none with work (vllm/v1/engine/core.py DPEngineCoreProc); each rank's step is costed "
+                     "as if the others carried a batch like its own")
     if sc.plan.pp > 1:
         notes.append(f"pipeline parallel {sc.plan.pp}: each step runs its {sc.plan.pp} stages one after another; "
                      "vLLM keeps a batch in flight per stage, which is not modelled: latencies at low load hold, "
