@@ -236,7 +236,8 @@ def serve_bench(
     batch: str = typer.Option("1,2,4,8,16,32", help="batch sizes"),
     seq: int = typer.Option(1024, help="prompt length"),
     decode_len: int = typer.Option(8, help="generated tokens (1 from prefill + decode_len - 1 steps)"),
-    dtype: str = typer.Option("fp16"),
+    dtype: str = typer.Option("auto", help="auto (as the engine picks it from config.json's torch_dtype and the "
+                              "GPU, as serve does) | fp16 | bf16 | fp32"),
     quant: str = typer.Option("none", help="none|bitsandbytes-int8|int8|fp8|int4"),
     runtime: str = typer.Option("tgi-2023", help="engine profile (aisim list runtimes)"),
     max_batch_total_tokens: Optional[int] = typer.Option(None, help="server limit on batch x (seq + decode)"),

@@ -130,5 +130,5 @@ def serve_bench(base: ScenarioRequest, req: ServeBenchRequest) -> ServeBench:
                   "token choosers; --runtime tgi-2023 models TGI 0.x's)" + (
                       "; for its scheduler under a request load use `aisim serve`" if rt.serving is not None else ""))
     return ServeBench(model=name, device=str(base.device), seq=req.seq, decode_len=req.decode_len,
-                      dtype=base.dtype, quant=base.quant, runtime=rt.name,
+                      dtype=sc.dtype, quant=base.quant, runtime=rt.name,
                       max_batch_total_tokens=req.max_batch_total_tokens, shards=out, assumptions=sorted(notes))
