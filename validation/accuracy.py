@@ -121,7 +121,9 @@ WHY = """\
   larger's: 1.0, fitted with each run's memory power normalised to its own copy loop; python -m
   aisim.validation.scripts.derive_power_overlap: power MAPE over those loops 8.1% -> 1.7%, on a second H200 at other
   shapes and fp16, held out, 9.4% -> 2.8%; transferred to the H100 SXM) takes energy per token on h100.jsonl to
-  7.15% and h200.jsonl to 5.04%, tp2 15.59%, tp4 19.61%, whisper 15.84%, the serving runs' J/token 21.6%. What stays
+  7.15% and h200.jsonl to 5.04%, tp2 15.59%, tp4 19.61%, whisper 15.84%, the serving runs' J/token 21.6%; on model
+  steps measured after it was committed, of models no energy table holds (validation/suites/energy-heldout.yaml on
+  an H200; python -m aisim.validation.scripts.check_energy), 7.4% -> 3.7%. What stays
   low: the host-bound bf16 training rows, whose times are short, opt-1.3b prefill and bloom-560m 1 x 128 (whose
   runtimes are 42-55% off too), and the MoE and tensor-parallel rows' host-bound steps.
   Decode rows whose energy window was dominated by the untimed cache
