@@ -315,7 +315,7 @@ def serve(
     prefix_caching: Optional[bool] = typer.Option(
         None, "--enable-prefix-caching/--no-enable-prefix-caching", help="vLLM's flag (on by default in V1): a "
         "request preempted by recompute takes back its prefix blocks still cached"),
-    percentiles: str = typer.Option("50,90,99", "--metric-percentiles", help="as vLLM's"),
+    percentiles: str = typer.Option("50,90,99", "--metric-percentiles", help="vLLM's flag (its default is 99)"),
     goodput: str = typer.Option("", "--goodput", help="as vLLM's: per-request limits KEY:MS for ttft, tpot, e2el "
                                 "(e.g. 'ttft:300 tpot:50'): adds Request goodput (req/s)"),
     max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", help="as vLLM's: the client keeps at "

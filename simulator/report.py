@@ -199,9 +199,12 @@ def print_serve(r, notes: list[str] | None = None) -> None:
             return str(value)
         return f"{value:,.{digits}f}"        # fixed decimals at any size, as vLLM's {:<10.2f} (with separators)
 
+    rate = (getattr(r, "load", None) or {}).get("request_rate")
     for key, label in SERVE_HEAD:
         if m.get(key) is not None:
             table.add_row(label, cell(key))
+        if key == "max_concurrency" and isinstance(rate, (int, float)):      # vLLM prints it for a finite rate
+            table.add_row("Request rate configured (RPS)", f"{rate:,.2f}")
     for metric, name, header in SERVE_SECTIONS:
         if metric == "client_queue_time" and m.get("mean_client_queue_time_ms") is None:   # --max-concurrency only
             continue

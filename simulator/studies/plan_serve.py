@@ -55,9 +55,9 @@ class _Search:
     scenario_notes: dict[tuple[str, str, int], list[str]] = field(default_factory=dict)
     uncalibrated: set[str] = field(default_factory=set)
     capacity_bound: bool = False   # some configuration saturated within --max-gpus or did not fit
-    # (device, runtime, tp) -> (one replica's saturated req/s, its max_num_seqs, the fewest replicas simulated): the
-    # best of the max_num_seqs searched, for the note saying why fewer replicas are not ranked
-    saturation: dict[tuple[str, str, int], tuple[float, int, int]] = field(default_factory=dict)
+    # (device, runtime, tp) -> {max_num_seqs: (one replica's saturated req/s, the fewest replicas simulated)}, for the
+    # note saying why fewer replicas are not ranked
+    saturation: dict[tuple[str, str, int], dict[int, tuple[float, int]]] = field(default_factory=dict)
 
 
 class PlanServeRequest(BaseModel):
@@ -242,11 +242,13 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
             reason = _search_device(req, device, runtime, percentiles, search, found, notes, progress, moe)
             if reason:
                 infeasible[f"{device}/{runtime}"] = reason
-    for (device, runtime, tp), (capacity, seqs, low) in sorted(search.saturation.items()):
-        if not 1 < low <= max(req.max_gpus // tp, 1):
-            continue
-        notes.add(f"{device}/{runtime} tp {tp}: one replica saturates at {capacity:.2f} req/s at best (max_num_seqs "
-                  f"{seqs}), so {req.rate_per_s:g} req/s takes at least {low} replicas; fewer are not simulated")
+    for (device, runtime, tp), by_seqs in sorted(search.saturation.items()):
+        pruned = [(seqs, cap, low) for seqs, (cap, low) in sorted(by_seqs.items(), reverse=True)
+                  if 1 < low <= max(req.max_gpus // tp, 1)]
+        if pruned:
+            notes.add(f"{device}/{runtime} tp {tp}: one replica saturates at " + ", ".join(
+                f"{cap:.2f} req/s with max_num_seqs {seqs} (at least {low} replicas)" for seqs, cap, low in pruned)
+                + f" for {req.rate_per_s:g} req/s: fewer replicas are not simulated")
     if not search.simulated and not search.capacity_bound:
         # nothing could run, and not for want of GPUs (a setting every device refuses, requests no engine takes):
         # an error; a rate beyond --max-gpus or a model that does not fit is the plan's answer, with its reasons
@@ -471,8 +473,7 @@ def _min_replicas(req, sc, tp, knobs, percentiles, search, notes) -> Candidate |
     max_replicas = max(req.max_gpus // tp, 1)
     low = max(1, math.ceil(req.rate_per_s / capacity)) if capacity > 0 else max_replicas + 1
     key = (sc.device.gpu.name, sc.runtime.name, tp)
-    if capacity > search.saturation.get(key, (0.0,))[0]:
-        search.saturation[key] = (capacity, cfg.max_num_seqs, low)
+    search.saturation.setdefault(key, {})[cfg.max_num_seqs] = (capacity, low)
     if low > max_replicas:
         raise Saturated(f"one tp-{tp} replica (max_num_seqs {cfg.max_num_seqs}) saturates at {capacity:.2f} req/s: "
                         f"{req.rate_per_s:g} req/s needs at least {low} replicas ({low * tp} GPUs) > --max-gpus "

@@ -49,8 +49,10 @@ def check_positions(config: dict, w, learned_only: bool = False) -> None:
     limit = config.get("max_position_embeddings") or config.get("n_positions")
     length = w.seq + (w.gen_tokens if w.phase == "generate" else 0)
     if limit and w.phase != "encode" and length > limit:
-        given = f"seq {w.seq}" + (f" + gen {w.gen_tokens}" if w.phase == "generate" else "")
-        raise AisimError(f"{given} exceeds the model's {limit} positions; give a shorter --seq")
+        given = f"seq {w.seq}" + (f" + {w.gen_tokens} generated" if w.phase == "generate" else "")
+        raise AisimError(f"{given} exceeds the model's {limit} positions; give a shorter --seq"
+                         + (" or fewer generated tokens (--gen, serve-bench's --decode-len)" if w.phase == "generate"
+                            else ""))
 
 
 def single_step(sc: Scenario, shape: StepShape) -> Estimate:

@@ -139,6 +139,7 @@ class ServeRun:
     token_time_s: np.ndarray
     token_request_id: np.ndarray
     steady: SteadyWindow | None = None   # between warm-up and drain (plan serve's steady-state energy)
+    arrival_offset_s: float = 0.0        # a trace's first arrival in its own clock (times count from it)
 
 
 def build_workload(request: ServeRequest) -> Workload:
@@ -167,7 +168,7 @@ def run_serving(request: ServeRequest, timer: StepTimer, engine_config: EngineCo
                    lockstep=request.lockstep, max_concurrency=request.max_concurrency)
     tokens = token_times(run)
     result, table = summarize(run, request.metric_percentiles, tokens, request.goodput)
-    return ServeRun(result, table, *tokens, steady=steady_window(run))
+    return ServeRun(result, table, *tokens, steady=steady_window(run), arrival_offset_s=workload.offset_s)
 
 
 def simulate_serving(request: ServeRequest, timer: StepTimer, engine_config: EngineConfig,

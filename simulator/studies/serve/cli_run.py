@@ -111,8 +111,9 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
             bar.close()
     used = replicas * per_replica
     # serve's data-parallel degree is --replicas: its default says so, or is dropped when --replicas is given
-    notes = [n.replace("--dp not given", "--replicas not given") for n in notes
-             if not (given and n.startswith("--dp not given"))]
+    notes = [n.replace("--dp not given", "--replicas not given").replace(
+                 "as Megatron and vLLM infer it", "each its own engine behind the router (one vllm serve runs "
+                 "data_parallel_size 1 unless told)") for n in notes if not (given and n.startswith("--dp not given"))]
     notes = [n.replace("change --tp/--dp", "change --tp/--replicas") for n in notes]
     if used < sc.device.count:
         notes.append(f"{used} of {sc.device.name}'s {sc.device.count} GPUs serve ({replicas} replica(s) of tp "

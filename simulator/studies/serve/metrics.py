@@ -152,6 +152,8 @@ def steady_window(run: SimRun) -> SteadyWindow | None:
 
 
 OVERLOAD_MIN_REQUESTS = 50
+OVERLOAD_FEW_REQUESTS = 10
+OVERLOAD_SLOW_SHARE = 0.5       # completions under half the rate of a server that keeps up: behind, at any length
 OVERLOAD_GROWTH_SHARE = 0.1     # requests in the system growing by more than this share of the arrivals ...
 OVERLOAD_NOISE_SIGMAS = 2.0     # ... and by more than this many sqrt(N) of its Poisson noise, plus 2 requests
 
@@ -161,21 +163,29 @@ def overload(table: RequestTable, unloaded_s: float) -> tuple[float, int, int] |
     falls behind: between the two, the requests arrived and not yet finished grew by more than a tenth of the
     arrivals there and beyond their noise (the queue, or the running batch, builds: every latency then depends
     on the run's length). "short" when the arrivals last less than twice ``unloaded_s`` (a typical request's
-    latency alone on the engine): the system is still filling, nothing can be told. None when it keeps up, with
-    under 50 completed requests, or all arrivals at once."""
+    latency alone on the engine): the system is still filling, nothing more can be told. Whatever the length, a run
+    whose completions come at under half the rate a server keeping up would reach (its requests over the arrivals'
+    span plus ``unloaded_s``) falls behind. None when it keeps up, with under 10 completed requests (under 50 for
+    the growth test), or all arrivals at once."""
     ok = table.completed                        # rejected requests never enter the system
     arrival, finish = table.arrival_s[ok], table.finish_s[ok]
-    if len(arrival) < OVERLOAD_MIN_REQUESTS:
+    if len(arrival) < OVERLOAD_FEW_REQUESTS:
         return None
     start, end = float(arrival.min()), float(arrival.max())
     if end <= start:
         return None
     mid = (start + end) / 2                    # a trace's clock need not start at 0
-    if unloaded_s >= mid - start:
-        return "short"
     in_mid = int((arrival <= mid).sum() - (finish <= mid).sum())
     in_end = int((arrival <= end).sum() - (finish <= end).sum())
     arrived = int(((arrival > mid) & (arrival <= end)).sum())
+    # however short the run: completions far slower than a server keeping up would finish them (the arrivals' span
+    # plus a request's latency alone) are a server falling behind
+    if len(arrival) / float(finish.max() - start) < OVERLOAD_SLOW_SHARE * len(arrival) / (end - start + unloaded_s):
+        return arrived / (end - mid), in_mid, in_end
+    if unloaded_s >= mid - start:
+        return "short"
+    if len(arrival) < OVERLOAD_MIN_REQUESTS:
+        return None
     growth = in_end - in_mid
     if growth <= OVERLOAD_GROWTH_SHARE * arrived or growth <= OVERLOAD_NOISE_SIGMAS * math.sqrt(max(in_mid, 1)) + 2:
         return None

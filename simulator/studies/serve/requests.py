@@ -220,6 +220,7 @@ class Workload:
     arrival_s: np.ndarray
     input_tokens: np.ndarray
     output_tokens: np.ndarray
+    offset_s: float = 0.0     # a trace's first arrival in its own clock: arrivals count from it
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -287,7 +288,9 @@ def _jsonl_rows(path: Path, text: str):
 def read_trace(path: str | Path) -> Workload:
     """Requests from a CSV (header row) or JSONL trace with columns arrival_s,input_tokens,output_tokens.
 
-    Rows need not be sorted; they are sorted by arrival (stably). Every error names the file and line.
+    Rows need not be sorted; they are sorted by arrival (stably), and the times count from the first arrival
+    (Workload.offset_s keeps it: a log's epoch timestamps would otherwise count the years before it as idle time).
+    Every error names the file and line.
     """
     path = Path(path)
     if path.suffix.lower() not in (".csv", ".jsonl", ".json"):
@@ -307,4 +310,6 @@ def read_trace(path: str | Path) -> Workload:
     data = np.array(parsed, dtype=np.float64)
     order = np.argsort(data[:, 0], kind="stable")
     data = data[order]
-    return Workload(data[:, 0].copy(), data[:, 1].astype(np.int64), data[:, 2].astype(np.int64))
+    # logs carry absolute times (epoch seconds): the run's clock starts at the first arrival, as a benchmark's does
+    offset = float(data[0, 0])
+    return Workload(data[:, 0] - offset, data[:, 1].astype(np.int64), data[:, 2].astype(np.int64), offset)

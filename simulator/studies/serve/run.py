@@ -44,7 +44,8 @@ BLOCK_SIZES: dict[str, tuple[tuple[int, ...] | None, int, str]] = {
 # why a request was rejected (engine.ReplicaScheduler.reject_reason) and what to do about it
 FAILURE_HINTS = {
     "max_model_len": "have input + output tokens over max_model_len {max_model_len} (the model's "
-                     "max_position_embeddings): shorten --input-len / --output-len, or choose a longer-context model",
+                     "max_position_embeddings): shorten --input-len / --output-len (or the trace's requests), or choose "
+                     "a longer-context model",
     "kv_capacity": "need more KV cache than one replica holds ({kv_tokens}): {kv_fix}",
     "max_num_batched_tokens": "have prompts over --max-num-batched-tokens {max_num_batched_tokens} with chunked "
                               "prefill off: raise it, or use --chunked-prefill",
@@ -183,21 +184,24 @@ def load_note(run: ServeRun, request: ServeRequest, timer, cfg: EngineConfig) ->
     alone_s = unloaded_latency_s(run, timer, cfg)
     behind = overload(run.requests, alone_s)
     more = "--num-requests" if request.trace_path is None else "a longer trace"
+    table = run.requests
+    ok = table.completed
+    first = float(table.arrival_s[ok].min()) if ok.any() else 0.0
+    done_rate = ok.sum() / max(float(table.finish_s[ok].max()) - first, 1e-9) if ok.any() else 0.0
     if behind == "short":
-        return (f"the arrivals last under twice a typical request's latency alone "
-                f"({alone_s:.2g} s): the run ends while the engine is still filling, so "
-                f"it cannot show whether the server keeps up with this rate; give {more}")
+        offered = (ok.sum() - 1) / max(float(table.arrival_s[ok].max()) - first, 1e-9)
+        return (f"the arrivals last under twice a typical request's latency alone ({alone_s:.2g} s): the run ends "
+                f"while the engine is still filling, so it cannot show whether the server keeps up with "
+                f"{offered:.3g} req/s (it completed {done_rate:.3g} req/s from the first arrival to the last "
+                f"finish, the drain included); give {more}")
     if behind is None:
         return None
     rate_s, in_mid, in_end = behind
-    table = run.requests
-    ok = table.completed
-    span_s = float(table.finish_s[ok].max() - table.arrival_s[ok].min())
     fix = ("the trace's arrivals outpace it: use more replicas" if request.trace_path is not None else
            "the latencies depend on --num-requests: lower --rate, add replicas")
     return (f"the server falls behind its arrivals: in the second half of the arrivals ({rate_s:.3g} req/s) the "
             f"requests in the system grew from {in_mid} to {in_end}; from the first arrival to the last finish it "
-            f"completed {ok.sum() / span_s:.3g} req/s (about its capacity when overloaded); {fix}, or let "
+            f"completed {done_rate:.3g} req/s (about its capacity when overloaded); {fix}, or let "
             "`aisim plan serve` find the cheapest configuration for an SLO")
 
 
@@ -345,6 +349,9 @@ def serve(sc: Scenario, request: ServeRequest, knobs: dict[str, Any] | None = No
     failures = failure_summary(run, cfg, (knobs or {}).get("num_gpu_blocks_override") is not None)
     if failures:
         notes.append(f"failed: {failures}")
+    if run.arrival_offset_s:
+        notes.append(f"the trace's first arrival is at {run.arrival_offset_s:,.3f} s in its own clock: times "
+                     "(duration, throughputs, energy) count from it")
     for note in (load_note(run, request, timer, cfg), client_queue_note(run, request)):
         if note:
             notes.append(note)
