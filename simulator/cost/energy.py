@@ -2,13 +2,13 @@
 
 Each kernel draws P = P_idle + max(D_c, D_m) + overlap * min(D_c, D_m) (overlap on tensor-core kernels only), with
 D_c = a_c * (P_compute - P_idle) and D_m = a_m * (P_memory - P_idle) its two activities' power above the waiting
-power, where P_compute and
-P_memory are the calibrated power while looping the reference loads (an 8192^3 bf16 GEMM, a 1 GiB copy: see
-validation/calibrate.py bench_power), and a_c, a_m the kernel's activity relative to those loads: the fraction of
-peak FLOP/s (bandwidth) it achieves divided by the fraction the reference load achieves, at most 1 (a GEMM at
-the reference GEMM's efficiency draws the reference power, less any overlap). ``overlap`` (the calibration's power_overlap): a kernel
-that keeps both the tensor cores and HBM busy (a GEMM of a few rows streaming its weights) draws more than either
-activity alone; 0 takes the larger alone. The GPU draws P_idle while it waits. P_idle is the
+power, where P_compute and P_memory are the calibrated power while looping the reference loads (an 8192^3 bf16
+GEMM, a 1 GiB copy: see validation/calibrate.py bench_power), and a_c, a_m the kernel's activity relative to those
+loads: the fraction of peak FLOP/s (bandwidth) it achieves divided by the fraction the reference load achieves, at
+most 1 (a GEMM at the reference GEMM's efficiency draws the reference power, plus the overlap share of its own
+memory activity). ``overlap`` (the calibration's power_overlap): a kernel that keeps both the tensor cores and HBM
+busy (a GEMM of a few rows streaming its weights) draws more than either activity alone; 0 takes the larger alone.
+The GPU draws P_idle while it waits. P_idle is the
 calibrated power under back-to-back tiny kernels (clocks up, SMs nearly idle) where measured, else idle power. Energy is
 summed over all GPUs used. Where the calibration has measured power curves (GEMM and copy loops at several
 sizes), a kernel's power is read off them at its achieved fraction of peak instead (``_curve_power_w``). Under the
