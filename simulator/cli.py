@@ -322,6 +322,8 @@ def serve(
                                                   "most this many requests in flight (a request's latencies count "
                                                   "from when it is sent)"),
     per_request: Optional[Path] = typer.Option(None, "--per-request", help="write one CSV row per request"),
+    save_result: Optional[Path] = typer.Option(None, "--save-result", help="write the run as vLLM bench serve's "
+                                               "--save-result JSON (flat: its keys and per-request lists)"),
     as_json: bool = typer.Option(False, "--json", help="print the vLLM bench-serve style JSON"),
 ):
     """Simulate a continuous-batching server under a request load (vLLM bench-serve metrics)."""
@@ -344,6 +346,7 @@ def serve(
                                 "enable_prefix_caching": prefix_caching})
 
     _output_path(per_request, "--per-request")
+    _output_path(save_result, "--save-result")
     (result, run, notes), _ = _run(go)
     if not _given(ctx, "runtime"):
         notes = [DEFAULT_ENGINE_NOTE, *notes]
@@ -351,10 +354,30 @@ def serve(
     if per_request is not None:
         from .studies.serve import write_requests_csv
         _run(write_requests_csv, run.requests, per_request)
+    if save_result is not None:
+        _run(_write_vllm_result, save_result, result, run)
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
     else:
         report.print_serve(result, notes)
+
+
+def _write_vllm_result(path: Path, result, run) -> None:
+    import json
+    from datetime import datetime
+
+    from .studies.serve.metrics import vllm_result
+
+    load = result.load
+    header = {"date": datetime.now().strftime("%Y%m%d-%H%M%S"), "backend": f"aisim-{result.runtime}",
+              "model_id": result.model, "device": result.device, "num_prompts": load.get("num_prompts"),
+              "request_rate": load.get("request_rate"), "burstiness": load.get("burstiness", 1.0),
+              "max_concurrency": load.get("max_concurrency")}
+    data = vllm_result(run.requests, run.token_time_s, run.token_request_id, run.result, header)
+    try:
+        path.write_text(json.dumps(data))
+    except OSError as e:
+        raise AisimError(f"cannot write --save-result {path}: {e.strerror}") from None
 
 
 plan_app = typer.Typer(no_args_is_help=True, rich_markup_mode=HELP_MARKUP,

@@ -560,3 +560,23 @@ def test_a_client_queue_that_builds_under_max_concurrency_is_told():
     calm = json.loads(runner.invoke(app, [*args, "--rate", "0.5"]).output)
     assert any("sends fall behind" in a for a in busy["assumptions"])
     assert not any("sends fall behind" in a for a in calm["assumptions"])
+
+
+def test_save_result_writes_vllms_flat_result_json(tmp_path):
+    out = tmp_path / "result.json"
+    r = runner.invoke(app, ["serve", "--model", "opt-125m", "--device", "h100", "--num-requests", "30", "--rate",
+                            "5", "--input-len", "uniform:32:256", "--output-len", "uniform:2:40", "--save-result",
+                            str(out)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(out.read_text())
+    for key in ("date", "backend", "model_id", "num_prompts", "request_rate", "burstiness", "max_concurrency",
+                "duration", "completed", "request_throughput", "output_throughput", "mean_ttft_ms", "p99_itl_ms",
+                "input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "errors"):
+        assert key in d, key
+    assert d["num_prompts"] == len(d["ttfts"]) == len(d["itls"]) == 30 and d["request_rate"] == 5.0
+    assert sum(d["ttfts"]) / 30 * 1e3 == pytest.approx(d["mean_ttft_ms"])
+    for n, gaps, ttft, lat in zip(d["output_lens"], d["itls"], d["ttfts"], d["latencies"]):
+        assert len(gaps) == n - 1 and ttft + sum(gaps) == pytest.approx(lat)
+    r = runner.invoke(app, ["serve", "--model", "opt-125m", "--device", "h100", "--num-requests", "3",
+                            "--save-result", str(tmp_path / "no" / "such" / "dir.json")])
+    assert r.exit_code == 2 and "--save-result" in r.output, r.output

@@ -334,6 +334,31 @@ def summarize(run: SimRun, percentiles: list[float],
     return result, table
 
 
+def vllm_result(table: RequestTable, token_time_s: np.ndarray, token_request_id: np.ndarray, result: ServeResult,
+                header: dict) -> dict:
+    """The run as `vllm bench serve --save-result` writes it: one flat JSON object, its header (date, backend,
+    model_id, num_prompts, request_rate, burstiness, max_concurrency), the metrics under vLLM's keys and the
+    per-request lists in seconds (vllm/benchmarks/serve.py `benchmark`'s result dict: input_lens, output_lens, ttfts,
+    itls, latencies, start_times, errors; a rejected request has output_len 0, ttft 0 and its reason as error)."""
+    n = len(table.request_id)
+    ok = table.completed
+    gaps: list[list[float]] = [[] for _ in range(n)]
+    if len(token_time_s):
+        bounds = np.flatnonzero(np.diff(token_request_id)) + 1
+        for ids, times in zip(np.split(token_request_id, bounds), np.split(token_time_s, bounds)):
+            gaps[int(ids[0])] = np.diff(times).tolist()
+    flat = result.flat()
+    out = {**header, "duration": result.duration_s, **{k: v for k, v in flat.items() if k != "duration_s"},
+           "input_lens": table.input_tokens.tolist(),
+           "output_lens": np.where(ok, table.output_tokens, 0).tolist(),
+           "ttfts": np.where(ok, table.ttft_ms / MS_PER_S, 0.0).tolist(),
+           "itls": gaps,
+           "latencies": np.where(ok, table.e2el_ms / MS_PER_S, 0.0).tolist(),
+           "start_times": table.arrival_s.tolist(),
+           "errors": ["" if done else "rejected" for done in ok.tolist()]}
+    return out
+
+
 CSV_COLUMNS = ("request_id", "replica", "arrival_s", "input_tokens", "output_tokens", "ttft_ms", "tpot_ms",
                "e2el_ms", "finish_s", "preemptions", "client_queue_ms")   # arrival_s: the send (after a cap's wait)
 
