@@ -159,13 +159,18 @@ def measured_times(seqs: dict, times: dict) -> dict:
     return out
 
 
+def is_gemm(kernel: str) -> bool:
+    """A power_mix load that is a GEMM (tensor cores): gemm, gemm_small, and the --skinny loops' mm_M..."""
+    return kernel in GEMM_MNK or kernel.startswith("mm_")
+
+
 def predicted_w(parts, times, cal, gpu, period_s: float | None = None) -> float:
     """aisim's average power over one iteration of ``parts`` back to back (or one launch of them in a ``period_s``,
     the GPU waiting the rest)."""
     from aisim.cost.energy import limited_energy_j, op_power_w
 
     g, c, m = (np.array([times[p][i] for p in parts]) for i in range(3))
-    tc = np.array([p in GEMM_MNK for p in parts])              # the GEMMs run on tensor cores
+    tc = np.array([is_gemm(p) for p in parts])                 # the GEMMs run on tensor cores
     runtime = float(g.sum()) if period_s is None else max(period_s, float(g.sum()))
     return limited_energy_j(gpu, cal, op_power_w(gpu, cal, g, c, m, tc), g, c, m, np.ones(len(parts)), runtime,
                             tc) / runtime

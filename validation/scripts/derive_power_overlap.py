@@ -31,7 +31,7 @@ import numpy as np
 
 from . import calibration_name, run_main
 from .derive_eager_attention import write_lines
-from .derive_power_mix import CAL_DIR, KERNELS, kernels
+from .derive_power_mix import CAL_DIR, KERNELS, kernels, measured_times, predicted_w
 
 DATA = (KERNELS / "power-skinny-h200.jsonl",)
 OVERLAPS = np.round(np.arange(0.0, 2.0001, 0.01), 4)
@@ -73,29 +73,12 @@ def gemm_times(mkn, dtype: str, seconds: float, cal, dev) -> tuple[float, float,
 
 
 def kernel_times(seqs: dict, cal, dev) -> dict[str, tuple[float, float, float]]:
-    """Every kernel of the records at its measured time alone (the small add, never looped alone here: aisim's
-    time)."""
-    base = kernels(cal, dev)
-    out = {}
-    for name, s in seqs.items():
-        if s["mkn"][0] is not None:
-            out[name] = gemm_times(s["mkn"], s["dtype"], s["ms"] / 1e3, cal, dev)
-        elif name in base:
-            g, c, m = base[name]
-            t = s["ms"] / 1e3
-            out[name] = (t, c * t / g, m * t / g)
-    out.setdefault("add_small", base["add_small"])
-    return out
-
-
-def predicted_w(parts, times, cal, gpu) -> float:
-    from aisim.cost.energy import limited_energy_j, op_power_w
-
-    g, c, m = (np.array([times[p][i] for p in parts]) for i in range(3))
-    tc = np.array([p.startswith("mm_") or p == "gemm" for p in parts])     # GEMMs: tensor cores
-    runtime = float(g.sum())
-    return limited_energy_j(gpu, cal, op_power_w(gpu, cal, g, c, m, tc), g, c, m, np.ones(len(parts)), runtime,
-                            tc) / runtime
+    """Every kernel of the records at its measured time alone: the skinny GEMMs, and the reference loads as
+    derive_power_mix times them (the small add, never looped alone here: aisim's time)."""
+    loads = {n: s for n, s in seqs.items() if s["mkn"][0] is None}
+    gemms = {n: gemm_times(s["mkn"], s["dtype"], s["ms"] / 1e3, cal, dev) for n, s in seqs.items()
+             if s["mkn"][0] is not None}
+    return {**measured_times(loads, kernels(cal, dev)), **gemms}
 
 
 def normalised(cal, seqs: dict, times: dict, gpu):
