@@ -79,7 +79,25 @@ class ReplicaStats:
     peak_used_blocks: int = 0
 
 
-class _Runner:
+class _Unit:
+    """What steps on its own clock: a replica, or a lockstep group of them. ``next_start_s`` (when its next step
+    would start: None with nothing to run) and ``step_once`` (run that step) are each kind's; advancing is shared."""
+
+    clock_s: float
+
+    def next_start_s(self) -> float | None:
+        raise NotImplementedError
+
+    def step_once(self) -> None:
+        raise NotImplementedError
+
+    def advance(self, until_s: float) -> None:
+        """Run the steps that start before until_s."""
+        while (start := self.next_start_s()) is not None and start < until_s:
+            self.step_once()
+
+
+class _Runner(_Unit):
     """One replica driven in time: its scheduler, its clock, the requests routed to it but not yet seen."""
 
     def __init__(self, index: int, cfg: EngineConfig, timer: StepTimer, progress: _Progress):
@@ -112,31 +130,22 @@ class _Runner:
                 self.outstanding -= 1
                 self.progress.add(1)
 
-    def advance(self, until_s: float) -> None:
-        """Run the steps that start before until_s."""
-        sched = self.sched
-        while True:
-            self._ingest()
-            if not sched.has_work():
-                if not self.pending or self.pending[0].arrival_s >= until_s:
-                    return
-                self.clock_s = max(self.clock_s, self.pending[0].arrival_s)
-                continue
-            if self.clock_s >= until_s:
-                return
-            k, dt, energy = self.plan_step()
-            self.end_step(k, dt, energy, dt)
+    def next_start_s(self) -> float | None:
+        """Now if it has work, else its next routed request's arrival; None with neither."""
+        self._ingest()
+        if self.sched.has_work():
+            return self.clock_s
+        return max(self.pending[0].arrival_s, self.clock_s) if self.pending else None
 
     def step_once(self) -> None:
         """Run exactly one step: now if there is work, else at the next routed request's arrival."""
+        start = self.next_start_s()
+        if start is None:
+            return
+        self.clock_s = start
         self._ingest()
-        if not self.sched.has_work():
-            if not self.pending:
-                return
-            self.clock_s = max(self.clock_s, self.pending[0].arrival_s)
-            self._ingest()
-            if not self.sched.has_work():     # rejected on arrival
-                return
+        if not self.sched.has_work():         # rejected on arrival
+            return
         k, dt, energy = self.plan_step()
         self.end_step(k, dt, energy, dt)
 
@@ -200,7 +209,7 @@ def make_requests(workload: Workload) -> list[RequestState]:
     return [RequestState(i, a, n_in, n_out) for i, (a, n_in, n_out) in enumerate(zip(arrival, inp, out))]
 
 
-class _Lockstep:
+class _Lockstep(_Unit):
     """Data-parallel ranks that step together (vLLM's data parallel with expert parallelism: every rank runs each
     MoE layer's all-to-all, so a step ends when the slowest rank's does, and a rank without requests runs a dummy
     batch meanwhile: vllm/v1/engine/core.py DPEngineCoreProc.run_busy_loop, execute_dummy_batch). Each rank keeps
@@ -225,38 +234,32 @@ class _Lockstep:
         for m, b, (k, own_s, energy) in zip(members, busy, planned):
             m.end_step(k, own_s, energy, dt, worked=b)
 
-    def _jump_to_next_arrival(self, until_s: float) -> bool:
-        """Between waves: move the group's clock to its next arrival if that is before until_s."""
-        self.wave_steps = 0
-        arrivals = [m.pending[0].arrival_s for m in self.members if m.pending]
-        if not arrivals or min(arrivals) >= until_s:
-            return False
-        clock = self.members[0].clock_s
-        for m in self.members:
-            m.clock_s = max(clock, min(arrivals))
-        return True
+    @property
+    def clock_s(self) -> float:
+        return self.members[0].clock_s
 
-    def advance(self, until_s: float) -> None:
-        while True:
-            for m in self.members:
-                m._ingest()
-            if self._wave_over():
-                if not self._jump_to_next_arrival(until_s):
-                    return
-                continue
-            if self.members[0].clock_s >= until_s:
-                return
-            self._step()
-
-    def step_once(self) -> None:
-        """Run exactly one group step: now if a wave is on, else at the next arrival."""
+    def _ingest(self) -> None:
         for m in self.members:
             m._ingest()
-        if self._wave_over():
-            if not self._jump_to_next_arrival(math.inf):
-                return
+
+    def next_start_s(self) -> float | None:
+        """Now while a wave is on (dummy steps included), else the ranks' next arrival; None with neither."""
+        self._ingest()
+        if not self._wave_over():
+            return self.clock_s
+        arrivals = [m.pending[0].arrival_s for m in self.members if m.pending]
+        return max(min(arrivals), self.clock_s) if arrivals else None
+
+    def step_once(self) -> None:
+        """Run exactly one group step: now if a wave is on, else a new wave at the next arrival."""
+        start = self.next_start_s()
+        if start is None:
+            return
+        if self._wave_over():               # between waves: the group's clock moves to the arrival
+            self.wave_steps = 0
             for m in self.members:
-                m._ingest()
+                m.clock_s = start
+            self._ingest()
             if self._wave_over():           # rejected on arrival
                 return
         self._step()
@@ -266,20 +269,6 @@ WAVE_CHECK_STEPS = 32
 # vLLM's dummy batch on an idle data-parallel rank: one token (vllm/v1/worker/gpu_worker.py execute_dummy_batch:
 # model_runner._dummy_run(1, uniform_decode=True))
 DUMMY_STEP = BatchShape(0, 0.0, 0, 1, 1.0)
-
-
-def _unit_clock(unit) -> float:
-    return unit.members[0].clock_s if isinstance(unit, _Lockstep) else unit.clock_s
-
-
-def _unit_next_s(unit) -> float | None:
-    """When a replica (or lockstep group) starts its next step: now if it has work, else at its next routed
-    request's arrival, None if it has neither."""
-    members = unit.members if isinstance(unit, _Lockstep) else [unit]
-    if any(m.sched.has_work() for m in members) or (isinstance(unit, _Lockstep) and not unit._wave_over()):
-        return _unit_clock(unit)
-    pending = [m.pending[0].arrival_s for m in members if m.pending]
-    return max(min(pending), _unit_clock(unit)) if pending else None
 
 
 def _release_s(r: RequestState, units: list, runners: list[_Runner], limit: int, after_s: float) -> float:
@@ -295,7 +284,7 @@ def _release_s(r: RequestState, units: list, runners: list[_Runner], limit: int,
     while sum(x.load_at(t) for x in runners) >= limit:
         ends = [x.clock_s for x in runners if x.clock_s > t and x.last_finished]
         end = min(ends) if ends else math.inf
-        starts = [(s, u) for u in units if (s := _unit_next_s(u)) is not None and s < end]
+        starts = [(s, u) for u in units if (s := u.next_start_s()) is not None and s < end]
         if starts:
             min(starts, key=lambda su: su[0])[1].step_once()
         elif end < math.inf:
