@@ -102,11 +102,11 @@ def serve_bench(base: ScenarioRequest, req: ServeBenchRequest) -> ServeBench:
     notes: set[str] = set()
     out = []
     name = ""
+    # the model's position table bounds prompt + generated tokens, as estimate checks it
+    check_positions(resolve_model(base.model)[1], SimpleNamespace(phase="generate", seq=req.seq,
+                                                                  gen_tokens=req.decode_len))
     for s in req.shards:
         dev = gpu_device(gpu, s)
-        if not out:         # the model's position table bounds prompt + generated tokens, as estimate checks it
-            check_positions(resolve_model(base.model)[1], SimpleNamespace(phase="generate", seq=req.seq,
-                                                                          gen_tokens=req.decode_len))
         plan = {"tp": s, "tp_scope": "full"} if s > 1 else {"tp": 1, "dp": 1}
         try:
             sc = resolve_scenario(base.model_copy(update={"device": dev, **plan}), "prefill")

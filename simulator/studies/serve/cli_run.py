@@ -73,11 +73,10 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
                          kv_dtype=kv_dtype, runtime=runtime, calibration=calibration)
     sc = resolve_scenario(base.model_copy(update={"tp": tp or 1}), "prefill")
     given = replicas is not None
-    if given and not 1 <= replicas <= 4096:
-        raise AisimError(f"--replicas must be between 1 and 4096 (got {replicas}); leave it out for GPUs / (tp x pp)")
-    replicas = replicas or sc.plan.dp
-    if replicas < 1 or replicas > 4096:
-        raise AisimError("--replicas must be between 1 and 4096")
+    replicas = replicas if given else sc.plan.dp
+    if not 1 <= replicas <= 4096:
+        raise AisimError("--replicas must be between 1 and 4096" + (
+            f" (got {replicas}); leave it out for GPUs / (tp x pp)" if given else ""))
     per_replica = sc.plan.tp * sc.plan.pp
     if replicas * per_replica > sc.device.count:
         raise AisimError(f"--replicas {replicas} x tp {sc.plan.tp} x pp {sc.plan.pp} needs "
