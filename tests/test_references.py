@@ -26,7 +26,7 @@ except ImportError:  # source tree without an install
     _spec.loader.exec_module(_mod)
     load_reference, reference_names = _mod.load_reference, _mod.reference_names
 
-NAMES = ["torchcap", "cs336", "tgi-bloomz", "whisper-cpp"]
+NAMES = ["torchcap", "cs336", "tgi-bloomz", "whisper-cpp", "trtllm-perf"]
 
 
 @pytest.fixture(scope="module")
@@ -400,3 +400,61 @@ def test_every_source_number_stored_once():
             rhs = re.sub(r"/ \d+:\d+:[\d.]+", "", line.split("=", 1)[1])
             src += _text_numbers(re.sub(r"(\d+)p,\s*(\d+)h", r"\1 \2", rhs))
     assert src == _yaml_numbers(load_reference("whisper-cpp")["rows"], ("recording_duration_s",))
+
+
+# --------------------------------------------------------------------------- TensorRT-LLM's published tables
+def test_trtllm_rows_as_published():
+    ref = load_reference("trtllm-perf")
+    assert ref["source"]["commit"] == "138f96d45f90b9667426f7c47297d8c06bafac73"
+    rows, lat = ref["throughput_rows"], ref["latency_rows"]
+    assert len(rows) == 19 and len(lat) == 10
+    assert Counter(r["gpu"] for r in rows) == {"h100": 8, "a100": 7, "l40s": 4}
+    # spot values as printed (peak throughput, first-token latency)
+    pick = {(r["gpu"], r["model"], r["batch"], r["input_len"], r["output_len"]): r for r in rows}
+    assert pick[("h100", "llama-7b", 768, 128, 128)]["out_tok_s"] == 19694
+    assert pick[("a100", "llama-70b", 120, 2048, 128)]["out_tok_s"] == 79
+    assert pick[("l40s", "llama-7b", 16, 2048, 2048)]["out_tok_s"] == 531
+    assert {(r["gpu"], r["model"], r["input_len"]): r["first_token_ms"] for r in lat}[("a100", "llama-70b", 2048)] == 377
+    assert all(r["per_gpu"] is True for r in rows if r["gpu"] == "h100")   # only the H100 table says per GPU
+    assert all(r["precision"] == ("fp16" if r["gpu"] == "a100" else "fp8") for r in rows + lat)
+
+
+def test_trtllm_arithmetic_with_a_fixed_estimator():
+    """Per-GPU out tok/s = batch x output length / generate time / tp; the total reading only where the table
+    does not say per GPU; FP8 engines estimated with FP8 weights and KV cache."""
+    from types import SimpleNamespace
+
+    from aisim.validation.published import trtllm_rows
+
+    calls = []
+
+    def fake(**kw):
+        calls.append(kw)
+        return SimpleNamespace(runtime_ms=1000.0, fits=True)
+
+    throughput, latency = trtllm_rows(fake)
+    ref = load_reference("trtllm-perf")
+    for row, r in zip(throughput, ref["throughput_rows"]):
+        expect = r["batch"] * r["output_len"] / 1.0 / r["tp"]
+        assert row.values["aisim"] == pytest.approx(expect)
+        assert row.errors["aisim"] == pytest.approx((expect - r["out_tok_s"]) / r["out_tok_s"])
+        assert ("if_total" in row.errors) == (r["tp"] > 1 and not r["per_gpu"])
+    assert [r.values["aisim"] for r in latency] == [1000.0] * 10
+    gen = [c for c in calls if c["workload"] == "generate"]
+    assert {c["device"] for c in gen} == {"h100-sxm", "h100-sxmx2", "h100-sxmx4", "l40s", "a100-sxm4-80gb",
+                                          "a100-sxm4-80gbx2", "a100-sxm4-80gbx4"}
+    assert all((c.get("quant"), c.get("kv_dtype")) == (("fp8", "fp8") if "a100" not in c["device"] else (None, None))
+               for c in calls)
+
+
+def test_trtllm_report_runs_and_every_row_fits():
+    import json
+
+    from aisim.validation.published import compare_reference
+
+    out = json.loads(compare_reference("trtllm-perf", fmt="json"))
+    rows = out["throughput_rows"] + out["latency_rows"]
+    assert len(rows) == 29 and all(r["fits"] and math.isfinite(r["aisim"]) and r["aisim"] > 0 for r in rows)
+    assert [s["rows"] for s in out["summary"]][:4] == [
+        "out tok/s, one GPU, h100 (calibrated)", "out tok/s, one GPU, a100 (default rules)",
+        "out tok/s, one GPU, l40s (default rules)", "out tok/s, one GPU, a100 and l40s (never measured by aisim)"]

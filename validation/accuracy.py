@@ -387,6 +387,12 @@ def build(out: Path) -> str:
               "whisper-medium.en --device gtx-1650-mobile --workload transcribe --audio-s 61 --beam 5 --runtime "
               "ggml-vulkan [--power-mode power-saver]`)", "",
               compare_reference("whisper-cpp", fmt="markdown").split("\n", 2)[2], "", WHISPER_TEXT, ""]
+    parts += ["## TensorRT-LLM's published tables (Llama-2 on H100 FP8, A100 FP16, L40S FP8)", "",
+              "Command: `aisim validate --reference trtllm-perf` (one row: `aisim estimate --model Llama-2-7b-hf "
+              "--device a100 --workload generate --batch 60 --seq 128 --gen 2048 --runtime vllm`). Out of sample "
+              "for the GPUs aisim never measured (issue 12: published decode throughputs of a deployed engine): "
+              "A100 and L40S run on the default rules and their datasheets.", "",
+              compare_reference("trtllm-perf", fmt="markdown").split("\n", 2)[2], ""]
     parts += studies_sections()
     parts += ["# All measured rows", ""]
     for title, rows in all_rows:

@@ -423,6 +423,93 @@ def whisper_summary(rows: list[Row]) -> list[list[str]]:
     return out
 
 
+# ------------------------------------------------------------------ TensorRT-LLM's published tables
+
+TRTLLM_DEVICES = {"h100": "h100-sxm", "a100": "a100-sxm4-80gb", "l40s": "l40s"}
+TRTLLM_MODELS = {"llama-7b": "Llama-2-7b-hf", "llama-70b": "Llama-2-70b-hf"}
+# TensorRT-LLM is not profiled on its own: vllm is aisim's engine profile with the same kind of kernels (fused
+# norms and activations, flash attention, a KV cache written in place, vocabulary-parallel head)
+TRTLLM_RUNTIME = "vllm"
+TRTLLM_CALIBRATED = {"h100"}
+TRTLLM_FOOTER = (
+    "Where the rows part: (1) Llama-2-70B with long outputs runs slower than its weights and KV cache at the HBM "
+    "bandwidth allow: v0.6.1 had no XQA kernel, and its generation attention for grouped-query models was the "
+    "masked multi-head kernel (TensorRT-LLM README, 2024/01/30: \"New XQA-kernel provides 2.4x more Llama-70B "
+    "throughput within the same latency budget\"; v0.10.0 release notes: \"Integrated the new NVIDIA Hopper XQA "
+    "kernels for LLaMA 2 70B\"). aisim prices attention as vllm's kernels read the cache, once per KV head. "
+    "(2) First-token latency of a 128-token prompt is whole milliseconds in the source and holds gptSession's "
+    "per-call work without CUDA graphs (every layer's launches, buffer set-up, the output copy); aisim's vllm "
+    "profile is a serving engine's step. Neither is modelled as a TensorRT-LLM profile: these rows are evidence "
+    "for the GPU rules, not a fit.")
+
+
+def _trtllm_device(r: dict) -> str:
+    name = TRTLLM_DEVICES[r["gpu"]]
+    return name if r["tp"] == 1 else f"{name}x{r['tp']}"
+
+
+def _trtllm_kwargs(r: dict) -> dict:
+    """One row as aisim arguments: FP8 engines (weights, activations and KV cache in FP8) as --quant fp8
+    --kv-dtype fp8, FP16 ones as fp16."""
+    quant = dict(quant="fp8", kv_dtype="fp8") if r["precision"] == "fp8" else {}
+    return dict(model=TRTLLM_MODELS[r["model"]], device=_trtllm_device(r), batch=r["batch"], seq=r["input_len"],
+                dtype="fp16", tp=r["tp"], runtime=TRTLLM_RUNTIME, top_ops=None, **quant)
+
+
+def trtllm_rows(estimator: Callable) -> tuple[list[Row], list[Row]]:
+    """Peak-throughput rows (a static batch: one prefill of every prompt, then output_len - 1 decode steps, as
+    gptSessionBenchmark times session.generate; out tok/s per GPU) and first-token-latency rows (a prefill)."""
+    ref = load_reference("trtllm-perf")
+    throughput = []
+    for r in ref["throughput_rows"]:
+        e = estimator(workload="generate", gen=r["output_len"], **_trtllm_kwargs(r))
+        total = r["batch"] * r["output_len"] / (e.runtime_ms / 1e3) if e.runtime_ms else None
+        per_gpu = total / r["tp"] if total else None
+        row = Row(label=[r["gpu"], r["model"], r["precision"], str(r["batch"]), str(r["tp"]), str(r["input_len"]),
+                         str(r["output_len"]), r["version"]])
+        row.values = {"measured": r["out_tok_s"], "aisim": per_gpu, "fits": e.fits}
+        row.errors = {"aisim": _err(per_gpu, r["out_tok_s"])}
+        if r["tp"] > 1 and not r["per_gpu"]:   # the header does not say per GPU: the total reading beside it
+            row.errors["if_total"] = _err(total, r["out_tok_s"])
+        row.notes = ["calibrated" if r["gpu"] in TRTLLM_CALIBRATED else "default rules", f"tp={r['tp']}"]
+        throughput.append(row)
+    latency = []
+    for r in ref["latency_rows"]:
+        e = estimator(workload="prefill", **_trtllm_kwargs(r))
+        row = Row(label=[r["gpu"], r["model"], r["precision"], str(r["batch"]), str(r["tp"]), str(r["input_len"]),
+                         r["version"]])
+        row.values = {"measured": r["first_token_ms"], "aisim": e.runtime_ms, "fits": e.fits}
+        row.errors = {"aisim": _err(e.runtime_ms, r["first_token_ms"])}
+        row.notes = ["calibrated" if r["gpu"] in TRTLLM_CALIBRATED else "default rules", f"input={r['input_len']}"]
+        latency.append(row)
+    return throughput, latency
+
+
+def trtllm_summary(throughput: list[Row], latency: list[Row]) -> list[list[str]]:
+    out = []
+
+    def add(label: str, sel: list[Row]) -> None:
+        errs = [r.errors["aisim"] for r in sel]
+        n, mape, mx = _stats(errs)
+        present = [e for e in errs if e is not None]
+        out.append([label, str(n), _pct_abs(mape), _pct_abs(mx), _pct(statistics.fmean(present) if present else None)])
+
+    one = [r for r in throughput if "tp=1" in r.notes]
+    for gpu in ("h100", "a100", "l40s"):
+        sel = [r for r in one if r.label[0] == gpu]
+        add(f"out tok/s, one GPU, {gpu} ({sel[0].notes[0]})", sel)
+    add("out tok/s, one GPU, a100 and l40s (never measured by aisim)",
+        [r for r in one if r.notes[0] == "default rules"])
+    add("out tok/s, tensor parallel, Llama-2-7B (a100, per GPU)",
+        [r for r in throughput if "tp=1" not in r.notes and r.label[1] == "llama-7b"])
+    for out_len, what in (("128", "output 128"), ("2048", "output 2048: grouped-query decode before XQA")):
+        add(f"out tok/s, tensor parallel, Llama-2-70B, {what} (per GPU)",
+            [r for r in throughput if r.label[1] == "llama-70b" and r.label[6] == out_len])
+    add("first-token latency, input 2048", [r for r in latency if "input=2048" in r.notes])
+    add("first-token latency, input 128", [r for r in latency if "input=128" in r.notes])
+    return out
+
+
 # ------------------------------------------------------------------ rendering
 
 def _summary_record(columns, row, pct: set[int]) -> dict:
@@ -445,7 +532,8 @@ def _summary_record(columns, row, pct: set[int]) -> dict:
 
 
 def _render(fmt: str, title: str, note: str, columns, cells, summary_columns, summary_cells, payload,
-            footer: str = "") -> str:
+            footer: str = "", body: str | None = None) -> str:
+    """``body``: the rows already rendered (a reference with more than one table); else ``columns`` x ``cells``."""
     if fmt == "json":   # summary rows keyed by their column, figures as numbers (MAPE "5.41%" -> mape_pct 5.41)
         pct = {i for i in range(len(summary_columns)) if any(str(r[i]).strip().endswith("%") for r in summary_cells)}
         return json.dumps({**payload, "summary": [_summary_record(summary_columns, row, pct) for row in summary_cells]},
@@ -457,7 +545,7 @@ def _render(fmt: str, title: str, note: str, columns, cells, summary_columns, su
     render = render_rst_grid if fmt == "rst" else render_markdown
     head = rst_heading(title, "=") if fmt == "rst" else f"# {title}"
     summary_head = rst_heading("Summary", "-") if fmt == "rst" else "## Summary"
-    return "\n\n".join([head, note, render(columns, cells), summary_head,
+    return "\n\n".join([head, note, body if body is not None else render(columns, cells), summary_head,
                         render(summary_columns, summary_cells)] + ([footer] if footer else [])) + "\n"
 
 
@@ -558,4 +646,42 @@ def compare_reference(name: str, fmt: str = "rst", estimator: Callable | None = 
                    "summary": summary}
         return _render(fmt, "whisper.cpp (medium.en, GTX 1650 laptop): measured vs aisim", note, columns, cells,
                        sc, summary, payload)
-    raise ValueError(f"unknown reference {name!r}; available: torchcap, cs336, tgi-bloomz, whisper-cpp, serve-cb")
+    if name == "trtllm-perf":
+        throughput, latency = trtllm_rows(estimator)
+        note = ("TensorRT-LLM's published performance tables (docs/source/performance.md at 138f96d: peak "
+                "throughput of v0.6.1 on H100 FP8 and A100 FP16, v0.5 on L40S FP8; first-token latency at batch 1 "
+                "of v0.5), Llama-2-7B and Llama-2-70B. gptSessionBenchmark times one session.generate of a static "
+                "batch: the prefill of every prompt, then output length - 1 decode steps; throughput = batch x output "
+                "length / that time, per GPU. aisim: `aisim estimate --workload generate --batch B --seq IN --gen "
+                "OUT --runtime vllm` (TensorRT-LLM has no profile of its own; vllm has the same kind of kernels), "
+                "FP8 engines as --quant fp8 --kv-dtype fp8. A100 and L40S have no calibration file: default rules "
+                "and the datasheet. The A100 table does not say per GPU (the H100's does): its tensor-parallel rows "
+                "are read per GPU, the error of the total reading beside them. Nothing is fitted to these rows.")
+        tc = [Column("GPU", align="left"), Column("Model", align="left"), Column("Precision", align="left"),
+              Column("Batch"), Column("TP"), Column("In"), Column("Out"), Column("Version", align="left"),
+              Column("Out tok/s per GPU", ("measured", "aisim", "Error", "Error if total"))]
+        tcells = [[*r.label, _f(r.values["measured"], 0), _f(r.values["aisim"], 0), _pct(r.errors["aisim"]),
+                   _pct(r.errors["if_total"]) if "if_total" in r.errors else NA] for r in throughput]
+        lc = [Column("GPU", align="left"), Column("Model", align="left"), Column("Precision", align="left"),
+              Column("Batch"), Column("TP"), Column("In"), Column("Version", align="left"),
+              Column("First-token latency (ms)", ("measured", "aisim", "Error"))]
+        lcells = [[*r.label, _f(r.values["measured"], 0), _f(r.values["aisim"]), _pct(r.errors["aisim"])]
+                  for r in latency]
+        sc = [Column("Rows", align="left"), Column("n"), Column("MAPE"), Column("Max abs error"),
+              Column("Mean error")]
+        summary = trtllm_summary(throughput, latency)
+        payload = {"throughput_rows": [{"label": r.label, **r.values, "errors": r.errors, "notes": r.notes}
+                                       for r in throughput],
+                   "latency_rows": [{"label": r.label, **r.values, "errors": r.errors, "notes": r.notes}
+                                    for r in latency]}
+        if fmt in ("markdown", "rst"):   # two tables: throughput, then first-token latency
+            render = render_rst_grid if fmt == "rst" else render_markdown
+            tcells_text = render(tc, tcells) + "\n\n" + render(lc, lcells)
+            return _render(fmt, "TensorRT-LLM published tables: measured vs aisim", note, [], [], sc, summary,
+                           payload, footer=TRTLLM_FOOTER, body=tcells_text)
+        if fmt == "csv":
+            return render_csv(tc, tcells) + "\n" + render_csv(lc, lcells)
+        return _render(fmt, "TensorRT-LLM published tables: measured vs aisim", note, tc, tcells, sc, summary,
+                       payload)
+    raise ValueError(f"unknown reference {name!r}; available: torchcap, cs336, tgi-bloomz, whisper-cpp, serve-cb, "
+                     "trtllm-perf")

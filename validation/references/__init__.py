@@ -16,6 +16,8 @@ Datasets (name -> file):
 * ``cs336``       -> cs336.yaml        Stanford CS336 A2 forward / forward+backward timings; ``rows``
 * ``tgi-bloomz``  -> tgi_bloomz.yaml   TGI text-generation-benchmark, bloomz-7b1-mt, 1-8 shards; ``runs``
 * ``whisper-cpp`` -> whisper_cpp.yaml  whisper.cpp medium.en on a GTX 1650 laptop GPU; ``rows``
+* ``trtllm-perf`` -> trtllm_perf.yaml  TensorRT-LLM's published Llama-2 tables (H100 FP8, A100 FP16, L40S FP8);
+  ``throughput_rows`` and ``latency_rows``
 
 ``_transcribe_seeds.py`` in this folder regenerates (or ``--check``s) the data part of each file from the
 seed text files.
@@ -35,6 +37,7 @@ REFERENCE_FILES: dict[str, str] = {
     "cs336": "cs336.yaml",
     "tgi-bloomz": "tgi_bloomz.yaml",
     "whisper-cpp": "whisper_cpp.yaml",
+    "trtllm-perf": "trtllm_perf.yaml",
 }
 
 
