@@ -402,7 +402,22 @@ def transfer_section() -> list[str]:
         "HBM bandwidth, measured for this step on an H100).", "",
         render_markdown(*decode_table(rows)), "",
         f"Below {100 * DECODE_BW_GOAL:.0f}%: {', '.join(low) or 'none'}. Not non-decreasing: "
-        f"{', '.join(non_monotone) or 'none'}.", "", *graph_gemv_lines(), *eager_attention_lines()]
+        f"{', '.join(non_monotone) or 'none'}.", "", *published_engine_lines(), *graph_gemv_lines(),
+        *eager_attention_lines()]
+
+
+def published_engine_lines() -> list[str]:
+    """One paragraph: the GPUs never measured here against an engine's own published tables (trtllm-perf)."""
+    import aisim
+
+    from .published import trtllm_rows, trtllm_summary
+
+    summary = {row[0]: row for row in trtllm_summary(*trtllm_rows(aisim.estimate))}
+    never = summary["out tok/s, one GPU, a100 and l40s (never measured by aisim)"]
+    return [f"Published by an engine, for GPUs not lent here: TensorRT-LLM's own Llama-2-7B throughput tables on A100 "
+            f"(FP16) and L40S (FP8), {never[1]} single-GPU rows of static-batch generation, are estimated with "
+            f"MAPE {never[2]} (max {never[3]}) on the default rules and the datasheets, `--runtime vllm` "
+            "(`aisim validate --reference trtllm-perf`; the section \"TensorRT-LLM's published tables\" above).", ""]
 
 
 app = new_app(__doc__.split("\n")[0])
