@@ -276,7 +276,16 @@ def _given(ctx: typer.Context, *names: str) -> tuple[str, ...]:
     return tuple(flags[n] for n in names if getattr(ctx.get_parameter_source(n), "name", None) == "COMMANDLINE")
 
 
-@app.command()
+def _goodput_nargs(goodput: str, extra: list[str]) -> str:
+    """vLLM's --goodput takes its KEY:MS pairs as separate words (nargs='+'): the words after the first that typer
+    leaves over join it; any other leftover word is an error."""
+    pairs = [a for a in extra if ":" in a and not a.startswith("-")]
+    if extra and (not goodput or len(pairs) != len(extra)):
+        _fail(f"unexpected argument(s): {' '.join(extra)}; every input is an option (aisim serve --help)")
+    return " ".join([goodput, *pairs]) if pairs else goodput
+
+
+@app.command(context_settings={"allow_extra_args": True})
 def serve(
     ctx: typer.Context,
     model: str = typer.Option(..., "--model", "-m", help="shipped name or config.json path"),
@@ -317,7 +326,7 @@ def serve(
         "request preempted by recompute takes back its prefix blocks still cached"),
     percentiles: str = typer.Option("50,90,99", "--metric-percentiles", help="vLLM's flag (its default is 99)"),
     goodput: str = typer.Option("", "--goodput", help="as vLLM's: per-request limits KEY:MS for ttft, tpot, e2el "
-                                "(e.g. 'ttft:300 tpot:50'): adds Request goodput (req/s)"),
+                                "(e.g. ttft:300 tpot:50, quoted or not): adds Request goodput (req/s)"),
     max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", help="as vLLM's: the client keeps at "
                                                   "most this many requests in flight (a request's latencies count "
                                                   "from when it is sent)"),
@@ -329,6 +338,8 @@ def serve(
     """Simulate a continuous-batching server under a request load (vLLM bench-serve metrics)."""
     from . import report
     from .studies.serve.cli_run import run_serve
+
+    goodput = _goodput_nargs(goodput, ctx.args)
 
     def go():
         return run_serve(model=model, device=device, dtype=dtype, tp=tp, pp=pp, ep=ep, quant=quant, kv_dtype=kv_dtype,

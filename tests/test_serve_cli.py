@@ -49,6 +49,14 @@ def test_serve_goodput_in_vllms_printout_and_bad_limits_are_one_line_errors():
     for bad in ("ttft", "ttft:-1", "latency:50", "tpot:abc"):
         r = runner.invoke(app, [*args, "--goodput", bad])
         assert r.exit_code == 2 and "--goodput" in r.output and "Traceback" not in r.output, (bad, r.output)
+    # vLLM's nargs form, unquoted: the same limits; and tight ones count fewer requests
+    nargs = json.loads(runner.invoke(app, [*args, "--goodput", "ttft:1e6", "tpot:1e6", "--json"]).output)["metrics"]
+    assert nargs["request_goodput"] == pytest.approx(j["request_goodput"])
+    tight = json.loads(runner.invoke(app, [*args, "--goodput", "ttft:1e6", "tpot:1e-3", "--json"]).output)["metrics"]
+    assert tight["request_goodput"] == 0
+    for extra in (["tpot:50"], ["--goodput", "ttft:300", "stray"]):   # a leftover word is an error, not ignored
+        r = runner.invoke(app, [*args, *extra])
+        assert r.exit_code == 2 and "unexpected argument" in r.output and "Traceback" not in r.output, r.output
 
 
 def test_replicas_fill_the_device_and_never_lower_throughput():
