@@ -165,7 +165,8 @@ SERVE_ENERGY_NOTE = ("energy: aisim's serving energy is checked only against tra
                      "bound")
 VLLM_UNMEASURED_NOTE = ("runtime vllm: built from vLLM's source (scheduler, memory policy, kernels: "
                         "hardware_specs/runtimes/vllm.yaml) over aisim's step costs; no vLLM run has been measured "
-                        "against it (docs/accuracy.md, engine profiles)")
+                        "against it; its step costs are checked against another engine's published static batches "
+                        "only (TensorRT-LLM: aisim validate --reference trtllm-perf)")
 
 
 def unloaded_latency_s(run: ServeRun, timer, cfg: EngineConfig) -> float:
