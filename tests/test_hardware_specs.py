@@ -152,3 +152,28 @@ def test_multi_node_names_resolve_for_every_workload():
     assert any("2 nodes of h100x8-ndr" in a for a in shorthand.assumptions)
     with pytest.raises(AisimError, match="one host with no inter-node network"):
         resolve_device("a6000x8x2")
+
+
+def test_a_tp_group_costs_the_same_on_a_bigger_box():
+    """A tensor-parallel group's collectives are its own ranks' ring: tp 2 on an 8-GPU box takes the 2-GPU system
+    file's link (or, with none shipped, NCCL's ring latency for 2 ranks), not the 8-GPU ring's latency."""
+    from aisim import estimate
+
+    def step(device, batch):
+        return estimate(model="Meta-Llama-3-8B", device=device, tp=2, batch=batch, workload="decode", seq=2048,
+                        runtime="vllm", top_ops=None).runtime_ms
+
+    alone = step("h100x2", 1)
+    assert step("h100x4", 2) == pytest.approx(alone, rel=1e-9)
+    assert step("h100x8", 4) == pytest.approx(alone, rel=1e-9)
+    assert step("h100x6", 3) == pytest.approx(alone, rel=1e-9)    # no 6-GPU file: the 2-GPU one still prices tp 2
+    # no 2-GPU A100 system is shipped: the 8-GPU latency scaled down by NCCL's ring model, so tp 2 is cheaper there
+    # than the same group priced with the whole box's ring latency
+    from aisim.cost.comm import _intra_link
+    from aisim.specs import load_calibration
+
+    dev = resolve_device("a100x8")
+    cal = load_calibration("default")
+    bw2, lat2 = _intra_link(dev, cal, 2)
+    bw8, lat8 = _intra_link(dev, cal, 8)
+    assert bw2 == bw8 and lat2 == pytest.approx(lat8 * (6.6 + 2 * 0.6) / (6.6 + 14 * 0.6))

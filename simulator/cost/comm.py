@@ -16,6 +16,10 @@ from ..formulas import Cost
 from ..graph.ops import Op
 from ..specs import CalibrationSpec
 
+# NCCL's tuning model (src/graph/tuning.cc, ncclTopoTuneModel): a ring all-reduce's latency is a base plus
+# nsteps = 2(n - 1) steps of the link's latency (NVLink, LL protocol: baseLat 6.6 us, hwLat 0.6 us per step). Used
+# only as a ratio, to carry a system file's n-GPU latency to a group of fewer of its GPUs.
+NCCL_NVLINK_BASE_S, NCCL_NVLINK_STEP_S = 6.6e-6, 0.6e-6
 RING_FACTORS = {"nccl.all_reduce": 2.0, "nccl.all_gather": 1.0, "nccl.reduce_scatter": 1.0,
                 "nccl.all_to_all": 1.0, "nccl.send_recv": None}
 # all-to-all (MoE dispatch/combine): each rank sends (n-1)/n of its routed rows (bytes = its routed tensor)
@@ -25,10 +29,7 @@ def collective_time_s(op: Op, cost: Cost, device: Device, cal: CalibrationSpec) 
     group = int(op.attrs.get("group", device.count))
     if group <= 1:
         return 0.0
-    ic = device.interconnect
-    bw, latency = ic.link_bw_bytes_per_s, ic.latency_s
-    if device.system is None and cal.allreduce_bus_bw_bytes_per_s and ic.kind in ("nvswitch", "nvlink-bridge"):
-        bw, latency = cal.allreduce_bus_bw_bytes_per_s, cal.allreduce_latency_s or latency
+    bw, latency = _intra_link(device, cal, group)
     if bw <= 0:
         return 0.0
     factor = RING_FACTORS.get(op.name)
@@ -58,7 +59,7 @@ def _all_to_all_across_nodes_s(nbytes: float, group: int, stride: int, device: D
     g = max(1, min(group, per_node // max(stride, 1)))
     if g >= group:
         return None
-    intra_bw, intra_latency = _intra_link(device, cal)
+    intra_bw, intra_latency = _intra_link(device, cal, g)
     inter_bw = net.nic_bw_bytes_per_s * net.nics_per_node / per_node * net.bus_bw_fraction
     if not net.rail_optimized:
         inter_bw /= net.non_rail_penalty
@@ -85,24 +86,57 @@ def collective_s(kind: str, nbytes: float, group: int, device: Device, cal: Cali
     net = getattr(system, "network", None) if system is not None else None
     g = min(ranks_per_node or per_node or group, group)
     if per_node is None or net is None or g >= group:
-        return _ring_s(kind, nbytes, group, *_intra_link(device, cal))
+        return _ring_s(kind, nbytes, group, *_intra_link(device, cal, group))
     nodes = math.ceil(group / g)
     inter_bw = net.nic_bw_bytes_per_s * net.nics_per_node / per_node * net.bus_bw_fraction
     if not net.rail_optimized:
         inter_bw /= net.non_rail_penalty
-    intra = _intra_link(device, cal)
+    intra = _intra_link(device, cal, g)
     if kind == "all_reduce":
         return (_ring_s("reduce_scatter", nbytes, g, *intra) + _ring_s("all_reduce", nbytes / g, nodes, inter_bw,
                 net.latency_s) + _ring_s("all_gather", nbytes, g, *intra))
     return _ring_s(kind, nbytes, g, *intra) + _ring_s(kind, nbytes / g, nodes, inter_bw, net.latency_s)
 
 
-def _intra_link(device: Device, cal: CalibrationSpec) -> tuple[float, float]:
+def _intra_link(device: Device, cal: CalibrationSpec, group: int) -> tuple[float, float]:
+    """(bus bandwidth, latency) of a collective over ``group`` GPUs of one host. A system file's figures are its
+    ``gpu_count`` (or ``gpus_per_node``) GPUs' ring; a smaller group (tp 2 on an 8-GPU box) takes the shipped
+    system file of that many GPUs of the same kind on the same fabric where there is one (h100x2, h200x4), else,
+    on NVLink, the latency scaled by NCCL's ring latency model (the bandwidth, nearly flat in n on NVSwitch,
+    kept). NAMExN with no system file (h100x6): that system file of the group's GPUs on NVLink, else the
+    calibration's fit, else the device's default links."""
     ic = device.interconnect
     bw, latency = ic.link_bw_bytes_per_s, ic.latency_s
-    if device.system is None and cal.allreduce_bus_bw_bytes_per_s and ic.kind in ("nvswitch", "nvlink-bridge"):
-        bw, latency = cal.allreduce_bus_bw_bytes_per_s, cal.allreduce_latency_s or latency
+    system = device.system
+    nvlink = ic.kind in ("nvswitch", "nvlink-bridge")
+    if system is None:   # NAMExN with no system file: a shipped system of exactly the group's GPUs, else the fit
+        twin = _system_of(device.gpu.name, ic.kind, group) if nvlink else None
+        if twin is not None:
+            return twin.interconnect.link_bw_bytes_per_s, twin.interconnect.latency_s
+        if cal.allreduce_bus_bw_bytes_per_s and nvlink:
+            bw, latency = cal.allreduce_bus_bw_bytes_per_s, cal.allreduce_latency_s or latency
+        return bw, latency
+    ranks = system.gpus_per_node or system.gpu_count
+    if group >= ranks:
+        return bw, latency
+    twin = _system_of(system.gpu, ic.kind, group)
+    if twin is not None:
+        return twin.interconnect.link_bw_bytes_per_s, twin.interconnect.latency_s
+    if nvlink:
+        latency *= _nccl_ring_latency(group) / _nccl_ring_latency(ranks)
     return bw, latency
+
+
+def _nccl_ring_latency(n: int) -> float:
+    return NCCL_NVLINK_BASE_S + 2 * (n - 1) * NCCL_NVLINK_STEP_S
+
+
+def _system_of(gpu: str, kind: str, count: int):
+    """The shipped (or user) single-node system file of ``count`` ``gpu`` GPUs on a ``kind`` fabric, or None."""
+    from ..specs import all_systems
+
+    return next((s for s in all_systems().values() if s.gpu == gpu and s.gpu_count == count
+                 and s.gpus_per_node is None and s.interconnect.kind == kind), None)
 
 
 def _ring_s(kind: str, nbytes: float, n: int, bw: float, latency: float) -> float:
