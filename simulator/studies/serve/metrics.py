@@ -155,7 +155,9 @@ OVERLOAD_MIN_REQUESTS = 50
 OVERLOAD_FEW_REQUESTS = 10
 OVERLOAD_SLOW_SHARE = 0.5       # completions under half the rate of a server that keeps up: behind, at any length
 OVERLOAD_GROWTH_SHARE = 0.1     # requests in the system growing by more than this share of the arrivals ...
-OVERLOAD_NOISE_SIGMAS = 2.0     # ... and by more than this many sqrt(N) of its Poisson noise, plus 2 requests
+# ... and by more than this many standard deviations of the difference of two Poisson counts (sqrt of their sum),
+# plus 2 requests: a server keeping up at 20 req/s with ~30 requests in flight swings by 20 between two instants
+OVERLOAD_NOISE_SIGMAS = 3.0
 
 
 def overload(table: RequestTable, unloaded_s: float) -> tuple[float, int, int] | str | None:
@@ -187,7 +189,7 @@ def overload(table: RequestTable, unloaded_s: float) -> tuple[float, int, int] |
     if len(arrival) < OVERLOAD_MIN_REQUESTS:
         return None
     growth = in_end - in_mid
-    if growth <= OVERLOAD_GROWTH_SHARE * arrived or growth <= OVERLOAD_NOISE_SIGMAS * math.sqrt(max(in_mid, 1)) + 2:
+    if growth <= OVERLOAD_GROWTH_SHARE * arrived or growth <= OVERLOAD_NOISE_SIGMAS * math.sqrt(in_mid + in_end) + 2:
         return None
     return arrived / (end - mid), in_mid, in_end
 
