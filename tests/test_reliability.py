@@ -506,3 +506,24 @@ def test_derive_scripts_refuse_an_unknown_calibration():
     with pytest.raises(SystemExit) as exc:
         main(["--calibration", "h100-typo"])
     assert exc.value.code == 2
+
+
+def test_new_user_findings_of_session_24():
+    """A V100 has no tf32 units: --dtype tf32 is fp32 there (time and energy); a one-token generate has no TPOT;
+    an engine profile's memory policy bounds the batch estimate calls fitting."""
+    from aisim import estimate
+
+    kw = dict(model="Llama-2-7b-hf", device="v100", workload="prefill", seq=1024, top_ops=None)
+    tf32, fp32 = estimate(dtype="tf32", **kw), estimate(dtype="fp32", **kw)
+    assert tf32.runtime_ms == pytest.approx(fp32.runtime_ms) and tf32.energy_j == pytest.approx(fp32.energy_j)
+    assert estimate(dtype="tf32", **{**kw, "device": "a100"}).runtime_ms < estimate(
+        dtype="fp32", **{**kw, "device": "a100"}).runtime_ms    # an A100 has them
+    one = estimate(model="Meta-Llama-3-8B", device="h100", workload="generate", seq=128, gen=1, runtime="vllm",
+                   top_ops=None)
+    assert one.tpot_ms == 0 and one.ttft_ms > 0
+    big = dict(model="Meta-Llama-3-70B", device="h100", runtime="vllm", quant="fp8", workload="decode", seq=2048,
+               top_ops=None)
+    e = estimate(batch=16, **big)   # 32,768 KV tokens: the allocator peak fits 80 GB, vLLM's 0.9 pool does not
+    assert not e.fits and "vllm's memory policy" in e.not_fit_reason and "32,768 tokens" in e.not_fit_reason
+    assert estimate(batch=4, **big).fits
+    assert estimate(batch=16, **{**big, "runtime": "eager"}).fits    # no engine pool: the allocator's peak only

@@ -584,3 +584,17 @@ def test_cli_training_without_dtype_is_bf16_mixed():
     fp16 = CliRunner().invoke(app, ["estimate", "-m", "opt-125m", "-d", "h100", "--workload", "train", "--batch",
                                     "2", "--seq", "256", "--dtype", "fp16"])
     assert "training: 16-true" in " ".join(fp16.output.split())
+
+
+def test_interleaved_schedule_is_refused_where_megatron_cannot_run_it():
+    from aisim import estimate
+    from aisim.errors import AisimError
+
+    kw = dict(model="Meta-Llama-3-8B", device="h100x8", workload="train", tp=2, pp=2, top_ops=None)
+    for v, batch, accum, said in ((32, 16, 4, "choose one of 2, 4, 8, 16"), (17, 16, 4, "split evenly"),
+                                  (4, 8, 1, "multiples of --pp 2")):
+        with pytest.raises(AisimError, match=said):
+            estimate(batch=batch, train=TrainPlan(pp_schedule="interleaved", virtual_stages=v, grad_accum=accum), **kw)
+    ok = estimate(batch=16, train=TrainPlan(pp_schedule="interleaved", virtual_stages=4, grad_accum=4), **kw)
+    assert ok.fits and any("(m v)" in a for a in ok.assumptions)
+    assert any("bubble (pp - 1) / m =" in a for a in estimate(batch=16, train=TrainPlan(grad_accum=4), **kw).assumptions)

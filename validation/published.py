@@ -448,12 +448,20 @@ def _trtllm_device(r: dict) -> str:
     return name if r["tp"] == 1 else f"{name}x{r['tp']}"
 
 
+def _trtllm_runtime():
+    """vllm's kernels without vLLM's memory policy: gptSession allocates the static batch's whole KV cache
+    (max_batch_size x max sequence), no gpu_memory_utilization pool."""
+    from aisim.specs import all_runtimes
+
+    return all_runtimes()[TRTLLM_RUNTIME].model_copy(update={"serving": None})
+
+
 def _trtllm_kwargs(r: dict) -> dict:
     """One row as aisim arguments: FP8 engines (weights, activations and KV cache in FP8) as --quant fp8
     --kv-dtype fp8, FP16 ones as fp16."""
     quant = dict(quant="fp8", kv_dtype="fp8") if r["precision"] == "fp8" else {}
     return dict(model=TRTLLM_MODELS[r["model"]], device=_trtllm_device(r), batch=r["batch"], seq=r["input_len"],
-                dtype="fp16", tp=r["tp"], runtime=TRTLLM_RUNTIME, top_ops=None, **quant)
+                dtype="fp16", tp=r["tp"], runtime=_trtllm_runtime(), top_ops=None, **quant)
 
 
 def trtllm_rows(estimator: Callable) -> tuple[list[Row], list[Row]]:
@@ -653,7 +661,8 @@ def compare_reference(name: str, fmt: str = "rst", estimator: Callable | None = 
                 "of v0.5), Llama-2-7B and Llama-2-70B. gptSessionBenchmark times one session.generate of a static "
                 "batch: the prefill of every prompt, then output length - 1 decode steps; throughput = batch x output "
                 "length / that time, per GPU. aisim: `aisim estimate --workload generate --batch B --seq IN --gen "
-                "OUT --runtime vllm` (TensorRT-LLM has no profile of its own; vllm has the same kind of kernels), "
+                "OUT --runtime vllm` (TensorRT-LLM has no profile of its own; vllm has the same kind of kernels; "
+                "vLLM's memory policy is not applied: gptSession allocates the static batch's KV cache whole), "
                 "FP8 engines as --quant fp8 --kv-dtype fp8. A100 and L40S have no calibration file: default rules "
                 "and the datasheet. The A100 table does not say per GPU (the H100's does): its tensor-parallel rows "
                 "are read per GPU, the error of the total reading beside them. Nothing is fitted to these rows.")

@@ -29,13 +29,15 @@ class OpTime:
     bound: str             # compute, memory, overhead, network or none
 
 
-def compute_dtype(op: Op, workload_dtype: str) -> str:
+def compute_dtype(op: Op, workload_dtype: str, gpu=None) -> str:
+    """The dtype an op's math runs in; fp32 matmuls under --dtype tf32 run as tf32 where ``gpu`` has tf32 units
+    (Volta and older have none: PyTorch's allow_tf32 then leaves them fp32)."""
     ins = op.inputs
     dtype = ins[0].dtype if ins else workload_dtype
     if op.name in ("aten.addmm", "aten.baddbmm") and len(ins) > 1:
         dtype = ins[1].dtype
     if dtype == "fp32" and workload_dtype == "tf32":
-        return "tf32"
+        return "tf32" if gpu is None or gpu.peak_flops_per_s.tf32 else "fp32"
     return dtype if dtype in ("fp32", "fp16", "bf16", "fp8", "int8") else "fp32"
 
 
@@ -100,7 +102,7 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
         return OpTime(seconds, 0.0, 0.0, "network")
     if cost.kind in ("none", "sync", "module"):   # no kernel: an nn.Module call costs CPU time only
         return OpTime(0.0, 0.0, 0.0, "none")
-    dtype = compute_dtype(op, workload_dtype)
+    dtype = compute_dtype(op, workload_dtype, gpu)
     peak = gpu.peak_for(dtype) if cost.kind in ("gemm", "attention") else gpu.peak_for("fp32")
     compute_s = cost.flops / peak
     memory_s = cost.bytes / gpu.memory_bw_bytes_per_s

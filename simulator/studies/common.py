@@ -37,6 +37,34 @@ def not_fit_reason(mem: MemoryBreakdown, gpu_name: str, hint: str = NOT_FIT_HINT
     return f"does not fit: {mem.total_gb:.2f} GB needed per GPU ({parts}) > {room}; {hint}"
 
 
+def engine_memory_reason(sc: Scenario, w: Workload) -> str | None:
+    """Under a serving engine's profile (its ``serving`` memory policy: vLLM's gpu_memory_utilization of the total,
+    transformers CB's fraction of the free memory), a prefill, decode or generate batch whose KV cache the engine's
+    pool cannot hold at once does not run as one batch: the reason with the numbers, else None. The pool is what
+    ``aisim serve`` sizes (serve.run.kv_capacity); models with sliding-window layers are not checked here."""
+    s = sc.runtime.serving
+    if s is None or w.phase not in ("prefill", "decode", "generate") or sc.config.get("is_encoder_decoder"):
+        return None   # the serving pool is sized for decoder-only models (aisim serve refuses the others)
+    from ..errors import DoesNotFit
+    from .serve.run import kv_capacity, small_gpu_defaults
+
+    values = {**s.model_dump(), **small_gpu_defaults(s, sc.device.gpu)}
+    replica = sc.with_plan(sc.plan.model_copy(update={"dp": 1})) if sc.plan.dp > 1 else sc
+    try:
+        cap = kv_capacity(replica, values["block_size"], values["max_num_batched_tokens"], values["gpu_memory_utilization"])
+    except DoesNotFit as exc:
+        return f"does not fit under {sc.runtime.name}'s memory policy: {exc.detail}; {exc.hint}"
+    if cap.sliding_groups:
+        return None
+    per_replica = -(-w.batch // sc.plan.dp)
+    context = w.seq + (w.gen_tokens - 1 if w.phase == "generate" else 0)
+    if per_replica * context <= cap.tokens:
+        return None
+    return (f"does not fit under {sc.runtime.name}'s memory policy: {per_replica} sequences x {context:,} tokens = "
+            f"{per_replica * context:,} tokens of KV cache per replica > the {cap.tokens:,} its pool holds ({cap.how}); "
+            "fewer sequences at once (aisim serve queues the rest), --kv-dtype fp8, --quant fp8 or more GPUs (--tp)")
+
+
 def refuse_gpu_count(name: str, command: str, where: str, multi_node: bool = False) -> None:
     """A planner's --devices entry that names a GPU count (h100x8, a one-node system such as dgx-h100, or, unless
     ``multi_node``, a multi-node system): a one-line error saying the planner searches the count itself (``where``:
@@ -94,7 +122,7 @@ def estimate_from(sc: Scenario, w: Workload, cost: StepCost, memory: MemoryBreak
                   tokens: int | None = None, table: list[OpCost] | None = None, **extra) -> Estimate:
     """The Estimate of a workload whose total cost is ``cost`` (times, energy, work) and peak memory ``memory``.
     A configuration that does not fit gets no times (it would not run) and says why with the numbers."""
-    reason = not_fit_reason(memory, sc.device.gpu.name)
+    reason = not_fit_reason(memory, sc.device.gpu.name) or engine_memory_reason(sc, w)
     ok = reason is None
     tokens = step_tokens(w) if tokens is None else tokens
     runtime_s = cost.runtime_s

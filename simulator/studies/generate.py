@@ -48,7 +48,7 @@ def generate(sc: Scenario, batch: int, seq: int, gen_tokens: int, static_cache_l
     memory = max(last.memory, prefill_memory, key=lambda m: m.total_gb)
     table = sorted(phase_rows("prefill", prefill.table, runtime_s) + phase_rows("decode", decode.table, runtime_s),
                    key=lambda r: -r.time_ms)
-    tpot_s = decode.runtime_s / steps if steps else last.runtime_s
+    tpot_s = decode.runtime_s / steps if steps else 0.0   # one token: no decode step (vLLM's TPOT is 0 then)
     return estimate_from(sc, w, total, memory, table=table, ttft_ms=prefill.runtime_s * MS_PER_S,
                          tpot_ms=tpot_s * MS_PER_S,
                          phases={"prefill_ms": prefill.runtime_s * MS_PER_S,

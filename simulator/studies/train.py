@@ -83,6 +83,24 @@ class TrainResult(BaseModel):
     assumptions: list[str] = Field(default_factory=list)
 
 
+def check_interleaved(config: dict, pp: int, v: int, m: int) -> None:
+    """Megatron's interleaved 1F1B: each stage's layers split into v equal model chunks
+    (num_layers_per_virtual_pipeline_stage), v of at least 2, and the micro-batches a multiple of pp
+    (megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving)."""
+    layers = config.get("num_hidden_layers") or config.get("n_layer") or 0
+    per_stage = layers // pp if layers % pp == 0 else None
+    if per_stage is None:
+        raise AisimError(f"--pp-schedule interleaved: the {layers} layers do not split evenly over --pp {pp}; "
+                         "choose a --pp that divides them")
+    chunks = [d for d in range(2, per_stage + 1) if per_stage % d == 0]
+    if v < 2 or per_stage % v:
+        raise AisimError(f"--virtual-stages {v}: each of the {pp} stages holds {per_stage} layers, which the model "
+                         f"chunks must split evenly; choose one of {', '.join(map(str, chunks)) or 'none (use 1f1b)'}")
+    if m % pp:
+        raise AisimError(f"--pp-schedule interleaved needs micro-batches per step in multiples of --pp {pp} (got {m}); "
+                         "raise --grad-accum or the batch, or use --pp-schedule 1f1b")
+
+
 def micro_batching(batch: int, dp: int, plan: TrainPlan) -> tuple[int, int]:
     """(micro-batch, micro-batches per step) of one replica; the replica's batch is batch / dp."""
     if batch % dp:
@@ -119,6 +137,8 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
 
     plan, par = req.plan, sc.plan
     b, m = micro_batching(req.batch, par.dp, plan)
+    if plan.pp_schedule == "interleaved" and par.pp > 1:
+        check_interleaved(sc.config, par.pp, plan.virtual_stages, m)
     shape = StepShape(phase="forward-backward", batch=b * par.dp, seq=req.seq)
     check_positions(sc.config, SimpleNamespace(phase="forward-backward", seq=req.seq, gen_tokens=0), learned_only=True)
     options = traced_options(plan)
@@ -269,7 +289,7 @@ def _notes(plan: TrainPlan, par, b: int, m: int, optimizer: str = "AdamW") -> li
         v = plan.virtual_stages if plan.pp_schedule == "interleaved" else 1
         out.append(f"pipeline {par.pp} stages, {plan.pp_schedule}"
                    + (f" (v = {plan.virtual_stages})" if plan.pp_schedule == "interleaved" else "")
-                   + f": bubble (pp - 1) / (m v) = {(par.pp - 1) / (m * v):.1%} of the work")
+                   + f": bubble (pp - 1) / {'(m v)' if v > 1 else 'm'} = {(par.pp - 1) / (m * v):.1%} of the work")
     return out
 
 
