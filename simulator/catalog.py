@@ -387,6 +387,14 @@ def check_config(config, where: str) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIM:
             raise AisimError(f"{where}: {key} must be a positive integer up to {MAX_DIM:,} (got {value!r})")
+    heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    if heads and kv and heads % kv:
+        raise AisimError(f"{where}: num_key_value_heads {kv} does not divide num_attention_heads {heads} (each KV head "
+                         "serves a whole group of query heads); give a divisor of it")
+    hidden = config.get("hidden_size")
+    if heads and hidden and not config.get("head_dim") and hidden % heads:
+        raise AisimError(f"{where}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; give "
+                         "head_dim or a hidden_size that is")
     # the key transformers 5 reads (dtype, else the older torch_dtype); a dict gives one per sub-config
     key = "dtype" if config.get("dtype") is not None else "torch_dtype"
     value = config.get(key)

@@ -294,8 +294,9 @@ def serve(
                               "GPU) | fp16 | bf16 | fp32"),
     tp: Optional[int] = typer.Option(None, help="tensor parallel degree of a replica (default 1)"),
     pp: int = typer.Option(1, help="pipeline parallel degree of a replica"),
-    ep: int = typer.Option(1, "--ep", help="MoE expert parallel degree inside a replica: experts spread over ep of "
-                           "its tp GPUs (vLLM's expert parallelism over the TP group)"),
+    ep: int = typer.Option(1, "--ep", help="MoE expert parallel degree: experts spread over ep GPUs (within a "
+                           "replica's tp GPUs, or, vllm, beyond them over data-parallel ranks stepping together: "
+                           "DP+EP)"),
     quant: str = typer.Option("none", help="weight quantization: none|int8|fp8|int4"),
     kv_dtype: str = typer.Option("auto", "--kv-dtype", help="KV cache dtype: auto (model dtype) | fp16 | bf16 | fp8"),
     runtime: str = typer.Option("transformers-cb", help="engine profile with a serving section: transformers-cb, "

@@ -76,6 +76,7 @@ class Estimate(BaseModel):
     speech: list[SpeechPhase] = Field(default_factory=list, description="transcribe: whisper.cpp's phase lines")
     top_ops: list[OpCost] = Field(default_factory=list)
     unknown_ops: list[str] = Field(default_factory=list)
-    calibrated: bool
+    calibrated: bool = Field(description="a measured calibration of this GPU (not the default rules, not another "
+                                         "GPU's file given with --calibration)")
     assumptions: list[str] = Field(default_factory=list)
     not_fit_reason: str | None = None

@@ -73,6 +73,11 @@ class Scenario(BaseModel):
     default_rules_asked: bool = Field(False, description="--calibration none: the default rules were asked for")
     key: str = Field(description="hash of everything that changes a step's cost (cache key)")
 
+    @property
+    def calibration_is_own(self) -> bool:
+        """A measured calibration of this GPU (rtx-a5000's published-matmul file counts: it is that GPU's)."""
+        return self.calibration.measured and self.calibration.device == self.device.gpu.name
+
     def workload(self, shape: StepShape, **overrides) -> Workload:
         """The traced workload of one step of this scenario (precision and runtime-set tracing options added;
         ``overrides`` replace fields, e.g. a study's own tracing option)."""
@@ -293,7 +298,10 @@ def resolve_power_mode(gpu, cal, mode: str | None, limit_w: float | None,
             (f"GPU clock capped at {clock:g} MHz (boost {gpu.boost_clock_mhz:g} MHz)" if clock is not None else "") +
             "; compute-bound kernels slow with the clock below the one they ran at (boost, or for GEMMs the board "
             "limit holds, the clock of their calibration loops), memory-bound ones keep their time until their "
-            "compute floor overtakes (aisim.cost.power)" + (f"; {named.source}" if named else ""))
+            "compute floor overtakes (aisim.cost.power)" +
+            ("; their power falls with the SM clock as if HBM drew none of its own: a limit near the idle draw "
+             "leaves memory-bound steps optimistic in time and power (unmeasured)" if limit is not None else "") +
+            (f"; {named.source}" if named else ""))
     return PowerMode(limit, clock), text
 
 
@@ -535,6 +543,11 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
         which = f"{windowed} of its {layers} layers attend" if windowed < layers else "every layer attends"
         out.append(f"sliding-window attention: {which} over and cache at most the last {windows['window']:,} "
                    "tokens (the KV cache and those layers' attention are sized by the window)")
+    if rt.name not in HF_RUNTIMES and experts and (experts >= 64 and config.get("kv_lora_rank")):
+        out.append("fine-grained MoE with MLA (DeepSeek-V3 class) under a serving engine is unmeasured and likely "
+                   "optimistic: the one published figure found, SGLang v0.4.1.post2 on DeepSeek-V3 (sgl-project/"
+                   "sglang #2643), is 2-6x slower than aisim at batch 1-32 (docs/model.md, known gaps); its fp8 "
+                   "MoE GEMMs run on the dense fp8 curve here")
     return out
 
 

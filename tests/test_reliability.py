@@ -527,3 +527,29 @@ def test_new_user_findings_of_session_24():
     assert not e.fits and "vllm's memory policy" in e.not_fit_reason and "32,768 tokens" in e.not_fit_reason
     assert estimate(batch=4, **big).fits
     assert estimate(batch=16, **{**big, "runtime": "eager"}).fits    # no engine pool: the allocator's peak only
+
+
+def test_new_user_findings_of_session_24_inputs(tmp_path):
+    from typer.testing import CliRunner
+
+    from aisim import estimate
+    from aisim.cli import app
+    from aisim.errors import AisimError
+
+    base = json.loads((Path(__file__).resolve().parents[1] / "model_specs" / "Meta-Llama-3-8B.json").read_text())
+    for change, said in (({"num_key_value_heads": 3}, "does not divide num_attention_heads"),
+                         ({"hidden_size": 4097}, "not a multiple of num_attention_heads")):
+        path = tmp_path / f"{next(iter(change))}.json"
+        path.write_text(json.dumps({**base, **change}))
+        with pytest.raises(AisimError, match=said):
+            estimate(model=str(path), device="h100")
+    runner = CliRunner()
+    for args, said in ((["--dtype", "tf32"], "a serving engine runs one of"),
+                       (["--goodput", "ttft:300 ttft:10"], "gives ttft twice")):
+        r = runner.invoke(app, ["serve", "-m", "opt-125m", "-d", "h100", "--num-requests", "10", *args])
+        assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, r.output
+    ds = estimate(model="DeepSeek-V3", device="h200x8", workload="decode", batch=1, seq=256, runtime="vllm",
+                  top_ops=None)
+    assert any("sglang #2643" in a for a in ds.assumptions)
+    capped = estimate(model="gpt2", device="h100", workload="decode", seq=256, power_limit_w=200, top_ops=None)
+    assert any("optimistic in time and power" in a for a in capped.assumptions)

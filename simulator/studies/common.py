@@ -137,7 +137,7 @@ def estimate_from(sc: Scenario, w: Workload, cost: StepCost, memory: MemoryBreak
         power_w=cost.energy_j / (runtime_s * sc.plan.gpus) if ok and runtime_s else None,
         throughput_tokens_per_s=tokens / runtime_s if ok and runtime_s else None, tokens=tokens, fits=ok,
         flops=cost.flops, bytes=cost.bytes, top_ops=rows, unknown_ops=list(cost.unknown),
-        calibrated=sc.calibration.measured, assumptions=assumptions, not_fit_reason=reason,
+        calibrated=sc.calibration_is_own, assumptions=assumptions, not_fit_reason=reason,
         **(_busy_ms(cost) if ok else {}), **({k: v for k, v in extra.items()} if ok else {}))
 
 

@@ -346,5 +346,5 @@ def train_estimate(sc: Scenario, req: TrainRequest):
                     throughput_tokens_per_s=r.tokens_per_s,
                     tokens=r.tokens_per_step, fits=r.fits,
                     flops=r.flops_per_gpu, bytes=r.bytes_per_gpu, phases=r.phases,
-                    top_ops=r.top_ops, unknown_ops=r.unknown_ops, calibrated=sc.calibration.measured,
+                    top_ops=r.top_ops, unknown_ops=r.unknown_ops, calibrated=sc.calibration_is_own,
                     assumptions=notes, not_fit_reason=r.not_fit_reason)

@@ -46,6 +46,9 @@ def _percentiles(text: str) -> list[float]:
     return values
 
 
+SERVE_DTYPES = ("auto", "fp16", "bf16", "fp32")
+
+
 def parse_goodput(text: str) -> dict[str, float]:
     """vLLM's --goodput: KEY:VALUE pairs (ttft, tpot, e2el; milliseconds), separated by spaces or commas."""
     out: dict[str, float] = {}
@@ -58,6 +61,9 @@ def parse_goodput(text: str) -> dict[str, float]:
         if key.lower() not in GOODPUT_METRICS or not 0 <= ms < math.inf:
             raise AisimError(f"--goodput takes KEY:MILLISECONDS pairs, KEY one of {', '.join(GOODPUT_METRICS)}, as "
                              f"vLLM's (e.g. --goodput 'ttft:300 tpot:50'); got {item!r}")
+        if key.lower() in out:
+            raise AisimError(f"--goodput gives {key.lower()} twice ({out[key.lower()]:g} and {ms:g} ms); give each "
+                             "limit once")
         out[key.lower()] = ms
     return out
 
@@ -69,6 +75,8 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
               progress: bool = False, ignored: tuple[str, ...] = (), goodput: str = "",
               max_concurrency: int | None = None):
     """``ignored``: load options the caller was given beside --trace (named in a note: the trace replaces them)."""
+    if dtype not in SERVE_DTYPES:   # vLLM's --dtype choices (auto, half, float16, bfloat16, float, float32)
+        raise AisimError(f"--dtype {dtype}: a serving engine runs one of {', '.join(SERVE_DTYPES)} (got {dtype!r})")
     base = build_request(ScenarioRequest, model=model, device=device, dtype=dtype, tp=tp, pp=pp, ep=ep, quant=quant,
                          kv_dtype=kv_dtype, runtime=runtime, calibration=calibration)
     sc = resolve_scenario(base.model_copy(update={"tp": tp or 1}), "prefill")
