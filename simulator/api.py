@@ -164,8 +164,8 @@ def run(req: EstimateRequest) -> Estimate:
             raise AisimError(f"--static-cache-len applies to --workload decode or generate only (got --workload "
                              f"{req.workload}); drop it, or estimate the decode step")
         if req.static_cache_len < need:
-            raise AisimError(f"--static-cache-len {req.static_cache_len}: the static KV cache of a --workload decode "
-                             f"or generate, at least the longest context ({need})")
+            raise AisimError(f"--static-cache-len {req.static_cache_len} is shorter than the longest context ({need}): "
+                             f"the static cache (--runtime graphs) holds every token; give at least {need}")
     _check_workload_options(req)
     scenario_fields = {k: getattr(req, k) for k in ScenarioRequest.model_fields}
     if req.workload != "train" and (req.train, req.nodes, req.token_budget) != (None, None, None):

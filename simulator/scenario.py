@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 from typing import Literal, Union
 
@@ -189,7 +190,20 @@ FLAGS = {"phase": "--workload", "audio_s": "--audio-s", "transcript_tokens": "--
 
 def validation_message(exc: ValidationError) -> str:
     parts = []
+    literal = {}   # a Union of Literals reports each branch: one line with every allowed value
     for e in exc.errors():
+        field = ".".join(str(p) for p in e["loc"] if not isinstance(p, int) and "[" not in str(p))
+        if e["type"] == "literal_error" and field:
+            literal.setdefault(field, (e.get("input"), []))[1].extend(
+                v.strip(" '") for v in re.split(r",| or ", e["ctx"]["expected"]) if v.strip(" '"))
+    for field, (got, allowed) in literal.items():
+        name = field.split(".")[0]
+        parts.append(f"{FLAGS.get(name, '--' + name.replace('_', '-'))}: give one of {', '.join(allowed)} "
+                     f"(got {got!r})"[:300])
+    for e in exc.errors():
+        if e["type"] == "literal_error" and ".".join(
+                str(p) for p in e["loc"] if not isinstance(p, int) and "[" not in str(p)) in literal:
+            continue
         field = ".".join(str(p) for p in e["loc"] if not isinstance(p, int))
         msg = e["msg"].removeprefix("Value error, ")
         if not field:    # a check across fields: its message names them

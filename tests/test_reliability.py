@@ -553,3 +553,24 @@ def test_new_user_findings_of_session_24_inputs(tmp_path):
     assert any("sglang #2643" in a for a in ds.assumptions)
     capped = estimate(model="gpt2", device="h100", workload="decode", seq=256, power_limit_w=200, top_ops=None)
     assert any("optimistic in time and power" in a for a in capped.assumptions)
+
+
+def test_new_user_findings_of_session_24_messages(tmp_path):
+    from typer.testing import CliRunner
+
+    from aisim import estimate
+    from aisim.cli import app
+
+    runner = CliRunner()
+    shipped = Path(__file__).resolve().parents[1] / "hardware_specs" / "gpus" / "l4.yaml"
+    cases = ((["estimate", "-m", "gpt2", "-d", "h100", "--dtype", "fp64"], "--dtype: give one of fp32, tf32, fp16, "
+              "bf16, auto (got 'fp64')"),
+             (["estimate", "-m", "gpt2", "-d", "h100", "--calibration", str(shipped)], "a GPU spec, not a calibration"),
+             (["plan", "serve", "-m", "gpt2", "--devices", str(shipped), "--rate", "1"], "searches GPUs by name"),
+             (["estimate", "-m", "gpt2", "-d", "h100", "--workload", "decode", "--static-cache-len", "10",
+               "--runtime", "graphs"], "shorter than the longest context"))
+    for args, said in cases:
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2 and said in r.output and r.output.count("\n") <= 2, (args, r.output)
+    long = estimate(model="Meta-Llama-3-8B", device="h100x8", workload="train", batch=8, seq=16384, top_ops=None)
+    assert any("beyond the model's 8,192 positions" in a for a in long.assumptions)

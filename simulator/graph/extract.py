@@ -12,6 +12,7 @@ transformers versions and the graph-building source code).
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import contextmanager
 
 from ..errors import AisimError
 from ..workload import ParallelPlan, Workload
@@ -166,7 +167,7 @@ def _trace_once(config: dict, workload: Workload, plan: ParallelPlan, layers: in
     model.eval()  # dropout off in every phase, as the validation suite measures (docs/model.md)
     if training:
         _training_options(model, params, workload)
-    with torch.set_grad_enabled(training):
+    with torch.set_grad_enabled(training), _transformers_quiet():
         kept = driver(model, config, workload, batch, tracer, tracing)
     # what stays allocated after the step is the cache: the step's logits are consumed by sampling (they count in the
     # step's peak, as activations), so a full-vocabulary prompt's logits are not reported as KV cache
@@ -185,6 +186,20 @@ def _trace_once(config: dict, workload: Workload, plan: ParallelPlan, layers: in
               "n_param_tensors": len(params), "attn": attn, "model_class": type(model).__name__}
     del kept
     return result
+
+
+@contextmanager
+def _transformers_quiet():
+    """transformers' own warnings while it runs on the meta device (its loss_type fallback, ...) are not the
+    user's: errors only, restored after."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def _ids(batch: int, seq: int):

@@ -70,7 +70,12 @@ def refuse_gpu_count(name: str, command: str, where: str, multi_node: bool = Fal
     ``multi_node``, a multi-node system): a one-line error saying the planner searches the count itself (``where``:
     the flag that sets it)."""
     from ..catalog import resolve_device, resolve_gpu
+    from ..specs import user_spec_dir
 
+    if name.strip().lower().endswith((".yaml", ".yml")):
+        raise AisimError(f"--devices {name!r}: {command} searches GPUs by name; copy the file into "
+                         f"{user_spec_dir() / 'gpus'} (aisim reads it there; `aisim list devices` shows it) and give its "
+                         "name")
     try:
         dev = resolve_device(name)
     except AisimError:

@@ -26,6 +26,8 @@ from ..scenario import Scenario, ScenarioRequest, resolve_scenario
 from ..step import step_cost
 from ..workload import MAX_BATCH, MAX_TOKENS, StepShape
 from .common import not_fit_reason
+
+SERVE_BENCH_NOT_FIT_HINT = "use more shards (--shards), a smaller --batch or --seq, --quant, or a GPU with more memory"
 from .generate import decode_steps
 from .single import check_positions
 
@@ -82,7 +84,7 @@ def _row(sc: Scenario, batch: int, req: ServeBenchRequest) -> ServeRow:
                         not_fit_reason=f"batch x (seq + decode) = {tokens} tokens > max_batch_total_tokens "
                                        f"{req.max_batch_total_tokens}")
     for mem in (prefill.memory, decode.memory):
-        reason = not_fit_reason(mem, sc.device.gpu.name)
+        reason = not_fit_reason(mem, sc.device.gpu.name, SERVE_BENCH_NOT_FIT_HINT)
         if reason:
             return ServeRow(batch=batch, fits=False, memory_gb=memory, not_fit_reason=reason)
     step_ms = decode.runtime_s / steps * 1e3

@@ -156,6 +156,11 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
                         pp=par.pp, root_less=pipeline_vocab_params(sc)),
         sc.calibration, sc.runtime.framework, par.gpus > 1)
     notes = list(sc.assumptions) + _notes(plan, par, b, m, {"adamw": "AdamW", "sgd": "SGD"}[sc.optimizer])
+    limit = sc.config.get("max_position_embeddings")
+    if limit and req.seq > limit:   # rotary positions: longer contexts train once the rope scaling is extended
+        notes.append(f"seq {req.seq:,} is beyond the model's {limit:,} positions: costed as training with its rotary "
+                     "positions extended (rope_scaling set for that length); the model as shipped was not trained "
+                     "there")
     cal = calibration_note(sc)
     notes += [cal] if cal else []
     tokens = req.batch * req.seq
