@@ -1,6 +1,8 @@
 """Parallel plans: which model dimensions tensor parallelism must divide, and the default plan for N GPUs."""
 from __future__ import annotations
 
+import re
+
 from .errors import AisimError
 from .graph.tp_rules import tp_dims
 from .workload import ParallelPlan
@@ -66,7 +68,9 @@ def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, tp_scope=tp_scope)
     if plan.gpus != gpus:
         raise AisimError(f"the plan tp {plan.tp} x pp {plan.pp} x dp {plan.dp} = {plan.gpus} GPUs does not match "
-                         f"the {gpus} GPU(s) of {device_name}; make the product equal {gpus}")
+                         f"the {gpus} GPU(s) of {device_name}; make the product equal {gpus}, or name a device of "
+                         f"{plan.gpus} GPUs (e.g. {re.sub(r'x[0-9]+$', '', device_name)}"
+                         f"{'x' + str(plan.gpus) if plan.gpus > 1 else ''})")
     if dp > 1 and batch is not None and batch % dp:
         raise AisimError(f"{note + ', but d' if note else 'D'}ata parallel {dp} does not divide batch {batch}; give "
                          f"a batch divisible by {dp} or choose --tp/--pp/--dp")
