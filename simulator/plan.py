@@ -1,8 +1,6 @@
 """Parallel plans: which model dimensions tensor parallelism must divide, and the default plan for N GPUs."""
 from __future__ import annotations
 
-import re
-
 from .errors import AisimError
 from .graph.tp_rules import tp_dims
 from .workload import ParallelPlan
@@ -31,8 +29,8 @@ def _check_degree(value: int | None, flag: str) -> None:
 
 
 def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp: int | None, pp: int,
-                dp: int | None, tp_scope: str, replicate_kv: bool = False, shard_states: str | None = None
-                ) -> tuple[ParallelPlan, list[str]]:
+                dp: int | None, tp_scope: str, replicate_kv: bool = False, shard_states: str | None = None,
+                gpu_name: str | None = None) -> tuple[ParallelPlan, list[str]]:
     """The given plan, checked; the rest filled in as Megatron and vLLM do. No --tp: tensor parallel over the
     largest number of the GPUs that the model's dimensions divide (KV heads replicated only where --tp asks for
     it: ``replicate_kv``), the rest data parallel; where a training plan shards its states over the data-parallel
@@ -68,9 +66,9 @@ def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, tp_scope=tp_scope)
     if plan.gpus != gpus:
         raise AisimError(f"the plan tp {plan.tp} x pp {plan.pp} x dp {plan.dp} = {plan.gpus} GPUs does not match "
-                         f"the {gpus} GPU(s) of {device_name}; make the product equal {gpus}, or name a device of "
-                         f"{plan.gpus} GPUs (e.g. {re.sub(r'x[0-9]+$', '', device_name)}"
-                         f"{'x' + str(plan.gpus) if plan.gpus > 1 else ''})")
+                         f"the {gpus} GPU(s) of {device_name}; make the product equal {gpus}"
+                         + (f", or name a device of {plan.gpus} GPUs (e.g. {gpu_name}"
+                            f"{'x' + str(plan.gpus) if plan.gpus > 1 else ''})" if gpu_name else ""))
     if dp > 1 and batch is not None and batch % dp:
         raise AisimError(f"{note + ', but d' if note else 'D'}ata parallel {dp} does not divide batch {batch}; give "
                          f"a batch divisible by {dp} or choose --tp/--pp/--dp")

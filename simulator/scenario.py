@@ -76,7 +76,8 @@ class Scenario(BaseModel):
 
     @property
     def calibration_is_own(self) -> bool:
-        """A measured calibration of this GPU (rtx-a5000's published-matmul file counts: it is that GPU's)."""
+        """A measured calibration of this GPU: its file says ``measured`` and names this GPU (not the default rules,
+        not another GPU's file given with --calibration)."""
         return self.calibration.measured and self.calibration.device == self.device.gpu.name
 
     def workload(self, shape: StepShape, **overrides) -> Workload:
@@ -122,7 +123,7 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     tp_scope = "full" if vocab_parallel and request.tp_scope == "all" else request.tp_scope
     check_ep_experts(config, request.ep)
     plan, plan_notes = choose_plan(config, dev.count, dev.name, batch, request.tp, request.pp, request.dp, tp_scope,
-                                  rt.replicate_kv_heads, shard_states)
+                                  rt.replicate_kv_heads, shard_states, gpu_name=dev.gpu.name)
     from .graph.engine import moe_routing
 
     plan = plan.model_copy(update={"ep": check_ep(config, plan, request.ep),
@@ -557,11 +558,12 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
         which = f"{windowed} of its {layers} layers attend" if windowed < layers else "every layer attends"
         out.append(f"sliding-window attention: {which} over and cache at most the last {windows['window']:,} "
                    "tokens (the KV cache and those layers' attention are sized by the window)")
-    if rt.name not in HF_RUNTIMES and experts and (experts >= 64 and config.get("kv_lora_rank")):
+    if rt.serving is not None and experts and experts >= 64 and config.get("kv_lora_rank"):
+        fp8 = quant == "fp8" or (config.get("quantization_config") or {}).get("quant_method") == "fp8"
         out.append("fine-grained MoE with MLA (DeepSeek-V3 class) under a serving engine is unmeasured and likely "
                    "optimistic: the one published figure found, SGLang v0.4.1.post2 on DeepSeek-V3 (sgl-project/"
-                   "sglang #2643), is 2-6x slower than aisim at batch 1-32 (docs/model.md, known gaps); its fp8 "
-                   "MoE GEMMs run on the dense fp8 curve here")
+                   "sglang #2643), is 2-6x slower than aisim at batch 1-32 (docs/model.md, known gaps)"
+                   + ("; its fp8 MoE GEMMs run on the dense fp8 curve here" if fp8 else ""))
     return out
 
 

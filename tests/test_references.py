@@ -458,3 +458,22 @@ def test_trtllm_report_runs_and_every_row_fits():
     assert [s["rows"] for s in out["summary"]][:4] == [
         "out tok/s, one GPU, h100 (calibrated)", "out tok/s, one GPU, a100 (default rules)",
         "out tok/s, one GPU, l40s (default rules)", "out tok/s, one GPU, a100 and l40s (never measured by aisim)"]
+
+
+def test_trtllm_documented_row_runs_as_written():
+    """The row docs/accuracy.md gives as the command to rerun fits and matches the reference's own figure."""
+    from typer.testing import CliRunner
+
+    from aisim.cli import app
+    from aisim.validation.accuracy import TRTLLM_ROW_ARGS
+
+    import json
+
+    from aisim.validation.published import compare_reference
+
+    r = CliRunner().invoke(app, ["estimate", *TRTLLM_ROW_ARGS, "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    row = next(x for x in json.loads(compare_reference("trtllm-perf", fmt="json"))["throughput_rows"]
+               if x["label"][:7] == ["a100", "llama-7b", "fp16", "384", "1", "128", "128"])
+    assert out["fits"] and out["throughput_tokens_per_s"] == pytest.approx(row["aisim"], rel=1e-9)

@@ -525,6 +525,7 @@ def test_new_user_findings_of_session_24():
                top_ops=None)
     e = estimate(batch=16, **big)   # 32,768 KV tokens: the allocator peak fits 80 GB, vLLM's 0.9 pool does not
     assert not e.fits and "vllm's memory policy" in e.not_fit_reason and "32,768 tokens" in e.not_fit_reason
+    assert "--quant fp8" not in e.not_fit_reason and "--kv-dtype fp8" in e.not_fit_reason   # flags not yet given
     assert estimate(batch=4, **big).fits
     assert estimate(batch=16, **{**big, "runtime": "eager"}).fits    # no engine pool: the allocator's peak only
 
@@ -544,13 +545,18 @@ def test_new_user_findings_of_session_24_inputs(tmp_path):
         with pytest.raises(AisimError, match=said):
             estimate(model=str(path), device="h100")
     runner = CliRunner()
-    for args, said in ((["--dtype", "tf32"], "a serving engine runs one of"),
+    for args, said in ((["--dtype", "tf32"], "the dtypes a serving engine runs"),
                        (["--goodput", "ttft:300 ttft:10"], "gives ttft twice")):
         r = runner.invoke(app, ["serve", "-m", "opt-125m", "-d", "h100", "--num-requests", "10", *args])
         assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, r.output
     ds = estimate(model="DeepSeek-V3", device="h200x8", workload="decode", batch=1, seq=256, runtime="vllm",
                   top_ops=None)
     assert any("sglang #2643" in a for a in ds.assumptions)
+    lite = estimate(model="DeepSeek-V2-Lite", device="h100", workload="decode", seq=256, dtype="bf16", top_ops=None)
+    assert not any("sglang #2643" in a for a in lite.assumptions)         # eager HF: not a serving engine
+    lite = estimate(model="DeepSeek-V2-Lite", device="h100", workload="decode", seq=256, dtype="bf16", runtime="vllm",
+                    top_ops=None)
+    assert any("sglang #2643" in a and "fp8" not in a for a in lite.assumptions)   # bf16: nothing fp8
     capped = estimate(model="gpt2", device="h100", workload="decode", seq=256, power_limit_w=200, top_ops=None)
     assert any("optimistic in time and power" in a for a in capped.assumptions)
 

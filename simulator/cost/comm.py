@@ -4,8 +4,8 @@ all-reduce:  t = latency + 2(n-1)/n * bytes / bus_bw
 all-gather:  t = latency + (n-1)/n * bytes / bus_bw      (bytes = the gathered tensor)
 ``latency`` is the whole collective's fixed cost and ``bus_bw`` the NCCL bus bandwidth (nccl-tests
 PERFORMANCE.md convention), so a measured fit (``aisim calibrate`` on 2+ GPUs, or a system spec's) plugs in
-directly. Where the device's calibration has a measured fit and no system spec file names the links, the fit is
-used for any GPU count on that fabric (a rule: NCCL's ring bus bandwidth is nearly flat in n on NVSwitch).
+directly. A group of fewer GPUs than the box's, or a box with no system file, reads the file of that GPU and
+fabric nearest in size (_intra_link); the device's calibration fit, where it has one, only where no file does.
 """
 from __future__ import annotations
 
@@ -100,30 +100,30 @@ def collective_s(kind: str, nbytes: float, group: int, device: Device, cal: Cali
 
 def _intra_link(device: Device, cal: CalibrationSpec, group: int) -> tuple[float, float]:
     """(bus bandwidth, latency) of a collective over ``group`` GPUs of one host. A system file's figures are its
-    ``gpu_count`` (or ``gpus_per_node``) GPUs' ring; a smaller group (tp 2 on an 8-GPU box) takes the shipped
-    system file of that many GPUs of the same kind on the same fabric where there is one (h100x2, h200x4), else,
-    on NVLink, the latency scaled by NCCL's ring latency model (the bandwidth, nearly flat in n on NVSwitch,
-    kept). NAMExN with no system file (h100x6): that system file of the group's GPUs on NVLink, else the
-    calibration's fit, else the device's default links."""
+    ``gpu_count`` (or ``gpus_per_node``) GPUs' ring; a smaller group (tp 2 on an 8-GPU box) takes the system file
+    of that many GPUs of the same kind on the same fabric where there is one (h100x2, h200x4), else, on NVLink, the
+    box's latency scaled by NCCL's ring latency model (the bandwidth, nearly flat in n on NVSwitch, kept). NAMExN
+    with no system file (h100x6, a100x2): on NVLink the file of exactly the group's GPUs, else the smallest larger
+    file of that GPU scaled the same way, else the calibration's NCCL fit, else the device's default links."""
     ic = device.interconnect
     bw, latency = ic.link_bw_bytes_per_s, ic.latency_s
     system = device.system
     nvlink = ic.kind in ("nvswitch", "nvlink-bridge")
-    if system is None:   # NAMExN with no system file: a shipped system of exactly the group's GPUs, else the fit
-        twin = _system_of(device.gpu.name, ic.kind, group) if nvlink else None
-        if twin is not None:
-            return twin.interconnect.link_bw_bytes_per_s, twin.interconnect.latency_s
-        if cal.allreduce_bus_bw_bytes_per_s and nvlink:
-            bw, latency = cal.allreduce_bus_bw_bytes_per_s, cal.allreduce_latency_s or latency
+    ranks = (system.gpus_per_node or system.gpu_count) if system is not None else device.count
+    if system is not None and group >= ranks:
         return bw, latency
-    ranks = system.gpus_per_node or system.gpu_count
-    if group >= ranks:
-        return bw, latency
-    twin = _system_of(system.gpu, ic.kind, group)
-    if twin is not None:
-        return twin.interconnect.link_bw_bytes_per_s, twin.interconnect.latency_s
-    if nvlink:
-        latency *= _nccl_ring_latency(group) / _nccl_ring_latency(ranks)
+    same = [s for s in _systems_of(device.gpu.name, ic.kind) if s.gpu_count >= group] if nvlink else []
+    exact = next((s for s in same if s.gpu_count == group), None)
+    if exact is not None:
+        return exact.interconnect.link_bw_bytes_per_s, exact.interconnect.latency_s
+    if system is not None:
+        return bw, latency * (_nccl_ring_latency(group) / _nccl_ring_latency(ranks) if nvlink else 1.0)
+    if same:
+        larger = min(same, key=lambda s: s.gpu_count)
+        return (larger.interconnect.link_bw_bytes_per_s,
+                larger.interconnect.latency_s * _nccl_ring_latency(group) / _nccl_ring_latency(larger.gpu_count))
+    if cal.allreduce_bus_bw_bytes_per_s and nvlink:
+        bw, latency = cal.allreduce_bus_bw_bytes_per_s, cal.allreduce_latency_s or latency
     return bw, latency
 
 
@@ -131,12 +131,23 @@ def _nccl_ring_latency(n: int) -> float:
     return NCCL_NVLINK_BASE_S + 2 * (n - 1) * NCCL_NVLINK_STEP_S
 
 
-def _system_of(gpu: str, kind: str, count: int):
-    """The shipped (or user) single-node system file of ``count`` ``gpu`` GPUs on a ``kind`` fabric, or None."""
+def _systems_of(gpu: str, kind: str) -> list:
+    """The single-node system files (shipped or the user's) of ``gpu`` GPUs on a ``kind`` fabric, their GPU named
+    by any alias."""
+    from ..catalog import resolve_gpu
+    from ..errors import AisimError
     from ..specs import all_systems
 
-    return next((s for s in all_systems().values() if s.gpu == gpu and s.gpu_count == count
-                 and s.gpus_per_node is None and s.interconnect.kind == kind), None)
+    out = []
+    for s in all_systems().values():
+        if s.gpus_per_node is not None or s.interconnect.kind != kind:
+            continue
+        try:
+            if resolve_gpu(s.gpu).name == gpu:
+                out.append(s)
+        except AisimError:
+            continue
+    return out
 
 
 def _ring_s(kind: str, nbytes: float, n: int, bw: float, latency: float) -> float:

@@ -58,11 +58,15 @@ def engine_memory_reason(sc: Scenario, w: Workload) -> str | None:
         return None
     per_replica = -(-w.batch // sc.plan.dp)
     context = w.seq + (w.gen_tokens - 1 if w.phase == "generate" else 0)
-    if per_replica * context <= cap.tokens:
+    block = values["block_size"]
+    if per_replica * -(-context // block) <= cap.blocks:    # each sequence holds whole blocks
         return None
-    return (f"does not fit under {sc.runtime.name}'s memory policy: {per_replica} sequences x {context:,} tokens = "
-            f"{per_replica * context:,} tokens of KV cache per replica > the {cap.tokens:,} its pool holds ({cap.how}); "
-            "fewer sequences at once (aisim serve queues the rest), --kv-dtype fp8, --quant fp8 or more GPUs (--tp)")
+    smaller = [flag for flag, given in (("--kv-dtype fp8", sc.kv_dtype == "fp8"), ("--quant fp8", sc.quant != "none"))
+               if not given]
+    return (f"does not fit under {sc.runtime.name}'s memory policy: {per_replica} sequences x {context:,} tokens "
+            f"(blocks of {block}) need {per_replica * -(-context // block) * block:,} tokens of KV cache per replica > "
+            f"the {cap.blocks * block:,} its pool holds ({cap.how}); fewer sequences at once (aisim serve queues the "
+            f"rest), {', '.join(smaller + ['more GPUs (--tp)'])}")
 
 
 def refuse_gpu_count(name: str, command: str, where: str, multi_node: bool = False) -> None:
@@ -73,9 +77,9 @@ def refuse_gpu_count(name: str, command: str, where: str, multi_node: bool = Fal
     from ..specs import user_spec_dir
 
     if name.strip().lower().endswith((".yaml", ".yml")):
-        raise AisimError(f"--devices {name!r}: {command} searches GPUs by name; copy the file into "
-                         f"{user_spec_dir() / 'gpus'} (aisim reads it there; `aisim list devices` shows it) and give its "
-                         "name")
+        raise AisimError(f"--devices {name!r}: {command} searches GPUs by name; copy a GPU file into "
+                         f"{user_spec_dir() / 'gpus'} (a multi-node system file into systems/ beside it; aisim reads "
+                         "them there, `aisim list devices` shows them) and give its name")
     try:
         dev = resolve_device(name)
     except AisimError:

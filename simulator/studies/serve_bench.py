@@ -26,11 +26,10 @@ from ..scenario import Scenario, ScenarioRequest, resolve_scenario
 from ..step import step_cost
 from ..workload import MAX_BATCH, MAX_TOKENS, StepShape
 from .common import not_fit_reason
-
-SERVE_BENCH_NOT_FIT_HINT = "use more shards (--shards), a smaller --batch or --seq, --quant, or a GPU with more memory"
 from .generate import decode_steps
 from .single import check_positions
 
+SERVE_BENCH_NOT_FIT_HINT = "use more shards (--shards), a smaller --batch or --seq, --quant, or a GPU with more memory"
 
 class ServeRow(BaseModel):
     batch: int

@@ -157,10 +157,12 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
         sc.calibration, sc.runtime.framework, par.gpus > 1)
     notes = list(sc.assumptions) + _notes(plan, par, b, m, {"adamw": "AdamW", "sgd": "SGD"}[sc.optimizer])
     limit = sc.config.get("max_position_embeddings")
-    if limit and req.seq > limit:   # rotary positions: longer contexts train once the rope scaling is extended
-        notes.append(f"seq {req.seq:,} is beyond the model's {limit:,} positions: costed as training with its rotary "
-                     "positions extended (rope_scaling set for that length); the model as shipped was not trained "
-                     "there")
+    if limit and req.seq > limit:   # not a learned table (check_positions refused those)
+        rotary = any(sc.config.get(k) for k in ("rope_theta", "rope_scaling", "rope_parameters", "rotary_dim"))
+        notes.append(f"seq {req.seq:,} is beyond the model's {limit:,} positions: costed as training "
+                     + ("with its rotary positions extended (rope_scaling set for that length)" if rotary else
+                        "past the length its positions were made for")
+                     + "; the model as shipped was not trained there")
     cal = calibration_note(sc)
     notes += [cal] if cal else []
     tokens = req.batch * req.seq

@@ -76,7 +76,8 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
               max_concurrency: int | None = None):
     """``ignored``: load options the caller was given beside --trace (named in a note: the trace replaces them)."""
     if dtype not in SERVE_DTYPES:   # vLLM's --dtype choices (auto, half, float16, bfloat16, float, float32)
-        raise AisimError(f"--dtype {dtype}: a serving engine runs one of {', '.join(SERVE_DTYPES)} (got {dtype!r})")
+        raise AisimError(f"--dtype: give one of {', '.join(SERVE_DTYPES)}, the dtypes a serving engine runs (got "
+                         f"{dtype!r})")
     base = build_request(ScenarioRequest, model=model, device=device, dtype=dtype, tp=tp, pp=pp, ep=ep, quant=quant,
                          kv_dtype=kv_dtype, runtime=runtime, calibration=calibration)
     sc = resolve_scenario(base.model_copy(update={"tp": tp or 1}), "prefill")
