@@ -715,7 +715,8 @@ def _calibration_file(path: str, mtime_ns: int, size: int) -> CalibrationSpec | 
     data = load_yaml(Path(path))
     if data and "device" not in data and set(data) <= set(HostSpec.model_fields):
         return None
-    if isinstance(data, dict) and "gemm_efficiency" not in data and ("peak_flops_per_s" in data or "gpu_count" in data):
+    spec_keys = "peak_flops_per_s" in data or "gpu_count" in data if isinstance(data, dict) else False
+    if spec_keys and "gemm_efficiency" not in data:
         kind = "system" if "gpu_count" in data else "GPU"
         raise AisimError(f"{path}: a {kind} spec, not a calibration file; give it to --device, and to --calibration "
                          "a calibration YAML (hardware_specs/calibration/, or what `aisim calibrate` writes)")

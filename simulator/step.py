@@ -179,7 +179,8 @@ def _device_half(sc: Scenario, w: Workload, a: OpArrays) -> StepCost:
     # less tuned shaders): power follows the activity before the engine's scale
     busy_c = np.array([t.compute_s for t in times]) / min(compute_scale, 1.0)
     busy_m = np.array([t.memory_s for t in times]) / min(memory_scale, 1.0)
-    tensor_core = np.array([c.kind in ("gemm", "attention") and compute_dtype(op, w.dtype, sc.device.gpu) in TENSOR_CORE_DTYPES
+    tensor_core = np.array([c.kind in ("gemm", "attention")
+                            and compute_dtype(op, w.dtype, sc.device.gpu) in TENSOR_CORE_DTYPES
                             for op, c in zip(a.ops, a.costs)], dtype=bool)
     power_w = ratio = None
     if sc.power is not None:

@@ -112,7 +112,7 @@ def _intra_link(device: Device, cal: CalibrationSpec, group: int) -> tuple[float
     ranks = (system.gpus_per_node or system.gpu_count) if system is not None else device.count
     if system is not None and group >= ranks:
         return bw, latency
-    same = [s for s in _systems_of(device.gpu.name, ic.kind) if s.gpu_count >= group] if nvlink else []
+    same = [s for s in _systems_of(device.gpu, ic.kind) if s.gpu_count >= group] if nvlink else []
     exact = next((s for s in same if s.gpu_count == group), None)
     if exact is not None:
         return exact.interconnect.link_bw_bytes_per_s, exact.interconnect.latency_s
@@ -131,23 +131,14 @@ def _nccl_ring_latency(n: int) -> float:
     return NCCL_NVLINK_BASE_S + 2 * (n - 1) * NCCL_NVLINK_STEP_S
 
 
-def _systems_of(gpu: str, kind: str) -> list:
-    """The single-node system files (shipped or the user's) of ``gpu`` GPUs on a ``kind`` fabric, their GPU named
-    by any alias."""
-    from ..catalog import resolve_gpu
-    from ..errors import AisimError
+def _systems_of(gpu, kind: str) -> list:
+    """The single-node system files (shipped or the user's) of ``gpu`` (a HardwareSpec) GPUs on a ``kind`` fabric,
+    their GPU named by its name or any alias."""
     from ..specs import all_systems
 
-    out = []
-    for s in all_systems().values():
-        if s.gpus_per_node is not None or s.interconnect.kind != kind:
-            continue
-        try:
-            if resolve_gpu(s.gpu).name == gpu:
-                out.append(s)
-        except AisimError:
-            continue
-    return out
+    names = {gpu.name.lower(), *(a.lower() for a in getattr(gpu, "aliases", ()))}
+    return [s for s in all_systems().values()
+            if s.gpus_per_node is None and s.interconnect.kind == kind and s.gpu.strip().lower() in names]
 
 
 def _ring_s(kind: str, nbytes: float, n: int, bw: float, latency: float) -> float:

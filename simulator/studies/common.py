@@ -51,7 +51,8 @@ def engine_memory_reason(sc: Scenario, w: Workload) -> str | None:
     values = {**s.model_dump(), **small_gpu_defaults(s, sc.device.gpu)}
     replica = sc.with_plan(sc.plan.model_copy(update={"dp": 1})) if sc.plan.dp > 1 else sc
     try:
-        cap = kv_capacity(replica, values["block_size"], values["max_num_batched_tokens"], values["gpu_memory_utilization"])
+        cap = kv_capacity(replica, values["block_size"], values["max_num_batched_tokens"],
+                          values["gpu_memory_utilization"])
     except DoesNotFit as exc:
         return f"does not fit under {sc.runtime.name}'s memory policy: {exc.detail}; {exc.hint}"
     if cap.sliding_groups:
@@ -61,8 +62,8 @@ def engine_memory_reason(sc: Scenario, w: Workload) -> str | None:
     block = values["block_size"]
     if per_replica * -(-context // block) <= cap.blocks:    # each sequence holds whole blocks
         return None
-    smaller = [flag for flag, given in (("--kv-dtype fp8", sc.kv_dtype == "fp8"), ("--quant fp8", sc.quant != "none"))
-               if not given]
+    smaller = [flag for flag, given in (("--kv-dtype fp8", sc.kv_dtype == "fp8"),
+                                        ("--quant fp8", sc.quant != "none")) if not given]
     return (f"does not fit under {sc.runtime.name}'s memory policy: {per_replica} sequences x {context:,} tokens "
             f"(blocks of {block}) need {per_replica * -(-context // block) * block:,} tokens of KV cache per replica > "
             f"the {cap.blocks * block:,} its pool holds ({cap.how}); fewer sequences at once (aisim serve queues the "
