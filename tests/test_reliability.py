@@ -528,6 +528,9 @@ def test_new_user_findings_of_session_24():
     assert "--quant fp8" not in e.not_fit_reason and "--kv-dtype fp8" in e.not_fit_reason   # flags not yet given
     assert estimate(batch=4, **big).fits
     assert estimate(batch=16, **{**big, "runtime": "eager"}).fits    # no engine pool: the allocator's peak only
+    gen = dict(model="Llama-2-7b-hf", workload="generate", seq=128, gen=128, runtime="vllm", top_ops=None)
+    assert any("at most 256 sequences per step" in a for a in estimate(device="a100", batch=384, **gen).assumptions)
+    assert not any("sequences per step" in a for a in estimate(device="a100", batch=256, **gen).assumptions)
 
 
 def test_new_user_findings_of_session_24_inputs(tmp_path):
