@@ -190,27 +190,10 @@ def run(req: EstimateRequest) -> Estimate:
     else:
         result = single_step(sc, StepShape(phase=req.workload, batch=req.batch, seq=req.seq,
                                            step_tokens=req.step_tokens, static_cache_len=req.static_cache_len))
-    notes = [n for n in (_chunked_prefill_note(sc, req), _max_num_seqs_note(sc, req)) if n]
-    if notes:
-        result = result.model_copy(update={"assumptions": [*result.assumptions, *notes]})
+    note = _chunked_prefill_note(sc, req)
+    if note:
+        result = result.model_copy(update={"assumptions": [*result.assumptions, note]})
     return result if req.top_ops is None else result.model_copy(update={"top_ops": result.top_ops[:req.top_ops]})
-
-
-def _max_num_seqs_note(sc, req: EstimateRequest) -> str | None:
-    """An engine runs at most max_num_seqs sequences per step: say so where a decode or generate batch (per
-    replica) is larger (the estimate is one step over the whole batch; aisim serve runs the engine's schedule)."""
-    s = sc.runtime.serving
-    if s is None or req.workload not in ("decode", "generate"):
-        return None
-    from .studies.serve.run import small_gpu_defaults
-
-    limit = small_gpu_defaults(s, sc.device.gpu).get("max_num_seqs", s.max_num_seqs)
-    per_replica = -(-req.batch // sc.plan.dp)
-    if per_replica <= limit:
-        return None
-    return (f"{sc.runtime.name} runs at most {limit} sequences per step (max_num_seqs on {sc.device.gpu.name}): "
-            f"a batch of {per_replica} per replica would run as {-(-per_replica // limit)} groups taking turns; the "
-            "estimate is one step over the whole batch (`aisim serve` runs the engine's schedule)")
 
 
 def _chunked_prefill_note(sc, req: EstimateRequest) -> str | None:

@@ -189,30 +189,33 @@ FLAGS = {"phase": "--workload", "audio_s": "--audio-s", "transcript_tokens": "--
          "gpu_clock_mhz": "--gpu-clock", "tp_scope": "--tp-scope", "top_ops": "top_ops"}
 
 
+def _flag(field: str) -> str:
+    return FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+def _literal_path(e: dict) -> str:
+    """A literal error's field, without the branch a Union adds to its location (``dtype.literal['auto']``)."""
+    return ".".join(str(p) for p in e["loc"] if not isinstance(p, int) and "[" not in str(p))
+
+
 def validation_message(exc: ValidationError) -> str:
-    parts = []
-    literal = {}   # a Union of Literals reports each branch: one line with every allowed value
-    for e in exc.errors():
-        field = ".".join(str(p) for p in e["loc"] if not isinstance(p, int) and "[" not in str(p))
-        if e["type"] == "literal_error" and field:
-            literal.setdefault(field, (e.get("input"), []))[1].extend(
+    errors = exc.errors()
+    literal: dict[str, tuple[object, list[str]]] = {}   # a Union of Literals reports each branch: one line for all
+    for e in errors:
+        if e["type"] == "literal_error" and _literal_path(e):
+            literal.setdefault(_literal_path(e), (e.get("input"), []))[1].extend(
                 v.strip(" '") for v in re.split(r",| or ", e["ctx"]["expected"]) if v.strip(" '"))
-    for field, (got, allowed) in literal.items():
-        name = field.split(".")[0]
-        parts.append(f"{FLAGS.get(name, '--' + name.replace('_', '-'))}: give one of {', '.join(allowed)} "
-                     f"(got {got!r})"[:300])
-    for e in exc.errors():
-        if e["type"] == "literal_error" and ".".join(
-                str(p) for p in e["loc"] if not isinstance(p, int) and "[" not in str(p)) in literal:
+    parts = [f"{_flag(field.split('.')[0])}: give one of {', '.join(allowed)} (got {got!r})"[:300]
+             for field, (got, allowed) in literal.items()]
+    for e in errors:
+        if e["type"] == "literal_error" and _literal_path(e) in literal:
             continue
         field = ".".join(str(p) for p in e["loc"] if not isinstance(p, int))
         msg = e["msg"].removeprefix("Value error, ")
         if not field:    # a check across fields: its message names them
             parts.append(msg[:300])
             continue
-        field = field.split(".")[0]
-        flag = FLAGS.get(field, "--" + field.replace("_", "-"))
-        parts.append(f"{flag}: {msg} (got {e.get('input')!r})"[:300])
+        parts.append(f"{_flag(field.split('.')[0])}: {msg} (got {e.get('input')!r})"[:300])
     return "; ".join(parts)
 
 

@@ -37,18 +37,29 @@ def not_fit_reason(mem: MemoryBreakdown, gpu_name: str, hint: str = NOT_FIT_HINT
     return f"does not fit: {mem.total_gb:.2f} GB needed per GPU ({parts}) > {room}; {hint}"
 
 
+def _engine_batch(sc: Scenario, w: Workload, phases: tuple[str, ...]) -> tuple[dict, int] | None:
+    """Under a serving engine's profile, for a workload of ``phases``: the engine's settings on this GPU and the
+    sequences one replica runs; else None."""
+    s = sc.runtime.serving
+    if s is None or w.phase not in phases:
+        return None
+    from .serve.run import engine_defaults
+
+    return engine_defaults(s, sc.device.gpu), -(-w.batch // sc.plan.dp)
+
+
 def engine_memory_reason(sc: Scenario, w: Workload) -> str | None:
     """Under a serving engine's profile (its ``serving`` memory policy: vLLM's gpu_memory_utilization of the total,
     transformers CB's fraction of the free memory), a prefill, decode or generate batch whose KV cache the engine's
     pool cannot hold at once does not run as one batch: the reason with the numbers, else None. The pool is what
     ``aisim serve`` sizes (serve.run.kv_capacity); models with sliding-window layers are not checked here."""
-    s = sc.runtime.serving
-    if s is None or w.phase not in ("prefill", "decode", "generate") or sc.config.get("is_encoder_decoder"):
+    engine = _engine_batch(sc, w, ("prefill", "decode", "generate"))
+    if engine is None or sc.config.get("is_encoder_decoder"):
         return None   # the serving pool is sized for decoder-only models (aisim serve refuses the others)
     from ..errors import DoesNotFit
-    from .serve.run import kv_capacity, small_gpu_defaults
+    from .serve.run import kv_capacity
 
-    values = {**s.model_dump(), **small_gpu_defaults(s, sc.device.gpu)}
+    values, per_replica = engine
     replica = sc.with_plan(sc.plan.model_copy(update={"dp": 1})) if sc.plan.dp > 1 else sc
     try:
         cap = kv_capacity(replica, values["block_size"], values["max_num_batched_tokens"],
@@ -57,7 +68,6 @@ def engine_memory_reason(sc: Scenario, w: Workload) -> str | None:
         return f"does not fit under {sc.runtime.name}'s memory policy: {exc.detail}; {exc.hint}"
     if cap.sliding_groups:
         return None
-    per_replica = -(-w.batch // sc.plan.dp)
     context = w.seq + (w.gen_tokens - 1 if w.phase == "generate" else 0)
     block = values["block_size"]
     if per_replica * -(-context // block) <= cap.blocks:    # each sequence holds whole blocks
@@ -68,6 +78,18 @@ def engine_memory_reason(sc: Scenario, w: Workload) -> str | None:
             f"(blocks of {block}) need {per_replica * -(-context // block) * block:,} tokens of KV cache per replica > "
             f"the {cap.blocks * block:,} its pool holds ({cap.how}); fewer sequences at once (aisim serve queues the "
             f"rest), {', '.join(smaller + ['more GPUs (--tp)'])}")
+
+
+def max_num_seqs_note(sc: Scenario, w: Workload) -> str | None:
+    """An engine runs at most max_num_seqs sequences per step: said where a decode or generate batch (per replica)
+    is larger (the estimate is one step over the whole batch; aisim serve runs the engine's schedule)."""
+    engine = _engine_batch(sc, w, ("decode", "generate"))
+    if engine is None or engine[1] <= engine[0]["max_num_seqs"]:
+        return None
+    limit, per_replica = engine[0]["max_num_seqs"], engine[1]
+    return (f"{sc.runtime.name} runs at most {limit} sequences per step (max_num_seqs on {sc.device.gpu.name}): "
+            f"a batch of {per_replica} per replica would run as {-(-per_replica // limit)} groups taking turns; the "
+            "estimate is one step over the whole batch (`aisim serve` runs the engine's schedule)")
 
 
 def refuse_gpu_count(name: str, command: str, where: str, multi_node: bool = False) -> None:
@@ -138,7 +160,8 @@ def estimate_from(sc: Scenario, w: Workload, cost: StepCost, memory: MemoryBreak
     runtime_s = cost.runtime_s
     cal = calibration_note(sc)
     held = power_limit_note(sc, cost) if ok else None
-    assumptions = list(sc.assumptions) + list(notes) + ([cal] if cal else []) + ([held] if held else [])
+    turns = max_num_seqs_note(sc, w)
+    assumptions = list(sc.assumptions) + list(notes) + [n for n in (cal, held, turns) if n]
     rows = list(cost.table if table is None else table)
     return Estimate(
         model=sc.model, device=sc.device.name, workload=w, plan=sc.plan, runtime=sc.runtime.name,

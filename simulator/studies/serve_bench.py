@@ -31,6 +31,7 @@ from .single import check_positions
 
 SERVE_BENCH_NOT_FIT_HINT = "use more shards (--shards), a smaller --batch or --seq, --quant, or a GPU with more memory"
 
+
 class ServeRow(BaseModel):
     batch: int
     fits: bool

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import AisimError, DoesNotFit
-from ...scenario import Scenario, calibration_note, serving_notes
 from ...graph.engine import moe_routing
+from ...scenario import Scenario, calibration_note, serving_notes
 from ...step import step_cost
 from ...workload import StepShape
 from . import EngineConfig, ServeRequest, ServeRun, run_serving, validated
@@ -238,8 +238,7 @@ def engine_config(sc: Scenario, knobs: dict[str, Any]) -> tuple[EngineConfig, Kv
     unknown = set(knobs) - set(ENGINE_KNOBS)
     if unknown:
         raise AisimError(f"unknown engine setting(s) {sorted(unknown)}; known: {', '.join(ENGINE_KNOBS)}")
-    values = {**s.model_dump(), **small_gpu_defaults(s, sc.device.gpu),
-              **{k: v for k, v in knobs.items() if v is not None}}
+    values = {**engine_defaults(s, sc.device.gpu), **{k: v for k, v in knobs.items() if v is not None}}
     _check_knobs(sc.runtime.name, values)
     cap = kv_capacity(sc, values["block_size"], values["max_num_batched_tokens"], values["gpu_memory_utilization"])
     if knobs.get("num_gpu_blocks_override") is not None:
@@ -255,6 +254,11 @@ def engine_config(sc: Scenario, knobs: dict[str, Any]) -> tuple[EngineConfig, Kv
         "prefill_slack_tokens": values["prefill_slack_tokens"],
         "max_model_len": _max_model_len(sc)}, ENGINE_FLAGS)
     return cfg, cap
+
+
+def engine_defaults(s, gpu) -> dict[str, Any]:
+    """The runtime profile's serving settings as the engine picks them on ``gpu`` (small_gpu_defaults applied)."""
+    return {**s.model_dump(), **small_gpu_defaults(s, gpu)}
 
 
 def small_gpu_defaults(s, gpu) -> dict[str, int]:
