@@ -477,3 +477,18 @@ def test_trtllm_documented_row_runs_as_written():
     row = next(x for x in json.loads(compare_reference("trtllm-perf", fmt="json"))["throughput_rows"]
                if x["label"][:7] == ["a100", "llama-7b", "fp16", "384", "1", "128", "128"])
     assert out["fits"] and out["throughput_tokens_per_s"] == pytest.approx(row["aisim"], rel=1e-9)
+
+
+def test_trtllm_csv_is_one_table():
+    """--format csv of trtllm-perf parses as one CSV: throughput and first-token latency rows share the columns,
+    told apart by Metric (it printed two tables one after the other)."""
+    import csv
+    import io
+
+    from aisim.validation.published import compare_reference
+
+    rows = [r for r in csv.reader(io.StringIO(compare_reference("trtllm-perf", fmt="csv"))) if r]
+    header, body = rows[0], rows[1:]
+    assert "Metric" in header and all(len(r) == len(header) for r in body)
+    metrics = [r[header.index("Metric")] for r in body]
+    assert metrics.count("out tok/s per GPU") == 19 and metrics.count("first-token latency (ms)") == 10

@@ -56,6 +56,9 @@ TABLE_CATEGORIES = (*RUNTIME_CATEGORIES, "encode runtime", "tp runtime")
 TRANSFER_GOAL_PCT = 10.0
 NONE_GOAL_PCT = 15.0
 DECODE_MODEL = "Meta-Llama-3-8B"
+# the same check on the GPUs whose memory cannot hold DECODE_MODEL in 16 bits (T4's 15 GiB, the 4 GiB laptop GPU, the
+# 10 GiB Radeon): a dense model of the same family of kernels that fits them all
+DECODE_SMALL_MODEL = "opt-1.3b"
 DECODE_CONTEXT = 1024
 DECODE_BATCHES = (1, 8, 32, 64)
 DECODE_BW_GOAL = 0.70
@@ -142,6 +145,7 @@ class DecodeRow:
     calibrated: bool
     step_ms: dict[int, float]
     bandwidth_fraction: float          # at batch 1
+    model: str = DECODE_MODEL
 
     @property
     def monotone(self) -> bool:
@@ -150,25 +154,36 @@ class DecodeRow:
 
 
 def decode_rows() -> list[DecodeRow]:
-    """One row per shipped GPU spec that holds Llama-3-8B in bf16 (fp16 where it has no bf16)."""
-    import aisim
+    """One row per shipped GPU spec: Llama-3-8B in bf16 (fp16 where the GPU has no bf16), or DECODE_SMALL_MODEL
+    where Llama-3-8B's batch-1 step does not fit."""
     from aisim.specs import all_hardware, calibration_path
 
     out = []
     for name, gpu in sorted(all_hardware().items()):
         dtype = "bf16" if gpu.peak_flops_per_s.bf16 else "fp16"
-        steps, bw = {}, None
-        for batch in DECODE_BATCHES:
-            e = aisim.estimate(model=DECODE_MODEL, device=name, workload="decode", batch=batch, seq=DECODE_CONTEXT,
-                               dtype=dtype, runtime=DECODE_RUNTIME, top_ops=None)
-            if not e.fits:
+        for model in (DECODE_MODEL, DECODE_SMALL_MODEL):
+            steps, bw = _decode_steps(model, name, dtype, gpu.memory_bw_bytes_per_s)
+            if bw is not None:
+                out.append(DecodeRow(name, gpu.architecture, calibration_path(name) is not None, steps, bw, model))
                 break
-            steps[batch] = e.runtime_ms
-            if batch == 1:
-                bw = e.bytes / (e.runtime_ms / 1e3) / gpu.memory_bw_bytes_per_s
-        if bw is not None:
-            out.append(DecodeRow(name, gpu.architecture, calibration_path(name) is not None, steps, bw))
     return out
+
+
+def _decode_steps(model: str, device: str, dtype: str, bandwidth: float) -> tuple[dict[int, float], float | None]:
+    """Step time per DECODE_BATCHES batch until one does not fit, and the batch-1 step's fraction of ``bandwidth``
+    (None where batch 1 does not fit)."""
+    import aisim
+
+    steps, bw = {}, None
+    for batch in DECODE_BATCHES:
+        e = aisim.estimate(model=model, device=device, workload="decode", batch=batch, seq=DECODE_CONTEXT,
+                           dtype=dtype, runtime=DECODE_RUNTIME, top_ops=None)
+        if not e.fits:
+            break
+        steps[batch] = e.runtime_ms
+        if batch == 1:
+            bw = e.bytes / (e.runtime_ms / 1e3) / bandwidth
+    return steps, bw
 
 
 GRAPH_GEMV_RUNS = ("kernels/graph-gemv-h100.jsonl", "kernels/graph-gemv-h100-run2.jsonl")
@@ -334,9 +349,9 @@ def transfer_table() -> tuple[list[Column], list[list[str]]]:
 
 def decode_table(rows: list[DecodeRow]) -> tuple[list[Column], list[list[str]]]:
     columns = [Column("GPU", align="left"), Column("Arch", align="left"), Column("Calibration", align="left"),
-               *[Column(f"batch {b} (ms)") for b in DECODE_BATCHES], Column("Bandwidth at batch 1"),
-               Column("Non-decreasing", align="left")]
-    cells = [[r.device, r.architecture, "measured" if r.calibrated else "rules",
+               Column("Model", align="left"), *[Column(f"batch {b} (ms)") for b in DECODE_BATCHES],
+               Column("Bandwidth at batch 1"), Column("Non-decreasing", align="left")]
+    cells = [[r.device, r.architecture, "measured" if r.calibrated else "rules", r.model,
               *[f"{r.step_ms[b]:.2f}" if b in r.step_ms else "does not fit" for b in DECODE_BATCHES],
               f"{100 * r.bandwidth_fraction:.0f}%", "yes" if r.monotone else "no"] for r in rows]
     return columns, cells
@@ -347,6 +362,7 @@ def transfer_section() -> list[str]:
     rows = decode_rows()
     low = [r.device for r in rows if r.bandwidth_fraction < DECODE_BW_GOAL]
     non_monotone = [r.device for r in rows if not r.monotone]
+    small = [r.device for r in rows if r.model != DECODE_MODEL]
     return [
         "## GPUs we never measured: leave-one-GPU-out and datasheet rules", "",
         "Command: `python -m aisim.validation.transfer`. Runtime MAPE per category of each single-GPU dataset, "
@@ -399,7 +415,10 @@ def transfer_section() -> list[str]:
         f"shipped GPU. Goal: >= {100 * DECODE_BW_GOAL:.0f}% and non-decreasing in batch. `{DECODE_RUNTIME}` is the "
         "serving-engine runtime the goal was written for (then called `graphs`; `graphs` now means HF's StaticCache "
         "+ torch.compile, which reads the whole static cache and its repeated KV heads every step: 8.7 ms, 55% of "
-        "HBM bandwidth, measured for this step on an H100).", "",
+        "HBM bandwidth, measured for this step on an H100)."
+        + (f" GPUs whose memory cannot hold {DECODE_MODEL}'s batch-1 step in 16 bits ("
+           + ", ".join(small) + f") run the same check on {DECODE_SMALL_MODEL}, up to the batch that fits."
+           if small else ""), "",
         render_markdown(*decode_table(rows)), "",
         f"Below {100 * DECODE_BW_GOAL:.0f}%: {', '.join(low) or 'none'}. Not non-decreasing: "
         f"{', '.join(non_monotone) or 'none'}.", "", *published_engine_lines(), *graph_gemv_lines(),
