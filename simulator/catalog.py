@@ -53,7 +53,7 @@ def _default_interconnect(gpu: HardwareSpec, count: int) -> tuple[InterconnectSp
                               latency_s=COLLECTIVE_LATENCY_NVLINK_S, source="architecture rule (catalog.py)")
         fabric = {"nvidia": "an NVSwitch fabric", "amd": "AMD Infinity Fabric links"}.get(gpu.vendor, "a switched GPU fabric")
         beyond = (f" (no host joins more than {HOST_SWITCH_GPUS} such GPUs: {count} are several nodes, whose "
-                  "collectives cross the network; a multi-node system spec, e.g. h100x8-ndrx2, or --nodes prices "
+                  "collectives cross the network; a multi-node system spec as SYSTEMxN, e.g. h100x8-ndrx2, prices "
                   "that)" if count > HOST_SWITCH_GPUS else "")
         return ic, (f"no system spec file for {gpu.name}x{count}: assumed {fabric} at {bw / 1e9:.0f} GB/s per GPU per "
                     f"direction{beyond}")
@@ -89,9 +89,32 @@ def resolve_device(name) -> Device:
         gpu, count = resolve_gpu(match["gpu"]), int(match["n"])
         if not 1 <= count <= MAX_GPUS:
             raise AisimError(f"device {name!r}: the GPU count must be between 1 and {MAX_GPUS}")
+        nodes = _nodes_of_gpus(gpu, count, text)
+        if nodes is not None:
+            return nodes
     else:
         gpu, count = resolve_gpu(text), 1
     return gpu_device(gpu, count)
+
+
+def node_system(gpu: HardwareSpec) -> SystemSpec | None:
+    """The first shipped multi-node system (gpus_per_node and a network) built from ``gpu``, by name."""
+    return next((spec for _, spec in sorted(all_systems().items()) if spec.gpu == gpu.name
+                 and spec.network is not None and spec.gpus_per_node), None)
+
+
+def _nodes_of_gpus(gpu: HardwareSpec, count: int, label: str) -> Device | None:
+    """NAMExN with more switch-fabric GPUs than one host joins (h100x16): whole nodes of the GPU's multi-node system
+    (h100x8-ndr x 2), said in a note; None where there is none or N is not whole nodes (default links then)."""
+    system = node_system(gpu) if gpu.nvlink_kind == "switch" and count > HOST_SWITCH_GPUS else None
+    if system is None or count % system.gpus_per_node:
+        return None
+    nodes = count // system.gpus_per_node
+    dev = multi_node(_system_device(system), nodes)
+    note = (f"{label}: no host joins more than {HOST_SWITCH_GPUS} such GPUs, so {nodes} nodes of "
+            f"{system.name} ({system.network.nics_per_node} x {system.network.nic_bw_bytes_per_s / 1e9:g} GB/s "
+            f"{system.network.kind} per node; name another multi-node system as SYSTEMxN)")
+    return replace(dev, assumptions=dev.assumptions + (note,))
 
 
 def _system_named(text: str) -> SystemSpec | None:

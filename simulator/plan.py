@@ -30,13 +30,14 @@ def _check_degree(value: int | None, flag: str) -> None:
 
 def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp: int | None, pp: int,
                 dp: int | None, tp_scope: str, replicate_kv: bool = False, shard_states: str | None = None,
-                gpu_name: str | None = None) -> tuple[ParallelPlan, list[str]]:
+                gpu_name: str | None = None, gpus_per_node: int | None = None) -> tuple[ParallelPlan, list[str]]:
     """The given plan, checked; the rest filled in as Megatron and vLLM do. No --tp: tensor parallel over the
     largest number of the GPUs that the model's dimensions divide (KV heads replicated only where --tp asks for
     it: ``replicate_kv``), the rest data parallel; where a training plan shards its states over the data-parallel
     ranks (``shard_states``: e.g. "ZeRO stage 3"), data parallel over as many GPUs as divide the batch, as FSDP and
-    DeepSpeed run. --tp without --dp: data parallel replicas = GPUs / (tp x pp). Every default is stated in the
-    output."""
+    DeepSpeed run. On several nodes (``gpus_per_node``) the default tensor parallel stays inside a node, as
+    Megatron and vLLM deploy it (data parallel across the nodes). --tp without --dp: data parallel replicas = GPUs /
+    (tp x pp). Every default is stated in the output."""
     for value, flag in ((tp, "--tp"), (pp, "--pp"), (dp, "--dp")):
         _check_degree(value, flag)
     note = None
@@ -47,9 +48,17 @@ def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp
                              f"{device_name}")
         free = gpus // (pp * given_dp)
         dims = tp_dims(config, tp_scope)
-        fits = [t for t in _divisors(free) if all(v % t == 0 for v in dims.values())]
-        sharded = [t for t in fits if batch is None or batch % (given_dp * (free // t)) == 0] if shard_states else []
-        tp = min(sharded) if sharded else max(fits)
+        caps = [gpus_per_node, free] if gpus_per_node and gpus > gpus_per_node else [free]
+        for cap in caps:   # inside a node first; across nodes only where no in-node degree takes the batch
+            fits = [t for t in _divisors(free) if t <= cap and all(v % t == 0 for v in dims.values())]
+            divides = [t for t in fits if batch is None or batch % (given_dp * (free // t)) == 0]
+            if not divides and replicate_kv:   # batch 1 on 8 GPUs of a 4-KV-head model: tp 8, KV heads replicated
+                divides = [t for t in _divisors(free) if t <= cap and _replicates(config, t, tp_scope)
+                           and (batch is None or batch % (given_dp * (free // t)) == 0)]
+            if divides:
+                break
+        sharded = divides if shard_states else []
+        tp = min(sharded) if sharded else max(divides or fits)
         dp = given_dp * (free // tp)
         if gpus > 1:
             note = f"default plan for {device_name}: tensor parallel {tp} x pipeline {pp} x data parallel {dp}" + (
@@ -78,6 +87,15 @@ def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp
         return plan, [n for n in (note, f"each of the {plan.tp} GPUs holds one KV head, each KV head on {replicas} "
                                   "GPUs (the engine replicates KV heads when tp exceeds them)") if n]
     return plan, [note] if note else []
+
+
+def _replicates(config: dict, tp: int, scope: str) -> bool:
+    """Whether ``tp`` passes check_tp with the KV heads replicated over it."""
+    try:
+        check_tp(config, tp, scope, True)
+    except AisimError:
+        return False
+    return True
 
 
 def _divisors(n: int) -> list[int]:

@@ -123,7 +123,8 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     tp_scope = "full" if vocab_parallel and request.tp_scope == "all" else request.tp_scope
     check_ep_experts(config, request.ep)
     plan, plan_notes = choose_plan(config, dev.count, dev.name, batch, request.tp, request.pp, request.dp, tp_scope,
-                                  rt.replicate_kv_heads, shard_states, gpu_name=dev.gpu.name)
+                                  rt.replicate_kv_heads, shard_states, gpu_name=dev.gpu.name,
+                                  gpus_per_node=dev.system.gpus_per_node if dev.system is not None else None)
     from .graph.engine import moe_routing
 
     plan = plan.model_copy(update={"ep": check_ep(config, plan, request.ep),

@@ -303,13 +303,18 @@ def heaviest_stage_extra(sc: Scenario, stage_layers: int) -> tuple[int, float, f
 
 
 def stage_memory(mem: MemoryBreakdown, sc: Scenario, dtype: str, stage_layers: int) -> MemoryBreakdown:
-    """The weights per GPU of the heaviest pipeline stage (heaviest_stage_extra: a later stage of an MoE whose
-    first layers are dense holds more MoE layers than the traced first stage): each extra MoE layer's experts,
-    shared experts and router in place of a dense MLP, at their stored bytes (the router in the model dtype)."""
+    """The weights per GPU of the heaviest pipeline stage: an untied model's stage holds the embedding (first) or
+    the LM head (last), not both as traced (pipeline_vocab_params, in the model dtype: vLLM's PPMissingLayer on the
+    other ranks, Megatron's stages); and a later stage of an MoE whose first layers are dense holds more MoE layers
+    than the traced first stage (heaviest_stage_extra): each extra MoE layer's experts, shared experts and router
+    in place of a dense MLP, at their stored bytes (the router in the model dtype)."""
     from .formulas import QUANT_BYTES_PER_WEIGHT
     from .graph.engine import expert_count, expert_weight_bytes
     from .units import DTYPE_BYTES
 
+    vocab = pipeline_vocab_params(sc) * DTYPE_BYTES[dtype] / GB
+    if vocab:
+        mem = mem.model_copy(update={"weights_gb": mem.weights_gb - vocab, "total_gb": mem.total_gb - vocab})
     extra_layers, routed, other = heaviest_stage_extra(sc, stage_layers)
     if not extra_layers:
         return mem

@@ -131,6 +131,17 @@ def test_pipeline_stages_wait_rather_than_double_the_energy():
     assert one["energy_j"] < two["energy_j"] < 1.5 * one["energy_j"]
 
 
+def test_inference_pipeline_stage_holds_one_vocabulary_matrix():
+    """Llama-2-7B (untied) on two GPUs under vLLM: a pipeline stage holds half the layers and the embedding or the
+    LM head, as a tensor-parallel GPU holds half of everything (vocab-parallel): the same weights per GPU (pp 2
+    held both vocabulary matrices, 0.26 GB more)."""
+    args = ("--model", "Llama-2-7b-hf", "--device", "h100x2", "--workload", "decode", "--seq", "256", "--json",
+            "--runtime", "vllm")
+    pp = json.loads(run("estimate", *args, "--tp", "1", "--pp", "2").output)["memory"]["weights_gb"]
+    tp = json.loads(run("estimate", *args, "--tp", "2").output)["memory"]["weights_gb"]
+    assert pp == pytest.approx(tp, abs=0.01)
+
+
 @pytest.mark.parametrize("args,text", [
     (["--workload", "generate", "--gen", "0"], "--gen: Input should be greater than or equal to 1"),
     (["--tp-scope", "foo"], "--tp-scope"),

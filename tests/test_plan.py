@@ -293,7 +293,8 @@ def test_plan_serve_does_not_price_tensor_parallelism_past_one_nvswitch_host():
                                      num_requests=20, max_gpus=16, tp=[8, 16], rate_per_s=1.0, slo={}))
     assert result.ranked and all(c.tp <= 8 for c in result.ranked)
     assert any("--tp 16 not searched on h100-sxm" in n for n in result.assumptions)
-    assert any("several nodes" in n for n in resolve_device("h100x16").assumptions)
+    assert any("2 nodes of h100x8-ndr" in n for n in resolve_device("h100x16").assumptions)
+    assert any("several nodes" in n for n in resolve_device("h100x12").assumptions)
     assert not any("several nodes" in n for n in resolve_device("a100x4").assumptions)
 
 

@@ -58,13 +58,14 @@ def test_ddp_buckets_double_the_gradients():
 
 def test_hierarchical_all_reduce_hand_worked():
     """2 nodes x 8 A100 (a100x8-hdr): 1 GB all-reduce = intra reduce-scatter + inter all-reduce of 1/8 + intra
-    all-gather: 2 x (25e-6 + 7/8 * 1e9 / 230e9) + (30e-6 + 2 * 1/2 * 0.125e9 / (25e9 * 0.9))."""
+    all-gather, the two intra halves paying the node's all-reduce latency once (NCCL's ring counts its steps once):
+    25e-6 + 2 x 7/8 * 1e9 / 230e9 + (30e-6 + 2 * 1/2 * 0.125e9 / (25e9 * 0.9))."""
     dev = multi_node_device("a100x8-hdr", 2)
     assert dev.count == 16
     from aisim.specs import load_calibration
 
     t = collective_s("all_reduce", 1e9, 16, dev, load_calibration(dev.gpu.name), 8)
-    expected = 2 * (25e-6 + 7 / 8 * 1e9 / 230e9) + (30e-6 + 0.125e9 / 22.5e9)
+    expected = 25e-6 + 2 * 7 / 8 * 1e9 / 230e9 + (30e-6 + 0.125e9 / 22.5e9)
     assert t == pytest.approx(expected)
     assert multi_node_device("a100x8-hdrx4").count == 32
 
@@ -598,3 +599,26 @@ def test_interleaved_schedule_is_refused_where_megatron_cannot_run_it():
     ok = estimate(batch=16, train=TrainPlan(pp_schedule="interleaved", virtual_stages=4, grad_accum=4), **kw)
     assert ok.fits and any("(m v)" in a for a in ok.assumptions)
     assert any("bubble (pp - 1) / m =" in a for a in estimate(batch=16, train=TrainPlan(grad_accum=4), **kw).assumptions)
+
+
+def test_tensor_parallel_across_nodes_pays_the_network():
+    """A tensor-parallel all-reduce of a group wider than a node (tp 16 on two 8-GPU nodes) runs hierarchically
+    over the network (it was priced as one 16-GPU NVSwitch host: 16.9 us, as tp 8 in one node); NAMExN past one
+    host's GPUs names whole nodes of the GPU's multi-node system."""
+    import aisim
+    from aisim.catalog import resolve_device
+
+    kw = dict(model="Meta-Llama-3-70B", workload="prefill", seq=4096, runtime="vllm", top_ops=None)
+    one = aisim.estimate(device="h100x8", tp=8, **kw)
+    two = aisim.estimate(device="h100x8-ndrx2", tp=16, **kw)
+    dev = resolve_device("h100x8-ndrx2")
+    ar = 4096 * 8192 * 2   # one 67 MB all-reduce of the hidden states
+    from aisim.cost.comm import collective_s
+    from aisim.specs import load_calibration
+
+    intra = collective_s("all_reduce", ar, 8, resolve_device("h100x8"), load_calibration("h100-sxm"))
+    cross = collective_s("all_reduce", ar, 16, dev, load_calibration("h100-sxm"), 8)
+    # the node's ring (latency once, both halves' bytes) + the network's all-reduce of 1/8 over 2 nodes
+    assert cross == pytest.approx(intra + 30e-6 + ar / 8 / (50e9 * 0.9))
+    assert two.runtime_ms > 0.5 * one.runtime_ms               # half the compute per GPU, all-reduces cost more
+    assert resolve_device("h100x16").system.name == "h100x8-ndrx2"

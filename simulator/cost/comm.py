@@ -35,11 +35,16 @@ def collective_time_s(op: Op, cost: Cost, device: Device, cal: CalibrationSpec) 
     factor = RING_FACTORS.get(op.name)
     if factor is None:  # point-to-point: the whole tensor over one link
         return latency + cost.bytes_written / bw
+    stride = max(int(op.attrs.get("stride", 1)), 1)
     if op.name == "nccl.all_to_all":
-        spread = _all_to_all_across_nodes_s(cost.bytes_written, group, int(op.attrs.get("stride", 1)), device, cal)
+        spread = _all_to_all_across_nodes_s(cost.bytes_written, group, stride, device, cal)
         if spread is not None:
             return spread
-    return latency + factor * (group - 1) / group * cost.bytes_written / bw
+        return latency + factor * (group - 1) / group * cost.bytes_written / bw
+    # a tensor-parallel group wider than a node (tp 16 on two 8-GPU nodes) runs hierarchically across the network
+    per_node = getattr(device.system, "gpus_per_node", None) if device.system is not None else None
+    return collective_s(op.name.removeprefix("nccl."), cost.bytes_written, group, device, cal,
+                        max(per_node // stride, 1) if per_node else None)
 
 
 def _all_to_all_across_nodes_s(nbytes: float, group: int, stride: int, device: Device,
@@ -76,9 +81,13 @@ def collective_s(kind: str, nbytes: float, group: int, device: Device, cal: Cali
     each node over its ``ranks_per_node`` members (NVLink/NVSwitch), then one between the nodes on 1/g of the data
     over each GPU's share of the node's NICs, then (all-reduce) the intra-node all-gather:
         t = t_intra(bytes) + t_inter(bytes / g over n nodes) [+ t_intra_allgather(bytes)]
-    (all-reduce = reduce-scatter + all-reduce across nodes + all-gather; all-gather and reduce-scatter: one
-    intra and one inter phase). Known inaccuracies: NCCL's algorithm choice (tree at small sizes, NVLS) and
-    congestion between rails are not modelled."""
+    (all-reduce = reduce-scatter + all-reduce across nodes + all-gather, whose two intra phases pay the intra
+    all-reduce's latency once, as NCCL's ring counts its 2(n - 1) steps once, src/graph/tuning.cc
+    ncclTopoTuneModel: baseLat + (nsteps - nInterSteps) x intraLat + nInterSteps x interLat; all-gather and
+    reduce-scatter: one intra and one inter phase). Tensor-parallel groups wider than a node run the same way
+    (collective_time_s). Known inaccuracies: NCCL's algorithm choice (tree at small sizes, NVLS) and congestion
+    between rails are not modelled; for a small all-reduce NCCL's own model of two 8-GPU nodes gives about 27 us
+    (tree, LL) where this gives the intra latency plus the network's ``latency_s`` (16.8 + 30 us on h100x8-ndr)."""
     if group <= 1 or nbytes <= 0:
         return 0.0
     system = device.system
@@ -92,9 +101,9 @@ def collective_s(kind: str, nbytes: float, group: int, device: Device, cal: Cali
     if not net.rail_optimized:
         inter_bw /= net.non_rail_penalty
     intra = _intra_link(device, cal, g)
-    if kind == "all_reduce":
+    if kind == "all_reduce":   # the intra reduce-scatter and all-gather are one ring's two halves: one latency
         return (_ring_s("reduce_scatter", nbytes, g, *intra) + _ring_s("all_reduce", nbytes / g, nodes, inter_bw,
-                net.latency_s) + _ring_s("all_gather", nbytes, g, *intra))
+                net.latency_s) + _ring_s("all_gather", nbytes, g, *intra) - (intra[1] if g > 1 else 0.0))
     return _ring_s(kind, nbytes, g, *intra) + _ring_s(kind, nbytes / g, nodes, inter_bw, net.latency_s)
 
 
