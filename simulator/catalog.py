@@ -103,6 +103,12 @@ def node_system(gpu: HardwareSpec) -> SystemSpec | None:
                  and spec.network is not None and spec.gpus_per_node), None)
 
 
+def gpus_device(gpu: HardwareSpec, count: int) -> Device:
+    """``count`` GPUs of ``gpu`` as NAMExN resolves them: one host (gpu_device), or whole nodes of the GPU's
+    multi-node system past one host's NVSwitch GPUs."""
+    return _nodes_of_gpus(gpu, count, f"{count} {gpu.name} GPUs") or gpu_device(gpu, count)
+
+
 def _nodes_of_gpus(gpu: HardwareSpec, count: int, label: str) -> Device | None:
     """NAMExN with more switch-fabric GPUs than one host joins (h100x16): whole nodes of the GPU's multi-node system
     (h100x8-ndr x 2), said in a note; None where there is none or N is not whole nodes (default links then)."""
@@ -172,7 +178,24 @@ def gpu_device(gpu: HardwareSpec, count: int) -> Device:
                               source="single GPU")
         return Device(gpu=gpu, count=1, system=None, interconnect=ic)
     ic, assumed = _default_interconnect(gpu, count)
+    larger = _larger_box(gpu, count, ic.kind)
+    if larger is not None:   # what cost.comm._intra_link reads for such a group: say that, not the rule's link
+        assumed = (f"no system spec file for {gpu.name}x{count}: its collectives read {larger.name}'s measured or "
+                   f"documented links ({larger.interconnect.link_bw_bytes_per_s / 1e9:.0f} GB/s bus bandwidth, its "
+                   "latency scaled to the group's GPUs by NCCL's ring model; a group with a file of its size reads "
+                   "that)")
     return Device(gpu=gpu, count=count, system=None, interconnect=ic, assumptions=(assumed,))
+
+
+def _larger_box(gpu: HardwareSpec, count: int, kind: str) -> SystemSpec | None:
+    """The smallest one-host system file of ``gpu`` on an NVLink fabric with more than ``count`` GPUs (None for
+    other fabrics): the file cost.comm prices a NAMExN group without a file of its own from."""
+    if kind not in ("nvswitch", "nvlink-bridge"):
+        return None
+    names = {gpu.name.lower(), *(a.lower() for a in gpu.aliases)}
+    boxes = [spec for spec in all_systems().values() if spec.gpus_per_node is None and spec.interconnect.kind == kind
+             and spec.gpu.strip().lower() in names and spec.gpu_count > count]
+    return min(boxes, key=lambda spec: spec.gpu_count, default=None)
 
 
 def _system_device(spec: SystemSpec) -> Device:
@@ -194,7 +217,12 @@ def _device_from_file(path: Path) -> Device:
                          "(`aisim list devices`)")
     data = load_yaml(path)
     if "gpu_count" in data:
-        return _system_device(parse_spec(SystemSpec, data, path))
+        spec = parse_spec(SystemSpec, data, path)
+        try:
+            return _system_device(spec)
+        except UnknownNameError:
+            raise AisimError(f"{path}: gpu: {spec.gpu!r} is not a known GPU; name one of `aisim list devices` (h100, "
+                             "a100-sxm4-80gb, ...) or add its spec under hardware_specs/gpus/") from None
     return gpu_device(parse_spec(HardwareSpec, data, path), 1)
 
 
@@ -401,9 +429,14 @@ def check_config(config, where: str) -> None:
     if config.get("auto_map"):
         auto_map = config["auto_map"]
         asked = sorted(map(str, auto_map)) if isinstance(auto_map, (dict, list)) else repr(auto_map)
-        raise AisimError(f"{where}: the config asks for custom code (auto_map: {asked}); aisim "
-                         "never runs code from a config. Remove 'auto_map' and set 'model_type' to the built-in "
-                         f"transformers architecture it follows (e.g. llama, mistral, qwen2), not {model_type!r}")
+        from transformers import CONFIG_MAPPING
+
+        builtin = model_type in CONFIG_MAPPING
+        raise AisimError(f"{where}: the config asks for custom code (auto_map: {asked}); aisim never runs code from "
+                         "a config. Remove 'auto_map'" + (
+                             f" (model_type {model_type!r} is built into transformers and is used as it is)"
+                             if builtin else " and set 'model_type' to the built-in transformers architecture it "
+                             f"follows (e.g. llama, mistral, qwen2), not {model_type!r}"))
     for key in POSITIVE_INT_KEYS:
         value = config.get(key)
         if value is None:

@@ -59,9 +59,10 @@ def _output_path(path: Optional[Path], flag: str) -> None:
         _fail(f"{flag} {path}: folder {folder} is not writable; give another path")
 
 
-def _run(fn, *args, **kwargs):
+def _run(fn, *args, json_no_fit: bool = False, **kwargs):
     """Call ``fn``; bad input becomes a one-line error and exit code 2, never a traceback; a configuration that does
-    not fit, its one line and exit code 1 (EXIT_NO_FIT)."""
+    not fit, its one line and exit code 1 (EXIT_NO_FIT), and with ``json_no_fit`` (--json) also a JSON object on
+    stdout ({"fits": false, ...}, as estimate --json prints its result) so a script reads the answer."""
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -69,6 +70,9 @@ def _run(fn, *args, **kwargs):
         return result, [str(w.message) for w in caught if "aisim" in str(w.filename) or w.category is UserWarning]
     except DoesNotFit as exc:      # an answer, not bad input
         typer.echo(str(exc), err=True)
+        if json_no_fit:
+            import json
+            typer.echo(json.dumps({"fits": False, "does_not_fit": exc.detail, "hint": exc.hint}, indent=2))
         raise typer.Exit(EXIT_NO_FIT) from None
     except AisimError as exc:
         _fail(str(exc))
@@ -144,6 +148,8 @@ def estimate(
 
     if workload == "train" and dtype is None and precision is None:
         precision = "bf16-mixed"          # plan train's and Lightning's common choice, not 16-true
+    if workload == "train":
+        _check_precision_dtype(precision, dtype)
     dtype = dtype or "fp16"
     train_plan = _train_plan(model, workload, dtype, precision, zero, fsdp, recompute, micro_batch, grad_accum,
                              pp_schedule, virtual_stages, bucket_mb, optimizer_impl)
@@ -161,6 +167,17 @@ def estimate(
     else:
         report.print_estimate(result, notes)
     _exit_if(result.fits is False)
+
+
+def _check_precision_dtype(precision: str | None, dtype: str | None) -> None:
+    """A training step's --dtype, where given, must be its --precision's (which sets the dtype there)."""
+    from .studies.train import PRECISION_DTYPE
+
+    asked = {"tf32": "fp32"}.get(dtype, dtype)
+    if precision in PRECISION_DTYPE and dtype not in (None, "auto") and PRECISION_DTYPE[precision] != asked:
+        same = sorted(p for p, d in PRECISION_DTYPE.items() if d == asked)
+        _fail(f"--dtype {dtype} conflicts with --precision {precision} ({PRECISION_DTYPE[precision]}): in training "
+              f"--precision sets the dtype; drop --dtype or give a precision in {dtype} ({', '.join(same)})")
 
 
 def _train_plan(model, workload, dtype, precision, zero, fsdp, recompute, micro_batch, grad_accum, pp_schedule,
@@ -359,7 +376,7 @@ def serve(
 
     _output_path(per_request, "--per-request")
     _output_path(save_result, "--save-result")
-    (result, run, notes), _ = _run(go)
+    (result, run, notes), _ = _run(go, json_no_fit=as_json)
     if not _given(ctx, "runtime"):
         notes = [DEFAULT_ENGINE_NOTE, *notes]
         result = result.model_copy(update={"assumptions": [DEFAULT_ENGINE_NOTE, *result.assumptions]})

@@ -614,8 +614,11 @@ def calibration_note(sc: Scenario) -> str | None:
         return None
     source = ("the documented default rules (hardware_specs/calibration/default.yaml)" if cal.device == "default"
               else f"documented rules for this GPU (hardware_specs/calibration/{cal.device}.yaml)")
+    foreign = (f"; they were measured on NVIDIA GPUs, so on this {sc.device.gpu.vendor.upper()} GPU the figures "
+               "are rough (its spec file's notes)"
+               if sc.device.gpu.vendor != "nvidia" else "")
     return (f"{sc.device.gpu.name} has no measured calibration: efficiencies and overheads are {source}, not "
-            "measurements; run `aisim calibrate` on that GPU to measure them")
+            f"measurements{foreign}; run `aisim calibrate` on that GPU to measure them")
 
 
 _SPEC_HASHES: dict[int, tuple[object, str]] = {}

@@ -146,6 +146,7 @@ def test_inference_pipeline_stage_holds_one_vocabulary_matrix():
     (["--workload", "generate", "--gen", "0"], "--gen: Input should be greater than or equal to 1"),
     (["--tp-scope", "foo"], "--tp-scope"),
     (["--workload", "encode"], "needs an encoder-decoder model"),
+    (["--workload", "train", "--precision", "16-mixed", "--dtype", "bf16"], "conflicts with --precision 16-mixed"),
 ])
 def test_more_bad_input_is_a_clear_error(args, text):
     r = run("estimate", "--model", "opt-125m", "--device", "h100", "--seq", "64", *args)

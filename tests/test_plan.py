@@ -286,13 +286,16 @@ def test_plans_say_which_prices_are_defaults_and_which_price_is_unused():
 
 def test_plan_serve_does_not_price_tensor_parallelism_past_one_nvswitch_host():
     """--tp 16 on H100s was costed as one 16-GPU NVSwitch fabric ('no system spec file for h100-sxmx16'), which no
-    host is; it is left out with a note (the device note names the multi-node specs)."""
+    host is: it is two nodes of h100x8-ndr (its all-reduces cross the network), and on a GPU with no multi-node
+    system file (H200) it is left out with a note."""
     from aisim.catalog import resolve_device
 
-    result = plan_serve(plan_request(model="Meta-Llama-3-8B", devices=["h100"], input_len="128", output_len="16",
-                                     num_requests=20, max_gpus=16, tp=[8, 16], rate_per_s=1.0, slo={}))
-    assert result.ranked and all(c.tp <= 8 for c in result.ranked)
-    assert any("--tp 16 not searched on h100-sxm" in n for n in result.assumptions)
+    result = plan_serve(plan_request(model="Meta-Llama-3-8B", devices=["h100", "h200"], input_len="128",
+                                     output_len="16", num_requests=20, max_gpus=16, tp=[8, 16], rate_per_s=1.0,
+                                     slo={}, runtimes=["vllm"]))   # vLLM replicates the 8 KV heads over 16
+    assert {c.tp for c in result.ranked if c.device == "h100-sxm"} == {8, 16}
+    assert all(c.tp <= 8 for c in result.ranked if c.device == "h200")
+    assert any("--tp 16 not searched on h200" in n for n in result.assumptions)
     assert any("2 nodes of h100x8-ndr" in n for n in resolve_device("h100x16").assumptions)
     assert any("several nodes" in n for n in resolve_device("h100x12").assumptions)
     assert not any("several nodes" in n for n in resolve_device("a100x4").assumptions)

@@ -384,7 +384,7 @@ def test_explicit_replicas_keep_the_kv_head_note():
                             "vllm", "--replicas", "1", "--num-requests", "20", "--input-len", "64", "--output-len", "8"])
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
-    assert "each KV head on 2 GPUs" in text and "--dp not given" not in text and "16 of h100-sxmx32's 32 GPUs" in text
+    assert "each KV head on 2 GPUs" in text and "--dp not given" not in text and "16 of h100x8-ndrx4's 32 GPUs" in text
 
 
 def test_serve_takes_expert_parallelism_inside_a_replica():
@@ -588,3 +588,13 @@ def test_save_result_writes_vllms_flat_result_json(tmp_path):
     r = runner.invoke(app, ["serve", "--model", "opt-125m", "--device", "h100", "--num-requests", "3",
                             "--save-result", str(tmp_path / "no" / "such" / "dir.json")])
     assert r.exit_code == 2 and "--save-result" in r.output, r.output
+
+
+def test_serve_json_that_does_not_fit_prints_the_answer_as_json():
+    """serve --json for a model too large printed nothing on stdout (estimate --json prints fits: false); the hint
+    names the device's own GPU count."""
+    r = runner.invoke(app, ["serve", "--model", "Meta-Llama-3-70B", "--device", "h100x2", "--json",
+                            "--num-requests", "10"])
+    assert r.exit_code == 1
+    out = json.loads(r.stdout[r.stdout.index("{"):])
+    assert out["fits"] is False and "141.11 GB per GPU" in out["does_not_fit"] and "--tp 2" in out["hint"]

@@ -622,3 +622,12 @@ def test_tensor_parallel_across_nodes_pays_the_network():
     assert cross == pytest.approx(intra + 30e-6 + ar / 8 / (50e9 * 0.9))
     assert two.runtime_ms > 0.5 * one.runtime_ms               # half the compute per GPU, all-reduces cost more
     assert resolve_device("h100x16").system.name == "h100x8-ndrx2"
+
+
+def test_train_not_fit_hint_leaves_out_what_the_plan_already_does():
+    from aisim.studies.common import train_not_fit_hint
+
+    full = train_not_fit_hint(0, "none", 4)
+    assert "--zero 1-3" in full and "--micro-batch" in full and "--recompute full" in full
+    done = train_not_fit_hint(3, "full", 1)
+    assert "--zero" not in done and "--micro-batch" not in done and "--recompute" not in done and "--tp" in done

@@ -23,6 +23,12 @@ def layer_count(config: dict) -> int:
     return counts.pop()
 
 
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
 def make_config(config: dict, layers: int | None = None):
     """An HF PretrainedConfig from a config.json dict, optionally with every layer stack cut to ``layers``."""
     from transformers import AutoConfig
@@ -35,8 +41,15 @@ def make_config(config: dict, layers: int | None = None):
         raise AisimError("the config asks for custom code (auto_map); aisim never runs code from a config")
     try:
         hf = AutoConfig.for_model(model_type, **data)
-    except ValueError as exc:
-        raise AisimError(f"transformers does not know model_type {model_type!r}: {exc}") from None
+    except ValueError:
+        import difflib
+
+        from transformers import CONFIG_MAPPING
+
+        close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING.keys()), n=3)
+        raise AisimError(f"transformers {_transformers_version()} does not know model_type {model_type!r}"
+                         + (f" (did you mean {', '.join(close)}?)" if close else "")
+                         + "; set model_type to a built-in architecture (e.g. llama, mistral, qwen2)") from None
     if layers is not None:
         for key in layer_keys(config):
             setattr(hf, key, layers)

@@ -13,9 +13,13 @@ TOP_OPS = 12
 
 NOT_FIT_HINT = ("use more GPUs (--tp, --pp), a smaller --batch or --seq, --quant or --kv-dtype fp8, or a GPU with "
                 "more memory")
-# a training step: --quant and --kv-dtype are refused there
-TRAIN_NOT_FIT_HINT = ("use more GPUs (--tp, --pp, data parallel with --zero 1-3), a smaller --micro-batch or --seq, "
-                      "--recompute full, or a GPU with more memory")
+def train_not_fit_hint(zero: int, recompute: str, micro_batch: int) -> str:
+    """What a training step that does not fit can change (--quant and --kv-dtype are refused there), less what the
+    plan already does: ZeRO 3, full recompute, a micro-batch of 1."""
+    gpus = "--tp, --pp" + (", data parallel with --zero 1-3" if zero < 3 else ", more data-parallel ranks")
+    smaller = "a smaller --micro-batch or --seq" if micro_batch > 1 else "a smaller --seq"
+    return (f"use more GPUs ({gpus}), {smaller}, " + ("--recompute full, " if recompute != "full" else "")
+            + "or a GPU with more memory")
 
 
 def reserve_text(mem: MemoryBreakdown) -> str:

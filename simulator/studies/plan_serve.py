@@ -26,12 +26,12 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..catalog import HOST_SWITCH_GPUS, gpu_device, resolve_gpu, resolve_model
+from ..catalog import HOST_SWITCH_GPUS, gpus_device, resolve_gpu, resolve_model
 from ..errors import AisimError, DoesNotFit
 from ..graph.engine import moe_routing
 from ..plan import check_tp
 from ..scenario import Scenario, ScenarioRequest, calibration_note, resolve_scenario, serving_notes
-from ..specs import all_hardware, all_runtimes, all_systems
+from ..specs import all_hardware, all_runtimes
 from .common import price_notes, refuse_gpu_count
 from .serve import ArrivalSpec, ServeRequest, ServeRun, validated
 from .serve.metrics import ServeResult, percentile_key
@@ -227,6 +227,7 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
               "request), the steady window's step energy plus the GPUs' waiting power between steps (the "
               "calibration's waiting_power_w)")
     notes.add("J/tok and kWh/day: " + SERVE_ENERGY_NOTE.removeprefix("energy: "))
+    notes.add(f"kWh/day = the GPUs' energy x the data center's PUE {req.pue:g} (--pue); J/tok is the GPUs' own")
     if "vllm" in req.runtimes:
         notes.add(VLLM_UNMEASURED_NOTE)
     if req.devices == ["all"]:
@@ -274,6 +275,11 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
     front = pareto(ok)
     for c in [*cheapest.values(), *front]:   # the configurations the table and the plot show
         notes.update(search.scenario_notes.get((c.device, c.runtime, c.tp), ()))
+    foreign = sorted({c.device for c in [*cheapest.values(), *front] if resolve_gpu(c.device).vendor != "nvidia"})
+    if foreign:   # their default rules and the engines' kernels are NVIDIA's: rows to read as rough
+        notes.add(f"{', '.join(foreign)}: spec-only, rough: the default efficiency rules were measured on NVIDIA "
+                  "GPUs and the engine profiles model CUDA kernels; no calibration of this vendor's GPUs exists "
+                  "(see the notes of its spec file)")
     if search.uncalibrated:
         notes.add(f"no measured calibration for {', '.join(sorted(search.uncalibrated))}: efficiencies and overheads "
                   "are documented rules (hardware_specs/calibration/), not measurements; `aisim calibrate` on such a "
@@ -313,7 +319,7 @@ def merge_per_gpu_notes(notes) -> list[str]:
 
 def _scenario_request(req: PlanServeRequest, gpu, runtime: str, tp: int, moe: bool) -> ScenarioRequest:
     """One candidate's scenario: tp GPUs of ``gpu``; experts spread over them with --enable-expert-parallel."""
-    return ScenarioRequest(model=req.model, device=gpu_device(gpu, tp), dtype=req.dtype, tp=tp, quant=req.quant,
+    return ScenarioRequest(model=req.model, device=gpus_device(gpu, tp), dtype=req.dtype, tp=tp, quant=req.quant,
                            kv_dtype=req.kv_dtype, runtime=runtime, ep=tp if req.enable_expert_parallel and moe else 1,
                            power_limit_w=req.power_limit_w, gpu_clock_mhz=req.gpu_clock_mhz)
 
@@ -357,10 +363,9 @@ def _search_device(req, device, runtime, percentiles, search, found, notes, prog
     shape_reason, last_reason, fit_reason = "no tensor-parallel degree fits", None, None
     fewest = None   # the saturated configuration that would need the fewest GPUs: the bound worth reporting
     for tp in (t for t in req.tp if t <= req.max_gpus):
-        if tp > HOST_SWITCH_GPUS and gpu.nvlink_kind == "switch" and not any(
-                s.gpu == gpu.name and s.gpu_count == tp for s in all_systems().values()):
+        if tp > HOST_SWITCH_GPUS and gpu.nvlink_kind == "switch" and gpus_device(gpu, tp).system is None:
             notes.add(f"--tp {tp} not searched on {gpu.name}: one host joins at most {HOST_SWITCH_GPUS} of them, and "
-                      "a replica's tensor parallelism across nodes is not modelled for serving")
+                      f"{tp} GPUs are not whole nodes of a multi-node system file of it (hardware_specs/systems/)")
             continue
         search.considered += len(req.max_num_seqs) * max(req.max_gpus // tp, 1)
         try:

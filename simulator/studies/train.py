@@ -40,7 +40,7 @@ from ..scenario import Scenario, calibration_note
 from ..step import op_arrays, pipeline_vocab_params, state_groups, step_cost
 from ..units import MS_PER_S
 from ..workload import MAX_BATCH, MAX_TOKENS, StepShape, TrainPlan
-from .common import TRAIN_NOT_FIT_HINT, not_fit_reason
+from .common import not_fit_reason, train_not_fit_hint
 from .single import check_positions
 
 PRECISION_DTYPE = {"bf16-mixed": "bf16", "16-mixed": "fp16", "bf16-true": "bf16", "16-true": "fp16",
@@ -166,7 +166,7 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     cal = calibration_note(sc)
     notes += [cal] if cal else []
     tokens = req.batch * req.seq
-    reason = not_fit_reason(memory, sc.device.gpu.name, TRAIN_NOT_FIT_HINT)
+    reason = not_fit_reason(memory, sc.device.gpu.name, train_not_fit_hint(plan.stage, plan.recompute, b))
     rows = [r.model_copy(update={"count": round(r.count * m), "flops": r.flops * m, "bytes": r.bytes * m,
                                  "time_ms": r.time_ms * m}) for r in mb.table]
     if reason is not None:   # no times (it would not run), but the work it would do, as inference reports it

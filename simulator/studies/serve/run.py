@@ -138,7 +138,9 @@ def kv_capacity(sc: Scenario, block_size: int, max_batched_tokens: int, utilizat
                   if budget <= 0 and s.memory_of == "total" else
                   f"{sc.model} on {where} leaves no room for a KV cache ({how} leaves {max(budget, 0.0) / 1e9:.2f} GB, "
                   f"under one block of {block_size} tokens at {per_token / 1e6:.3f} MB per token)")
-        raise DoesNotFit(detail, "use more GPUs (--tp), a smaller --quant or a larger GPU")
+        count, split = sc.device.count, sc.plan.tp * sc.plan.pp
+        raise DoesNotFit(detail, (f"split the model over the device's {count} GPUs (--tp {count})" if count > split
+                                  else "use more GPUs (--tp)") + ", a smaller --quant or a larger GPU")
     if sliding:   # one engine block = block_size tokens of one KV group of dims.layers / (full + sliding) layers
         return KvCapacity(int(tokens * (full + sliding) // block_size), blocks * block_size, per_token, budget,
                           weights, how, full, sliding, window_blocks)
