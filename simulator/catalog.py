@@ -97,8 +97,24 @@ def resolve_device(name) -> Device:
     return gpu_device(gpu, count)
 
 
+def node_gpus(dev: Device) -> int:
+    """The GPUs one host of ``dev`` joins: a system's node (gpus_per_node) or its whole count; NAMExN with no system
+    file, at most HOST_SWITCH_GPUS of a switch-fabric GPU (more are several nodes), else all of them."""
+    if dev.system is not None:
+        return dev.system.gpus_per_node or dev.system.gpu_count
+    return min(dev.count, HOST_SWITCH_GPUS) if dev.gpu.nvlink_kind == "switch" else dev.count
+
+
+def spans_nodes(dev: Device) -> bool:
+    """Whether ``dev`` is several nodes of a multi-node system (its collectives across nodes priced over the
+    network)."""
+    system = dev.system
+    return bool(system is not None and system.network is not None and system.gpus_per_node
+                and dev.count > system.gpus_per_node)
+
+
 def node_system(gpu: HardwareSpec) -> SystemSpec | None:
-    """The first shipped multi-node system (gpus_per_node and a network) built from ``gpu``, by name."""
+    """The first multi-node system file (gpus_per_node and a network; shipped or the user's) of ``gpu``, by name."""
     return next((spec for _, spec in sorted(all_systems().items()) if spec.gpu == gpu.name
                  and spec.network is not None and spec.gpus_per_node), None)
 
@@ -160,6 +176,10 @@ def multi_node(dev: Device, nodes: int) -> Device:
     if system is None or system.network is None or system.gpus_per_node is None:
         raise AisimError(f"--nodes needs a multi-node system spec (with gpus_per_node and network), e.g. a100x8-hdr "
                          f"or h100x8-ndr; {dev.name} has none")
+    if dev.count > system.gpus_per_node:
+        raise AisimError(f"--nodes {nodes}: {dev.name} is already {dev.count // system.gpus_per_node} nodes of "
+                         f"{system.gpus_per_node} GPUs; give --nodes with one node's name (e.g. h100x8-ndr) or the "
+                         "device alone")
     if not 1 <= nodes <= MAX_GPUS // system.gpus_per_node:
         raise AisimError(f"device {dev.name}: the node count must be between 1 and "
                          f"{MAX_GPUS // system.gpus_per_node}")
@@ -190,12 +210,12 @@ def gpu_device(gpu: HardwareSpec, count: int) -> Device:
 def _larger_box(gpu: HardwareSpec, count: int, kind: str) -> SystemSpec | None:
     """The smallest one-host system file of ``gpu`` on an NVLink fabric with more than ``count`` GPUs (None for
     other fabrics): the file cost.comm prices a NAMExN group without a file of its own from."""
+    from .cost.comm import systems_of
+
     if kind not in ("nvswitch", "nvlink-bridge"):
         return None
-    names = {gpu.name.lower(), *(a.lower() for a in gpu.aliases)}
-    boxes = [spec for spec in all_systems().values() if spec.gpus_per_node is None and spec.interconnect.kind == kind
-             and spec.gpu.strip().lower() in names and spec.gpu_count > count]
-    return min(boxes, key=lambda spec: spec.gpu_count, default=None)
+    return min((spec for spec in systems_of(gpu, kind) if spec.gpu_count > count), key=lambda spec: spec.gpu_count,
+               default=None)
 
 
 def _system_device(spec: SystemSpec) -> Device:

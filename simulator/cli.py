@@ -91,9 +91,10 @@ def estimate(
     gen: Optional[int] = typer.Option(None, help="generate: new tokens [default: 128]"),
     dtype: Optional[str] = typer.Option(None, help="fp32|tf32|fp16|bf16|auto (as the runtime picks it from "
                                         "config.json) [default: fp16; train: --precision's, bf16-mixed]"),
-    tp: Optional[int] = typer.Option(None, help="tensor parallel degree (default: the most GPUs of the device "
+    tp: Optional[int] = typer.Option(None, help="tensor parallel degree (default: the most GPUs of one node "
                                      "that divide the model's heads and widths, the rest data parallel; "
-                                     "training with --zero 1-3 or --fsdp: data parallel first)"),
+                                     "across nodes or past the KV heads (vllm) only where nothing else takes the "
+                                     "batch; training with --zero 1-3 or --fsdp: data parallel first)"),
     pp: int = typer.Option(1, help="pipeline parallel degree"),
     dp: Optional[int] = typer.Option(None, help="data parallel degree (default: GPUs / (tp x pp))"),
     tp_scope: str = typer.Option("all", help="all (attention+MLP; + the vocabulary under vllm and in training, as "

@@ -30,13 +30,15 @@ def _check_degree(value: int | None, flag: str) -> None:
 
 def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp: int | None, pp: int,
                 dp: int | None, tp_scope: str, replicate_kv: bool = False, shard_states: str | None = None,
-                gpu_name: str | None = None, gpus_per_node: int | None = None) -> tuple[ParallelPlan, list[str]]:
+                gpu_name: str | None = None, node_gpus: int | None = None, cross_node: bool = False
+                ) -> tuple[ParallelPlan, list[str]]:
     """The given plan, checked; the rest filled in as Megatron and vLLM do. No --tp: tensor parallel over the
-    largest number of the GPUs that the model's dimensions divide (KV heads replicated only where --tp asks for
-    it: ``replicate_kv``), the rest data parallel; where a training plan shards its states over the data-parallel
-    ranks (``shard_states``: e.g. "ZeRO stage 3"), data parallel over as many GPUs as divide the batch, as FSDP and
-    DeepSpeed run. On several nodes (``gpus_per_node``) the default tensor parallel stays inside a node, as
-    Megatron and vLLM deploy it (data parallel across the nodes). --tp without --dp: data parallel replicas = GPUs /
+    largest number of the GPUs of one node (``node_gpus``: a degree dividing it) that the model's dimensions divide,
+    the rest data parallel; where no such degree leaves a data parallel that divides the batch, under an engine
+    that replicates KV heads (``replicate_kv``, vLLM) a degree past the KV heads, and on a multi-node system
+    (``cross_node``) whole nodes of tensor parallelism (its all-reduces cross the network). Where a training plan
+    shards its states over the data-parallel ranks (``shard_states``: e.g. "ZeRO stage 3"), data parallel over as
+    many GPUs as divide the batch, as FSDP and DeepSpeed run. --tp without --dp: data parallel replicas = GPUs /
     (tp x pp). Every default is stated in the output."""
     for value, flag in ((tp, "--tp"), (pp, "--pp"), (dp, "--dp")):
         _check_degree(value, flag)
@@ -48,22 +50,25 @@ def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp
                              f"{device_name}")
         free = gpus // (pp * given_dp)
         dims = tp_dims(config, tp_scope)
-        caps = [gpus_per_node, free] if gpus_per_node and gpus > gpus_per_node else [free]
-        for cap in caps:   # inside a node first; across nodes only where no in-node degree takes the batch
-            fits = [t for t in _divisors(free) if t <= cap and all(v % t == 0 for v in dims.values())]
-            divides = [t for t in fits if batch is None or batch % (given_dp * (free // t)) == 0]
+        node = min(node_gpus or free, free)
+        in_node = [t for t in _divisors(free) if node % t == 0]
+        wider = [t for t in _divisors(free) if t > node and t % node == 0] if cross_node else []
+        takes = lambda t: batch is None or batch % (given_dp * (free // t)) == 0   # noqa: E731
+        fit = lambda t: all(v % t == 0 for v in dims.values())   # noqa: E731
+        for degrees in (in_node, wider):   # inside a node first; across nodes only where nothing there takes the batch
+            divides = [t for t in degrees if fit(t) and takes(t)]
             if not divides and replicate_kv:   # batch 1 on 8 GPUs of a 4-KV-head model: tp 8, KV heads replicated
-                divides = [t for t in _divisors(free) if t <= cap and _replicates(config, t, tp_scope)
-                           and (batch is None or batch % (given_dp * (free // t)) == 0)]
+                divides = [t for t in degrees if _replicates(config, t, tp_scope) and takes(t)]
             if divides:
                 break
         sharded = divides if shard_states else []
-        tp = min(sharded) if sharded else max(divides or fits)
+        tp = min(sharded) if sharded else max(divides or [t for t in in_node if fit(t)])
         dp = given_dp * (free // tp)
         if gpus > 1:
             note = f"default plan for {device_name}: tensor parallel {tp} x pipeline {pp} x data parallel {dp}" + (
                 f" ({shard_states} shards over the data-parallel ranks: as many as divide the batch)" if sharded
-                else "")
+                else f" (tensor parallel inside a node of {node} GPUs)" if free > node and tp <= node else
+                " (tensor parallel across nodes: no degree inside one takes the batch)" if tp > node else "")
     elif dp is None:
         if gpus % (tp * pp):
             raise AisimError(f"--tp {tp} x --pp {pp} = {tp * pp} does not divide the {gpus} GPUs of {device_name}; "

@@ -124,7 +124,7 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     check_ep_experts(config, request.ep)
     plan, plan_notes = choose_plan(config, dev.count, dev.name, batch, request.tp, request.pp, request.dp, tp_scope,
                                   rt.replicate_kv_heads, shard_states, gpu_name=dev.gpu.name,
-                                  gpus_per_node=dev.system.gpus_per_node if dev.system is not None else None)
+                                  node_gpus=catalog.node_gpus(dev), cross_node=catalog.spans_nodes(dev))
     from .graph.engine import moe_routing
 
     plan = plan.model_copy(update={"ep": check_ep(config, plan, request.ep),
@@ -614,8 +614,8 @@ def calibration_note(sc: Scenario) -> str | None:
         return None
     source = ("the documented default rules (hardware_specs/calibration/default.yaml)" if cal.device == "default"
               else f"documented rules for this GPU (hardware_specs/calibration/{cal.device}.yaml)")
-    foreign = (f"; they were measured on NVIDIA GPUs, so on this {sc.device.gpu.vendor.upper()} GPU the figures "
-               "are rough (its spec file's notes)"
+    foreign = (f"; those rules are written against NVIDIA GPUs (the H100 SXM datasheet, NVIDIA measurements), so "
+               f"on this {sc.device.gpu.vendor.upper()} GPU the figures are rough (its spec file's notes)"
                if sc.device.gpu.vendor != "nvidia" else "")
     return (f"{sc.device.gpu.name} has no measured calibration: efficiencies and overheads are {source}, not "
             f"measurements{foreign}; run `aisim calibrate` on that GPU to measure them")

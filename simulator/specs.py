@@ -501,6 +501,10 @@ class ServingSpec(Spec):
     enable_prefix_caching: bool = Field(False, description="a request preempted by recompute finds the computed "
                                         "blocks it freed still cached when it is readmitted, unless other "
                                         "requests' allocations reused them (EngineConfig.enable_prefix_caching)")
+    pipeline_batches: bool = Field(False, description="with pipeline parallel stages, one batch in flight per stage "
+                                   "(vLLM V1's batch queue): the running requests split into up to pp disjoint "
+                                   "batches that follow each other through the stages, each with its own token "
+                                   "budget; false: a step runs its stages one after another")
     scheduler_overhead_s: NonNegative = Field(0.0, description="CPU time per engine step outside the model's "
                                               "forward (scheduling, batch preparation, sampling, detokenizing)")
     scheduler_overhead_per_seq_s: NonNegative = Field(0.0, description="the part of it that grows with each "

@@ -58,14 +58,15 @@ def test_ddp_buckets_double_the_gradients():
 
 def test_hierarchical_all_reduce_hand_worked():
     """2 nodes x 8 A100 (a100x8-hdr): 1 GB all-reduce = intra reduce-scatter + inter all-reduce of 1/8 + intra
-    all-gather, the two intra halves paying the node's all-reduce latency once (NCCL's ring counts its steps once):
-    25e-6 + 2 x 7/8 * 1e9 / 230e9 + (30e-6 + 2 * 1/2 * 0.125e9 / (25e9 * 0.9))."""
+    all-gather, the two intra halves one ring: its base latency once (NCCL's ring: baseLat + nsteps x hwLat, the
+    node's 25 us split by NCCL's NVLink constants 6.6 + 14 x 0.6 us): 2 x 25e-6 - 25e-6 x 6.6 / 15 +
+    2 x 7/8 * 1e9 / 230e9 + (30e-6 + 2 * 1/2 * 0.125e9 / (25e9 * 0.9))."""
     dev = multi_node_device("a100x8-hdr", 2)
     assert dev.count == 16
     from aisim.specs import load_calibration
 
     t = collective_s("all_reduce", 1e9, 16, dev, load_calibration(dev.gpu.name), 8)
-    expected = 25e-6 + 2 * 7 / 8 * 1e9 / 230e9 + (30e-6 + 0.125e9 / 22.5e9)
+    expected = 2 * 25e-6 - 25e-6 * 6.6 / 15 + 2 * 7 / 8 * 1e9 / 230e9 + (30e-6 + 0.125e9 / 22.5e9)
     assert t == pytest.approx(expected)
     assert multi_node_device("a100x8-hdrx4").count == 32
 
@@ -607,20 +608,19 @@ def test_tensor_parallel_across_nodes_pays_the_network():
     host's GPUs names whole nodes of the GPU's multi-node system."""
     import aisim
     from aisim.catalog import resolve_device
-
-    kw = dict(model="Meta-Llama-3-70B", workload="prefill", seq=4096, runtime="vllm", top_ops=None)
-    one = aisim.estimate(device="h100x8", tp=8, **kw)
-    two = aisim.estimate(device="h100x8-ndrx2", tp=16, **kw)
-    dev = resolve_device("h100x8-ndrx2")
-    ar = 4096 * 8192 * 2   # one 67 MB all-reduce of the hidden states
-    from aisim.cost.comm import collective_s
+    from aisim.cost.comm import NCCL_NVLINK_BASE_S, _nccl_ring_latency, collective_s
     from aisim.specs import load_calibration
 
-    intra = collective_s("all_reduce", ar, 8, resolve_device("h100x8"), load_calibration("h100-sxm"))
-    cross = collective_s("all_reduce", ar, 16, dev, load_calibration("h100-sxm"), 8)
-    # the node's ring (latency once, both halves' bytes) + the network's all-reduce of 1/8 over 2 nodes
-    assert cross == pytest.approx(intra + 30e-6 + ar / 8 / (50e9 * 0.9))
-    assert two.runtime_ms > 0.5 * one.runtime_ms               # half the compute per GPU, all-reduces cost more
+    cal, ar = load_calibration("h100-sxm"), 4096 * 8192 * 2   # one 67 MB all-reduce of the hidden states
+    kw = dict(model="Meta-Llama-3-70B", workload="prefill", seq=4096, runtime="vllm", top_ops=None)
+    two = aisim.estimate(device="h100x8-ndrx2", tp=16, **kw)
+    row = next(r for r in two.top_ops if r.name == "nccl.all_reduce")
+    cross = collective_s("all_reduce", ar, 16, resolve_device("h100x8-ndrx2"), cal, 8)
+    assert row.time_ms == pytest.approx(row.count * cross * 1e3, rel=1e-6)   # the estimate prices it that way
+    intra = collective_s("all_reduce", ar, 8, resolve_device("h100x8"), cal)
+    # the node's ring (its base latency once, both halves' bytes) + the network's all-reduce of 1/8 over 2 nodes
+    base = 16.8e-6 * NCCL_NVLINK_BASE_S / _nccl_ring_latency(8)
+    assert cross == pytest.approx(intra + 16.8e-6 - base + 30e-6 + ar / 8 / (50e9 * 0.9))
     assert resolve_device("h100x16").system.name == "h100x8-ndrx2"
 
 
@@ -631,3 +631,6 @@ def test_train_not_fit_hint_leaves_out_what_the_plan_already_does():
     assert "--zero 1-3" in full and "--micro-batch" in full and "--recompute full" in full
     done = train_not_fit_hint(3, "full", 1)
     assert "--zero" not in done and "--micro-batch" not in done and "--recompute" not in done and "--tp" in done
+    assert "--zero 3" in train_not_fit_hint(1, "none", 1) and "--zero" not in train_not_fit_hint(2, "none", 1, "grad-op")
+    assert "--fsdp full" in train_not_fit_hint(2, "none", 1, "grad-op")
+    assert "--fsdp full" in train_not_fit_hint(3, "none", 1, "hybrid")

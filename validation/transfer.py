@@ -57,7 +57,8 @@ TRANSFER_GOAL_PCT = 10.0
 NONE_GOAL_PCT = 15.0
 DECODE_MODEL = "Meta-Llama-3-8B"
 # the same check on the GPUs whose memory cannot hold DECODE_MODEL in 16 bits (T4's 15 GiB, the 4 GiB laptop GPU, the
-# 10 GiB Radeon): a dense model of the same family of kernels that fits them all
+# 10 GiB Radeon): a shipped dense decoder that fits them all (multi-head attention, ReLU MLP, learned positions:
+# its step is weight reads too, not Llama's exact kernels)
 DECODE_SMALL_MODEL = "opt-1.3b"
 DECODE_CONTEXT = 1024
 DECODE_BATCHES = (1, 8, 32, 64)

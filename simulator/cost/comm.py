@@ -41,10 +41,21 @@ def collective_time_s(op: Op, cost: Cost, device: Device, cal: CalibrationSpec) 
         if spread is not None:
             return spread
         return latency + factor * (group - 1) / group * cost.bytes_written / bw
-    # a tensor-parallel group wider than a node (tp 16 on two 8-GPU nodes) runs hierarchically across the network
-    per_node = getattr(device.system, "gpus_per_node", None) if device.system is not None else None
+    # a tensor-parallel group wider than a node (tp 16 on two 8-GPU nodes), or one that straddles a node boundary
+    # (tp 6 on 8-GPU nodes), runs hierarchically across the network
     return collective_s(op.name.removeprefix("nccl."), cost.bytes_written, group, device, cal,
-                        max(per_node // stride, 1) if per_node else None)
+                        ranks_per_node(device, group, stride))
+
+
+def ranks_per_node(device: Device, group: int, stride: int = 1) -> int | None:
+    """Members of a ``group`` of ranks ``stride`` apart that share a node of a multi-node system (None without
+    one): the node's share of them, or, for a group that does not tile the node, the largest count that divides
+    both (the straddling groups' worst split, an approximation)."""
+    per_node = getattr(device.system, "gpus_per_node", None) if device.system is not None else None
+    if not per_node:
+        return None
+    g = max(per_node // max(stride, 1), 1)
+    return g if group % g == 0 or g % group == 0 else math.gcd(group, g)
 
 
 def _all_to_all_across_nodes_s(nbytes: float, group: int, stride: int, device: Device,
@@ -61,7 +72,7 @@ def _all_to_all_across_nodes_s(nbytes: float, group: int, stride: int, device: D
     net = getattr(system, "network", None) if system is not None else None
     if per_node is None or net is None:
         return None
-    g = max(1, min(group, per_node // max(stride, 1)))
+    g = max(1, min(group, ranks_per_node(device, group, stride) or group))
     if g >= group:
         return None
     intra_bw, intra_latency = _intra_link(device, cal, g)
@@ -81,13 +92,14 @@ def collective_s(kind: str, nbytes: float, group: int, device: Device, cal: Cali
     each node over its ``ranks_per_node`` members (NVLink/NVSwitch), then one between the nodes on 1/g of the data
     over each GPU's share of the node's NICs, then (all-reduce) the intra-node all-gather:
         t = t_intra(bytes) + t_inter(bytes / g over n nodes) [+ t_intra_allgather(bytes)]
-    (all-reduce = reduce-scatter + all-reduce across nodes + all-gather, whose two intra phases pay the intra
-    all-reduce's latency once, as NCCL's ring counts its 2(n - 1) steps once, src/graph/tuning.cc
-    ncclTopoTuneModel: baseLat + (nsteps - nInterSteps) x intraLat + nInterSteps x interLat; all-gather and
-    reduce-scatter: one intra and one inter phase). Tensor-parallel groups wider than a node run the same way
-    (collective_time_s). Known inaccuracies: NCCL's algorithm choice (tree at small sizes, NVLS) and congestion
-    between rails are not modelled; for a small all-reduce NCCL's own model of two 8-GPU nodes gives about 27 us
-    (tree, LL) where this gives the intra latency plus the network's ``latency_s`` (16.8 + 30 us on h100x8-ndr)."""
+    (all-reduce = reduce-scatter + all-reduce across nodes + all-gather, whose two intra phases pay the ring's base
+    latency once: NCCL's ring latency is baseLat + nsteps x hwLat, src/graph/tuning.cc ncclTopoTuneModel, and the
+    node's fitted latency is split by NCCL's NVLink constants; all-gather and reduce-scatter: one intra and one
+    inter phase). The network's ``latency_s`` (a 2-node figure) grows as log2(nodes), NCCL's tree latency for
+    small messages. Tensor-parallel groups wider than a node run the same way (collective_time_s). Known
+    inaccuracies: NCCL's algorithm choice (tree at small sizes, NVLS) and congestion between rails are not
+    modelled; for a small all-reduce NCCL's own model of two 8-GPU nodes gives about 27 us (tree, LL) where this
+    gives about 56 us on h100x8-ndr (16.8 x 2 - 7.4 us of the node's ring + the network's 30 us)."""
     if group <= 1 or nbytes <= 0:
         return 0.0
     system = device.system
@@ -101,10 +113,16 @@ def collective_s(kind: str, nbytes: float, group: int, device: Device, cal: Cali
     if not net.rail_optimized:
         inter_bw /= net.non_rail_penalty
     intra = _intra_link(device, cal, g)
-    if kind == "all_reduce":   # the intra reduce-scatter and all-gather are one ring's two halves: one latency
+    # the network's latency grows with the nodes as NCCL's tree does for the small messages where it matters
+    # (src/graph/tuning.cc ncclTopoTuneModel: 2 x log2(nNodes) x interLat); a file's latency_s is that of 2 nodes
+    net_latency = net.latency_s * max(math.log2(nodes), 1.0)
+    if kind == "all_reduce":
+        # the intra reduce-scatter and all-gather are one ring's two halves: its base latency once (NCCL's ring:
+        # baseLat + nsteps x hwLat), each half its share of the steps
+        shared = intra[1] * NCCL_NVLINK_BASE_S / _nccl_ring_latency(g) if g > 1 and intra[0] > 0 else 0.0
         return (_ring_s("reduce_scatter", nbytes, g, *intra) + _ring_s("all_reduce", nbytes / g, nodes, inter_bw,
-                net.latency_s) + _ring_s("all_gather", nbytes, g, *intra) - (intra[1] if g > 1 else 0.0))
-    return _ring_s(kind, nbytes, g, *intra) + _ring_s(kind, nbytes / g, nodes, inter_bw, net.latency_s)
+                net_latency) + _ring_s("all_gather", nbytes, g, *intra) - shared)
+    return _ring_s(kind, nbytes, g, *intra) + _ring_s(kind, nbytes / g, nodes, inter_bw, net_latency)
 
 
 def _intra_link(device: Device, cal: CalibrationSpec, group: int) -> tuple[float, float]:
@@ -121,7 +139,7 @@ def _intra_link(device: Device, cal: CalibrationSpec, group: int) -> tuple[float
     ranks = (system.gpus_per_node or system.gpu_count) if system is not None else device.count
     if system is not None and group >= ranks:
         return bw, latency
-    same = [s for s in _systems_of(device.gpu, ic.kind) if s.gpu_count >= group] if nvlink else []
+    same = [s for s in systems_of(device.gpu, ic.kind) if s.gpu_count >= group] if nvlink else []
     exact = next((s for s in same if s.gpu_count == group), None)
     if exact is not None:
         return exact.interconnect.link_bw_bytes_per_s, exact.interconnect.latency_s
@@ -140,7 +158,7 @@ def _nccl_ring_latency(n: int) -> float:
     return NCCL_NVLINK_BASE_S + 2 * (n - 1) * NCCL_NVLINK_STEP_S
 
 
-def _systems_of(gpu, kind: str) -> list:
+def systems_of(gpu, kind: str) -> list:
     """The single-node system files (shipped or the user's) of ``gpu`` (a HardwareSpec) GPUs on a ``kind`` fabric,
     their GPU named by its name or any alias."""
     from ..specs import all_systems

@@ -39,17 +39,20 @@ def make_config(config: dict, layers: int | None = None):
         raise AisimError("the config has no 'model_type'; give an HF config.json")
     if data.pop("auto_map", None):  # aisim.catalog refuses these configs; never reach custom code from here
         raise AisimError("the config asks for custom code (auto_map); aisim never runs code from a config")
-    try:
-        hf = AutoConfig.for_model(model_type, **data)
-    except ValueError:
-        import difflib
+    from transformers import CONFIG_MAPPING
 
-        from transformers import CONFIG_MAPPING
+    if model_type not in CONFIG_MAPPING:
+        import difflib
 
         close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING.keys()), n=3)
         raise AisimError(f"transformers {_transformers_version()} does not know model_type {model_type!r}"
                          + (f" (did you mean {', '.join(close)}?)" if close else "")
-                         + "; set model_type to a built-in architecture (e.g. llama, mistral, qwen2)") from None
+                         + "; set model_type to a built-in architecture (e.g. llama, mistral, qwen2)")
+    try:
+        hf = AutoConfig.for_model(model_type, **data)
+    except ValueError as exc:   # the architecture's own config check (a value it refuses)
+        raise AisimError(f"the {model_type} config is refused by transformers: {str(exc).splitlines()[0][:300]}"
+                         ) from None
     if layers is not None:
         for key in layer_keys(config):
             setattr(hf, key, layers)

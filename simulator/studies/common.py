@@ -13,12 +13,13 @@ TOP_OPS = 12
 
 NOT_FIT_HINT = ("use more GPUs (--tp, --pp), a smaller --batch or --seq, --quant or --kv-dtype fp8, or a GPU with "
                 "more memory")
-def train_not_fit_hint(zero: int, recompute: str, micro_batch: int) -> str:
+def train_not_fit_hint(zero: int, recompute: str, micro_batch: int, fsdp: str = "none") -> str:
     """What a training step that does not fit can change (--quant and --kv-dtype are refused there), less what the
-    plan already does: ZeRO 3, full recompute, a micro-batch of 1."""
-    gpus = "--tp, --pp" + (", data parallel with --zero 1-3" if zero < 3 else ", more data-parallel ranks")
+    plan already does: full sharding (ZeRO 3 or --fsdp full), full recompute, a micro-batch of 1."""
+    shard = ("" if zero >= 3 and fsdp in ("none", "full") else ", --fsdp full" if fsdp != "none"
+             else ", data parallel with --zero 3" if zero else ", data parallel with --zero 1-3")
     smaller = "a smaller --micro-batch or --seq" if micro_batch > 1 else "a smaller --seq"
-    return (f"use more GPUs ({gpus}), {smaller}, " + ("--recompute full, " if recompute != "full" else "")
+    return (f"use more GPUs (--tp, --pp{shard}), {smaller}, " + ("--recompute full, " if recompute != "full" else "")
             + "or a GPU with more memory")
 
 

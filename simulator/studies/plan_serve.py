@@ -26,7 +26,7 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..catalog import HOST_SWITCH_GPUS, gpus_device, resolve_gpu, resolve_model
+from ..catalog import HOST_SWITCH_GPUS, gpus_device, node_system, resolve_gpu, resolve_model
 from ..errors import AisimError, DoesNotFit
 from ..graph.engine import moe_routing
 from ..plan import check_tp
@@ -364,8 +364,11 @@ def _search_device(req, device, runtime, percentiles, search, found, notes, prog
     fewest = None   # the saturated configuration that would need the fewest GPUs: the bound worth reporting
     for tp in (t for t in req.tp if t <= req.max_gpus):
         if tp > HOST_SWITCH_GPUS and gpu.nvlink_kind == "switch" and gpus_device(gpu, tp).system is None:
+            system = node_system(gpu)
             notes.add(f"--tp {tp} not searched on {gpu.name}: one host joins at most {HOST_SWITCH_GPUS} of them, and "
-                      f"{tp} GPUs are not whole nodes of a multi-node system file of it (hardware_specs/systems/)")
+                      + (f"{tp} GPUs are not whole nodes of {system.name}" if system is not None else
+                         "no multi-node system file of it (gpus_per_node, network) is shipped: add one under "
+                         "hardware_specs/systems/ to search tensor parallelism across nodes"))
             continue
         search.considered += len(req.max_num_seqs) * max(req.max_gpus // tp, 1)
         try:

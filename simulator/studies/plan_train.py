@@ -247,7 +247,7 @@ def _is_network_system(name: str) -> bool:
 def cluster(name: str, gpus: int):
     """``gpus`` GPUs of kind ``name``: one node's device up to a node, else nodes of the multi-node system (one with
     a network) built from that GPU (aisim.studies.train.multi_node_device)."""
-    from ..catalog import gpu_device, resolve_device, resolve_gpu
+    from ..catalog import gpu_device, node_system, resolve_device, resolve_gpu
 
     try:
         base = resolve_device(name)
@@ -255,14 +255,14 @@ def cluster(name: str, gpus: int):
         base = None
     if base is None or base.system is None or base.system.network is None:
         gpu = resolve_gpu(name)
-        systems = [s for s in all_systems().values() if s.gpu == gpu.name and s.network and s.gpus_per_node]
-        if not systems:
+        system = node_system(gpu)
+        if system is None:
             if gpus <= 8:
                 return gpu_device(gpu, gpus)
             names = sorted(s.name for s in all_systems().values() if s.network)
             raise AisimError(f"{gpu.name}: no multi-node system spec (one with a network) for more than 8 GPUs; "
                              f"the shipped ones: {', '.join(names)}; add one under hardware_specs/systems/")
-        base = resolve_device(systems[0].name)
+        base = resolve_device(system.name)
     per_node = base.system.gpus_per_node
     if gpus < per_node:
         return gpu_device(base.gpu, gpus)

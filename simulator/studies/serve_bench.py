@@ -20,7 +20,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..catalog import gpu_device, resolve_device, resolve_model
+from ..catalog import gpus_device, resolve_device, resolve_model
 from ..errors import AisimError
 from ..scenario import Scenario, ScenarioRequest, resolve_scenario
 from ..step import step_cost
@@ -108,7 +108,7 @@ def serve_bench(base: ScenarioRequest, req: ServeBenchRequest) -> ServeBench:
     check_positions(resolve_model(base.model)[1], SimpleNamespace(phase="generate", seq=req.seq,
                                                                   gen_tokens=req.decode_len))
     for s in req.shards:
-        dev = gpu_device(gpu, s)
+        dev = gpus_device(gpu, s)
         plan = {"tp": s, "tp_scope": "full"} if s > 1 else {"tp": 1, "dp": 1}
         try:
             sc = resolve_scenario(base.model_copy(update={"device": dev, **plan}), "prefill")

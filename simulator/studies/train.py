@@ -166,7 +166,7 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     cal = calibration_note(sc)
     notes += [cal] if cal else []
     tokens = req.batch * req.seq
-    reason = not_fit_reason(memory, sc.device.gpu.name, train_not_fit_hint(plan.stage, plan.recompute, b))
+    reason = not_fit_reason(memory, sc.device.gpu.name, train_not_fit_hint(plan.stage, plan.recompute, b, plan.fsdp))
     rows = [r.model_copy(update={"count": round(r.count * m), "flops": r.flops * m, "bytes": r.bytes * m,
                                  "time_ms": r.time_ms * m}) for r in mb.table]
     if reason is not None:   # no times (it would not run), but the work it would do, as inference reports it

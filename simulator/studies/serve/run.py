@@ -139,8 +139,9 @@ def kv_capacity(sc: Scenario, block_size: int, max_batched_tokens: int, utilizat
                   f"{sc.model} on {where} leaves no room for a KV cache ({how} leaves {max(budget, 0.0) / 1e9:.2f} GB, "
                   f"under one block of {block_size} tokens at {per_token / 1e6:.3f} MB per token)")
         count, split = sc.device.count, sc.plan.tp * sc.plan.pp
-        raise DoesNotFit(detail, (f"split the model over the device's {count} GPUs (--tp {count})" if count > split
-                                  else "use more GPUs (--tp)") + ", a smaller --quant or a larger GPU")
+        raise DoesNotFit(detail, (f"split one replica over all the device's {count} GPUs (--tp x --pp = {count})"
+                                  if count > split else "use more GPUs (--tp, --pp)")
+                         + ", a smaller --quant or a larger GPU")
     if sliding:   # one engine block = block_size tokens of one KV group of dims.layers / (full + sliding) layers
         return KvCapacity(int(tokens * (full + sliding) // block_size), blocks * block_size, per_token, budget,
                           weights, how, full, sliding, window_blocks)
@@ -245,9 +246,12 @@ def engine_config(sc: Scenario, knobs: dict[str, Any]) -> tuple[EngineConfig, Kv
     cap = kv_capacity(sc, values["block_size"], values["max_num_batched_tokens"], values["gpu_memory_utilization"])
     if knobs.get("num_gpu_blocks_override") is not None:
         cap = blocks_override(cap, knobs["num_gpu_blocks_override"], values["block_size"])
+    # with a batch per pipeline stage in flight, a simulated step is a round of pp schedule() calls, each with
+    # its own token budget (ServingSpec.pipeline_batches)
+    rounds = sc.plan.pp if s.pipeline_batches else 1
     cfg = validated(EngineConfig, {
         "num_kv_blocks": cap.blocks, "block_size": values["block_size"], "max_num_seqs": values["max_num_seqs"],
-        "max_num_batched_tokens": values["max_num_batched_tokens"],
+        "max_num_batched_tokens": values["max_num_batched_tokens"] * rounds,
         "enable_chunked_prefill": values["enable_chunked_prefill"], "preemption_mode": values["preemption_mode"],
         "enable_prefix_caching": values["enable_prefix_caching"],
         "kv_bytes_per_token": cap.bytes_per_token, "full_groups": cap.full_groups,
@@ -371,8 +375,12 @@ def serve(sc: Scenario, request: ServeRequest, knobs: dict[str, Any] | None = No
                      "a rank without requests running vLLM's one-token dummy batch until a 32nd step of the wave "
                      "finds none with work (vllm/v1/engine/core.py DPEngineCoreProc); each rank's step is costed "
                      "as if the others carried a batch like its own")
-    if sc.plan.pp > 1:
-        notes.append(f"pipeline parallel {sc.plan.pp}: each step runs its {sc.plan.pp} stages one after another; "
-                     "vLLM keeps a batch in flight per stage, which is not modelled: latencies at low load hold, "
-                     f"throughput under load is underestimated (by up to {sc.plan.pp}x)")
+    if sc.plan.pp > 1 and sc.runtime.serving.pipeline_batches:
+        notes.append(f"pipeline parallel {sc.plan.pp}: {sc.runtime.name} keeps a batch in flight per stage (vLLM V1's "
+                     f"batch queue): a step is a round of up to {sc.plan.pp} micro-batches, each a balanced share "
+                     f"of the running requests with its own {cfg.max_num_batched_tokens // sc.plan.pp}-token budget, "
+                     f"priced as {sc.plan.pp} x one stage of a share (the stages' p2p sends not counted)")
+    elif sc.plan.pp > 1:
+        notes.append(f"pipeline parallel {sc.plan.pp}: each step runs its {sc.plan.pp} stages one after another "
+                     f"({sc.runtime.name} keeps no batch in flight per stage)")
     return run, cfg, notes

@@ -97,3 +97,11 @@ class LinearStepTimer:
 
     def step_energy_j(self, shape: BatchShape) -> float:
         return self.power_w * self.step_time_s(shape)
+
+
+def share(shape: BatchShape, m: int) -> BatchShape:
+    """One of ``m`` balanced micro-batches of ``shape`` (a pipeline engine's batch per stage): each count a 1/m
+    share, the sequence counts rounded up."""
+    return BatchShape(prefill_tokens=-(-shape.prefill_tokens // m), prefill_attn_pairs=shape.prefill_attn_pairs / m,
+                      prefill_seqs=-(-shape.prefill_seqs // m), decode_seqs=-(-shape.decode_seqs // m),
+                      decode_ctx_tokens=shape.decode_ctx_tokens / m, prefill_ctx_tokens=shape.prefill_ctx_tokens / m)

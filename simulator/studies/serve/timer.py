@@ -33,7 +33,7 @@ from ...scenario import Scenario
 from ...step import step_cost
 from ...units import DTYPE_BYTES
 from ...workload import StepShape
-from .steptime import BatchShape
+from .steptime import BatchShape, share
 
 KEY_ROUND = 64                 # shapes are memoised with contexts rounded to this many tokens
 
@@ -209,14 +209,20 @@ class StepCostTimer:
         return found
 
     def _compute(self, shape: BatchShape) -> tuple[float, float]:
-        n = max(shape.tokens, 1)
-        gpu_s = float(np.interp(n, self.grid, self.dense_gpu_s)) + self._attention_s(shape)
+        pp = self.sc.plan.pp
+        # an engine with a batch per stage in flight (ServingSpec.pipeline_batches) runs the step as m micro-batches
+        # of a 1/m share each, one behind the other through the stages: a round lasts pp x one share's stage time
+        m = min(pp, max(shape.seqs, 1)) if pp > 1 and self.serving is not None and self.serving.pipeline_batches \
+            else 1
+        part = shape if m == 1 else share(shape, m)
+        n = max(part.tokens, 1)
+        gpu_s = float(np.interp(n, self.grid, self.dense_gpu_s)) + self._attention_s(part)
         cpu_s = float(np.interp(n, self.grid, self.dense_cpu_s)) + self._engine_cpu_s()
         power_w = float(np.interp(n, self.grid, self.power_w))
-        host_s = self._host_s(shape)
-        # a step runs its pipeline stages one after another (gpu_s / cpu_s are one stage's, as step_cost's busy
-        # times; power_w is the whole step's, waiting stages included)
-        time_s = self.sc.plan.pp * max(gpu_s, cpu_s) + host_s
+        host_s = m * self._host_s(part)
+        # gpu_s / cpu_s are one stage's, as step_cost's busy times; power_w is the whole step's, waiting stages
+        # included (with m = pp micro-batches every stage is busy: a lower bound on the power then)
+        time_s = pp * max(gpu_s, cpu_s) + host_s
         return time_s, power_w * time_s
 
     def _host_s(self, shape: BatchShape) -> float:
