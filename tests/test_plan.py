@@ -244,7 +244,7 @@ def test_a_model_that_does_not_fit_is_the_plans_answer_with_the_plans_own_advice
     assert "--gpu-memory-utilization" not in reason
     sc = resolve_scenario(ScenarioRequest(model="Meta-Llama-3-70B", device="l4", dtype="bf16", runtime="vllm"),
                           "prefill")
-    with pytest.raises(DoesNotFit, match=r"weights take 141\.\d+ GB per GPU.*use more GPUs \(--tp\)"):
+    with pytest.raises(DoesNotFit, match=r"weights take 141\.\d+ GB per GPU.*use more GPUs \(--tp, --pp\)"):
         engine_config(sc, {})
     # weights under the card's memory but over what the engine's policy lets them use: said so, not a negative KV
     # budget (Llama-3-8B on a 16 GB T4: 16.06 GB of weights, vLLM 0.9 x 16.1 GB, transformers 14.8 GB free)
