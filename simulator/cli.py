@@ -608,7 +608,7 @@ def validate(
     suite: Optional[Path] = typer.Argument(None, help="suite YAML to measure on the local GPU(s)"),
     out: Optional[Path] = typer.Option(None, help="measured JSONL (appended; finished cases are skipped)"),
     reference: Optional[str] = typer.Option(None, help="compare with a published or measured reference: torchcap|cs336|"
-                                            "tgi-bloomz|whisper-cpp|trtllm-perf|serve-cb"),
+                                            "tgi-bloomz|whisper-cpp|trtllm-perf|vllm-serve|serve-cb"),
     report_from: Optional[list[Path]] = typer.Option(None, "--report", help="measured JSONL file(s) to report on"),
     fmt: str = typer.Option("rst", "--format", help="rst|markdown|csv|json"),
     max_minutes: Optional[float] = typer.Option(None, help="stop the suite cleanly after this many minutes"),

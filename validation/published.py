@@ -519,6 +519,62 @@ def trtllm_summary(throughput: list[Row], latency: list[Row]) -> list[list[str]]
     return out
 
 
+VLLM_SERVE_DEVICES = {"a100": "a100-sxm4-80gb", "h100": "h100-sxm"}
+VLLM_SERVE_MODEL = "gpt-oss-20b"
+VLLM_SERVE_METRICS = (("total_tok_s", "total_token_throughput", "total tok/s"),
+                      ("mean_ttft_ms", "mean_ttft_ms", "mean TTFT (ms)"),
+                      ("mean_tpot_ms", "mean_tpot_ms", "mean TPOT (ms)"))
+
+
+def vllm_serve_args(r: dict) -> dict:
+    """One published run as `aisim serve` arguments: its requests all at once (rate inf), each with the run's mean
+    input and generated tokens (Total input / generated tokens over the requests: the runs stop at the model's end
+    of sequence, so the generated tokens are the measured ones, not --random-output-len)."""
+    return dict(model=VLLM_SERVE_MODEL, device=VLLM_SERVE_DEVICES[r["gpu"]], num_requests=r["requests"],
+                input_len=str(round(r["input_tokens"] / r["requests"])),
+                output_len=str(max(round(r["generated_tokens"] / r["requests"]), 1)))
+
+
+def vllm_serve_rows(serve: Callable | None = None) -> list[Row]:
+    """Each published vLLM bench-serve run against `aisim serve --runtime vllm` of the same requests: total token
+    throughput, mean TTFT and mean TPOT (``serve``: kwargs of vllm_serve_args -> a report with vLLM-named
+    ``metrics``; default aisim's, cli_run.ServeReport)."""
+    serve = serve or _aisim_serve
+    rows = []
+    for r in load_reference("vllm-serve")["rows"]:
+        args = vllm_serve_args(r)
+        result = serve(**args)
+        row = Row(label=[r["gpu"], r["case"], str(r["requests"]), args["input_len"], args["output_len"]])
+        row.values = {"measured": {k: r[k] for k, _, _ in VLLM_SERVE_METRICS},
+                      "aisim": {k: result.metrics[attr] for k, attr, _ in VLLM_SERVE_METRICS}}
+        row.errors = {k: _err(row.values["aisim"][k], r[k]) for k, _, _ in VLLM_SERVE_METRICS}
+        row.notes = ["calibrated" if r["gpu"] in TRTLLM_CALIBRATED else "default rules"]
+        rows.append(row)
+    return rows
+
+
+def _aisim_serve(**args):
+    from aisim.studies.serve.cli_run import run_serve
+
+    result, _, _ = run_serve(dtype="auto", tp=None, pp=1, quant="none", runtime="vllm", calibration="auto",
+                             rate=float("inf"), arrival="poisson", seed=0, trace=None, replicas=None,
+                             router="round-robin", percentiles="99", knobs={}, **args)
+    return result
+
+
+def vllm_serve_summary(rows: list[Row]) -> list[list[str]]:
+    out = []
+    for gpu in VLLM_SERVE_DEVICES:
+        sel = [r for r in rows if r.label[0] == gpu]
+        for key, _, what in VLLM_SERVE_METRICS:
+            errs = [r.errors[key] for r in sel]
+            n, mape, mx = _stats(errs)
+            present = [e for e in errs if e is not None]
+            out.append([f"{what}, {VLLM_SERVE_DEVICES[gpu]} ({sel[0].notes[0]})", str(n), _pct_abs(mape),
+                        _pct_abs(mx), _pct(statistics.fmean(present) if present else None)])
+    return out
+
+
 # ------------------------------------------------------------------ rendering
 
 def _summary_record(columns, row, pct: set[int]) -> dict:
@@ -698,5 +754,25 @@ def compare_reference(name: str, fmt: str = "rst", estimator: Callable | None = 
             return render_csv(cc, ccells)
         return _render(fmt, "TensorRT-LLM published tables: measured vs aisim", note, tc, tcells, sc, summary,
                        payload)
+    if name == "vllm-serve":
+        rows = vllm_serve_rows()
+        note = ("vLLM v0.11.0 serving gpt-oss-20b (MXFP4 experts) on one A100 SXM 80GB and one H100, `vllm bench "
+                "serve` with every request sent at once, as GPUStack's performance lab publishes it (gpustack/"
+                "gpustack docs/performance-lab/gpt-oss-20b/a100.md and h100.md; the 'vLLM without any "
+                "optimizations' baseline). aisim: `aisim serve -m gpt-oss-20b -d DEVICE --runtime vllm "
+                "--num-requests N --input-len IN --output-len OUT` (rate inf; IN and OUT the run's mean input and "
+                "generated tokens: the runs stop at end of sequence, and ShareGPT's lengths vary per request where "
+                "aisim's are the means). The A100 has no calibration file: default rules and the datasheet. "
+                "Nothing is fitted to these rows.")
+        columns = [Column("GPU", align="left"), Column("Case", align="left"), Column("Requests"), Column("In"),
+                   Column("Out"), *[Column(what, ("measured", "aisim", "Error")) for _, _, what in VLLM_SERVE_METRICS]]
+        cells = [[*r.label, *[c for key, _, _ in VLLM_SERVE_METRICS for c in (
+            _f(r.values["measured"][key]), _f(r.values["aisim"][key]), _pct(r.errors[key]))]] for r in rows]
+        sc = [Column("Rows", align="left"), Column("n"), Column("MAPE"), Column("Max abs error"),
+              Column("Mean error")]
+        summary = vllm_serve_summary(rows)
+        payload = {"rows": [{"label": r.label, **r.values, "errors": r.errors, "notes": r.notes} for r in rows]}
+        return _render(fmt, "vLLM serving (GPUStack performance lab, gpt-oss-20b): measured vs aisim", note, columns,
+                       cells, sc, summary, payload)
     raise ValueError(f"unknown reference {name!r}; available: torchcap, cs336, tgi-bloomz, whisper-cpp, serve-cb, "
-                     "trtllm-perf")
+                     "trtllm-perf, vllm-serve")

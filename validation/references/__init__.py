@@ -18,6 +18,8 @@ Datasets (name -> file):
 * ``whisper-cpp`` -> whisper_cpp.yaml  whisper.cpp medium.en on a GTX 1650 laptop GPU; ``rows``
 * ``trtllm-perf`` -> trtllm_perf.yaml  TensorRT-LLM's published Llama-2 tables (H100 FP8, A100 FP16, L40S FP8);
   ``throughput_rows`` and ``latency_rows``
+* ``vllm-serve``  -> vllm_serve_gpustack.yaml  GPUStack's vLLM v0.11.0 bench-serve runs of gpt-oss-20b (A100, H100);
+  ``rows``
 
 ``_transcribe_seeds.py`` in this folder regenerates (or ``--check``s) the data part of each file from the
 seed text files.
@@ -38,6 +40,7 @@ REFERENCE_FILES: dict[str, str] = {
     "tgi-bloomz": "tgi_bloomz.yaml",
     "whisper-cpp": "whisper_cpp.yaml",
     "trtllm-perf": "trtllm_perf.yaml",
+    "vllm-serve": "vllm_serve_gpustack.yaml",
 }
 
 

@@ -168,8 +168,10 @@ SERVE_ENERGY_NOTE = ("energy: aisim's serving energy is checked only against tra
                      "bound")
 VLLM_UNMEASURED_NOTE = ("runtime vllm: built from vLLM's source (scheduler, memory policy, kernels: "
                         "hardware_specs/runtimes/vllm.yaml) over aisim's step costs; no vLLM run has been measured "
-                        "against it; its step costs are checked against another engine's published static batches "
-                        "only (TensorRT-LLM: aisim validate --reference trtllm-perf)")
+                        "here; its step costs match another engine's published static batches (TensorRT-LLM: aisim "
+                        "validate --reference trtllm-perf), but against published vLLM 0.11 bench-serve runs of "
+                        "gpt-oss-20b with every request at once it is 1.4-4.9x optimistic in throughput (aisim "
+                        "validate --reference vllm-serve): under heavy load read its throughput as an upper bound")
 
 
 def unloaded_latency_s(run: ServeRun, timer, cfg: EngineConfig) -> float:
