@@ -345,12 +345,14 @@ VLLM_SERVE_TEXT = (
     "aisim's vllm profile prices these runs as an engine at its kernels' speed: its throughputs are 1.4-4.9x the "
     "measured ones, its mean TTFT 29-76% and mean TPOT 5-79% short, on the calibrated H100 more than on the A100. The same profile's "
     "step costs match TensorRT-LLM's static batches (above) and the GEMMs of a graph-replayed decode step (below), "
-    "so what these runs add is what aisim leaves out: the engine's host work per step and per running request with "
-    "1,000 requests in flight (V1's scheduler, the API server streaming every token over HTTP: the pages' "
-    "--async-scheduling, which overlaps part of it, gained 12-16%), and gpt-oss's MXFP4 MoE and attention-sink "
-    "kernels at these shapes; vllm.yaml charges no per-step host time (no published figure). Not fitted: a "
-    "per-request host cost taken from these rows would be fitted to the table that judges it. Planners should read "
-    "--runtime vllm throughput under heavy load as an upper bound (serve and plan serve say so).")
+    "so these runs point at what aisim leaves out, which of them dominates not known here: the engine's host work "
+    "per step with 1,000 requests in flight (V1's scheduler and output processing; the pages' --async-scheduling, "
+    "which overlaps part of it, gained 12-16%; vLLM's own micro-benchmark puts update_from_output alone at 0.29 ms "
+    "for 256 requests, vllm-project/vllm pull request #46112), the sampler over gpt-oss's 201,088-token vocabulary "
+    "for up to 1,000 rows, and gpt-oss's MXFP4 MoE and attention-sink kernels at these shapes (priced by the "
+    "default rules); vllm.yaml charges no per-step host time. Not fitted: a cost taken from these rows would be "
+    "fitted to the table that judges it. Planners should read --runtime vllm throughput under heavy load as an "
+    "upper bound (serve and plan serve say so).")
 
 
 def build(out: Path) -> str:
