@@ -190,10 +190,20 @@ def run(req: EstimateRequest) -> Estimate:
     else:
         result = single_step(sc, StepShape(phase=req.workload, batch=req.batch, seq=req.seq,
                                            step_tokens=req.step_tokens, static_cache_len=req.static_cache_len))
-    note = _chunked_prefill_note(sc, req)
-    if note:
-        result = result.model_copy(update={"assumptions": [*result.assumptions, note]})
+    notes = [n for n in (_chunked_prefill_note(sc, req), _pipeline_note(sc)) if n]
+    if notes:
+        result = result.model_copy(update={"assumptions": [*result.assumptions, *notes]})
     return result if req.top_ops is None else result.model_copy(update={"top_ops": result.top_ops[:req.top_ops]})
+
+
+def _pipeline_note(sc) -> str | None:
+    """What an estimate with pipeline stages prices (step.step_cost): one batch through the stages in turn."""
+    if sc.plan.pp <= 1:
+        return None
+    return (f"pipeline parallel {sc.plan.pp}: this step's batch goes through the {sc.plan.pp} stages one after "
+            "another (no micro-batches in flight: `aisim serve --runtime vllm` keeps one per stage); each stage's "
+            "time carries the traced embedding and LM head (the head's time counted once per stage), the sends "
+            "between stages are not priced")
 
 
 def _chunked_prefill_note(sc, req: EstimateRequest) -> str | None:

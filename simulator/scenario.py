@@ -124,7 +124,13 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     check_ep_experts(config, request.ep)
     plan, plan_notes = choose_plan(config, dev.count, dev.name, batch, request.tp, request.pp, request.dp, tp_scope,
                                   rt.replicate_kv_heads, shard_states, gpu_name=dev.gpu.name,
-                                  node_gpus=catalog.node_gpus(dev), cross_node=catalog.spans_nodes(dev))
+                                  node_gpus=catalog.node_gpus(dev), cross_node=catalog.spans_nodes(dev),
+                                  pipeline_fallback=phase not in TRAIN_PHASES)
+    if dev.system is None and dev.gpu.nvlink_kind == "switch" and plan.tp > catalog.node_gpus(dev):
+        raise AisimError(f"tensor parallel {plan.tp} on {dev.name}: one host joins at most {catalog.node_gpus(dev)} "
+                         f"{dev.gpu.name} GPUs and no multi-node system file of them prices the network between "
+                         f"hosts; keep --tp <= {catalog.node_gpus(dev)} (--pp or data parallel across hosts) or add "
+                         "one (gpus_per_node, network) under hardware_specs/systems/")
     from .graph.engine import moe_routing
 
     plan = plan.model_copy(update={"ep": check_ep(config, plan, request.ep),

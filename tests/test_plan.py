@@ -530,3 +530,24 @@ def test_plan_train_table_shows_the_fastest_plan_of_every_device_and_gpu_count()
     rows = train_plan_rows(ranked, 5)
     assert [(r.device, r.n) for r in rows] == [("h100", 0), ("h200", 99), ("h100", 1), ("h100", 2), ("h100", 3)]
     assert len(train_plan_rows(ranked[:2], 15)) == 2
+
+
+@pytest.mark.parametrize("model,device,runtime,plan", [
+    ("Meta-Llama-3-70B", "h100x16", "vllm", (8, 2, 1)),      # not tp 16 across the nodes (13.6 ms against 10.0)
+    ("qwen3-30b-a3b", "h100x8", "eager", (4, 2, 1)),        # was refused: tp 4 x dp 2 and batch 1
+    ("qwen3-30b-a3b", "h200x8", "vllm", (8, 1, 1)),         # vLLM replicates the 4 KV heads over 8
+])
+def test_default_plan_for_batch_1_puts_the_rest_in_pipeline_stages(model, device, runtime, plan):
+    import aisim
+
+    e = aisim.estimate(model, device, workload="decode", batch=1, seq=1024, runtime=runtime, top_ops=None)
+    assert (e.plan.tp, e.plan.pp, e.plan.dp) == plan
+    assert (e.plan.pp > 1) == any("pipeline parallel" in n for n in e.assumptions)
+
+
+def test_tensor_parallel_past_one_host_without_a_network_file_is_refused():
+    import aisim
+    from aisim.errors import AisimError
+
+    with pytest.raises(AisimError, match="one host joins at most 8 h200 GPUs"):
+        aisim.estimate("Meta-Llama-3-70B", "h200x16", workload="decode", batch=64, seq=2048, runtime="vllm", tp=16)

@@ -436,6 +436,11 @@ def test_vllm_pipeline_keeps_a_batch_per_stage_in_flight():
     lone = BatchShape(prefill_tokens=0, prefill_attn_pairs=0.0, prefill_seqs=0, decode_seqs=1,
                       decode_ctx_tokens=600.0)
     assert piped.step_time_s(lone) == sequential.step_time_s(lone)
+    # energy: each stage busy for both micro-batches, waiting pp - m = 0 stage times (the sequential step of a share
+    # holds pp - 1 waits per stage: the extra one's are taken off, at the replica's waiting power)
+    stage_s = sequential.step_time_s(half) / 2
+    assert piped.step_energy_j(big) == pytest.approx(2 * sequential.step_energy_j(half)
+                                                      - 2 * stage_s * piped.idle_power_w, rel=1e-9)
     assert engine_config(sc, {})[0].max_num_batched_tokens == 2 * 8192
 
     def throughput(*plan):
@@ -630,4 +635,4 @@ def test_serve_json_that_does_not_fit_prints_the_answer_as_json():
                             "--num-requests", "10"])
     assert r.exit_code == 1
     out = json.loads(r.stdout[r.stdout.index("{"):])
-    assert out["fits"] is False and "141.11 GB per GPU" in out["does_not_fit"] and "--tp x --pp = 2" in out["hint"]
+    assert out["fits"] is False and "141.11 GB per GPU" in out["does_not_fit"] and "--tp 2" in out["hint"]

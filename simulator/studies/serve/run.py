@@ -7,6 +7,8 @@ A replica is the scenario's plan (tp x pp GPUs); the device's other GPUs hold mo
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, replace
 from math import gcd
 from typing import Any
@@ -139,9 +141,10 @@ def kv_capacity(sc: Scenario, block_size: int, max_batched_tokens: int, utilizat
                   f"{sc.model} on {where} leaves no room for a KV cache ({how} leaves {max(budget, 0.0) / 1e9:.2f} GB, "
                   f"under one block of {block_size} tokens at {per_token / 1e6:.3f} MB per token)")
         count, split = sc.device.count, sc.plan.tp * sc.plan.pp
-        raise DoesNotFit(detail, (f"split one replica over all the device's {count} GPUs (--tp x --pp = {count})"
-                                  if count > split else "use more GPUs (--tp, --pp)")
-                         + ", a smaller --quant or a larger GPU")
+        need = split * 2 ** math.ceil(math.log2(max(weights / max(usable, 1.0), 1.0) * 1.0001))
+        raise DoesNotFit(detail, (f"split each replica over more of the device's {count} GPUs (--tp x --pp >= "
+                                  f"{min(need, count)}, e.g. --tp {min(need, count, 8)})" if count > split
+                                  else "use more GPUs (--tp, --pp)") + ", a smaller --quant or a larger GPU")
     if sliding:   # one engine block = block_size tokens of one KV group of dims.layers / (full + sliding) layers
         return KvCapacity(int(tokens * (full + sliding) // block_size), blocks * block_size, per_token, budget,
                           weights, how, full, sliding, window_blocks)

@@ -220,10 +220,13 @@ class StepCostTimer:
         cpu_s = float(np.interp(n, self.grid, self.dense_cpu_s)) + self._engine_cpu_s()
         power_w = float(np.interp(n, self.grid, self.power_w))
         host_s = m * self._host_s(part)
-        # gpu_s / cpu_s are one stage's, as step_cost's busy times; power_w is the whole step's, waiting stages
-        # included (with m = pp micro-batches every stage is busy: a lower bound on the power then)
-        time_s = pp * max(gpu_s, cpu_s) + host_s
-        return time_s, power_w * time_s
+        # gpu_s / cpu_s are one stage's, as step_cost's busy times; power_w is the whole sequential step's, each
+        # stage busy once and waiting pp - 1 stage times. A round of m micro-batches keeps each stage busy m stage
+        # times: the energy of m such steps less the waits the m - 1 extra ones would hold, pp stage times each
+        # at the replica's waiting power (the stages' busy energy counted m times, their waits pp - m times)
+        stage_s = max(gpu_s, cpu_s)
+        time_s = pp * stage_s + host_s
+        return time_s, power_w * time_s + (m - 1) * pp * stage_s * (power_w - self.idle_power_w)
 
     def _host_s(self, shape: BatchShape) -> float:
         s = self.serving
