@@ -31,16 +31,17 @@ def _check_degree(value: int | None, flag: str) -> None:
 def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp: int | None, pp: int,
                 dp: int | None, tp_scope: str, replicate_kv: bool = False, shard_states: str | None = None,
                 gpu_name: str | None = None, node_gpus: int | None = None, cross_node: bool = False,
-                pipeline_fallback: bool = False) -> tuple[ParallelPlan, list[str]]:
+                pipeline_fallback: bool = False, ep: int = 1) -> tuple[ParallelPlan, list[str]]:
     """The given plan, checked; the rest filled in as Megatron and vLLM do. No --tp: tensor parallel over the
     largest number of the GPUs of one node (``node_gpus``: a degree dividing it) that the model's dimensions divide,
     the rest data parallel; where no such degree leaves a data parallel that divides the batch, under an engine
     that replicates KV heads (``replicate_kv``, vLLM) a degree past the KV heads, and on a multi-node system
     (``cross_node``) whole nodes of tensor parallelism (its all-reduces cross the network), unless
-    ``pipeline_fallback`` (inference, no --pp or --dp given) puts the rest in pipeline stages first. Where a training plan
-    shards its states over the data-parallel ranks (``shard_states``: e.g. "ZeRO stage 3"), data parallel over as
-    many GPUs as divide the batch, as FSDP and DeepSpeed run. --tp without --dp: data parallel replicas = GPUs /
-    (tp x pp). Every default is stated in the output."""
+    ``pipeline_fallback`` (inference, no --pp or --dp given) takes the fewest pipeline stages whose replicas
+    divide the batch (and hold ``ep``) first. Where a training plan shards its states over the data-parallel
+    ranks (``shard_states``: e.g. "ZeRO stage 3"), data parallel over as many GPUs as divide the batch, as FSDP and
+    DeepSpeed run. --tp without --dp: data parallel replicas = GPUs / (tp x pp). Every default is stated in the
+    output."""
     for value, flag in ((tp, "--tp"), (pp, "--pp"), (dp, "--dp")):
         _check_degree(value, flag)
     note = None
@@ -64,11 +65,14 @@ def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp
             if divides:
                 break
             if pipeline_fallback and pp == 1 and dp is None and not shard_states:
-                # no data-parallel degree takes the batch: the rest as pipeline stages (vLLM's advice for GPUs past
-                # one node's tensor parallelism: tensor parallel within, pipeline across)
+                # no data-parallel degree takes the batch: the fewest pipeline stages whose replicas' count does
+                # (vLLM's advice for GPUs past one node's tensor parallelism: tensor parallel within, pipeline across)
                 tp_in = max(t for t in in_node if fit(t))
-                if free // tp_in > 1:
-                    divides, pp, free, staged = [tp_in], free // tp_in, tp_in, True
+                rest = free // tp_in
+                stages = next((p for p in _divisors(rest) if p > 1 and (batch is None or batch % (rest // p) == 0)
+                               and (tp_in * (rest // p)) % ep == 0), None)
+                if stages is not None:
+                    divides, pp, free, staged = [tp_in], stages, tp_in * (rest // stages), True
                     break
         sharded = divides if shard_states else []
         tp = min(sharded) if sharded else max(divides or [t for t in in_node if fit(t)])
@@ -76,7 +80,8 @@ def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp
         if gpus > 1:
             note = f"default plan for {device_name}: tensor parallel {tp} x pipeline {pp} x data parallel {dp}" + (
                 f" ({shard_states} shards over the data-parallel ranks: as many as divide the batch)" if sharded
-                else f" (pipeline stages over the rest: no data-parallel degree divides batch {batch})" if staged
+                else f" (pipeline stages: no data-parallel degree of one-stage replicas divides batch {batch})"
+                if staged
                 else f" (tensor parallel inside a node of {node} GPUs)" if free > node and tp <= node else
                 " (tensor parallel across nodes: no degree inside one takes the batch)" if tp > node else "")
     elif dp is None:

@@ -125,7 +125,7 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     plan, plan_notes = choose_plan(config, dev.count, dev.name, batch, request.tp, request.pp, request.dp, tp_scope,
                                   rt.replicate_kv_heads, shard_states, gpu_name=dev.gpu.name,
                                   node_gpus=catalog.node_gpus(dev), cross_node=catalog.spans_nodes(dev),
-                                  pipeline_fallback=phase not in TRAIN_PHASES)
+                                  pipeline_fallback=phase not in TRAIN_PHASES, ep=request.ep)
     if dev.system is None and dev.gpu.nvlink_kind == "switch" and plan.tp > catalog.node_gpus(dev):
         raise AisimError(f"tensor parallel {plan.tp} on {dev.name}: one host joins at most {catalog.node_gpus(dev)} "
                          f"{dev.gpu.name} GPUs and no multi-node system file of them prices the network between "

@@ -551,3 +551,16 @@ def test_tensor_parallel_past_one_host_without_a_network_file_is_refused():
 
     with pytest.raises(AisimError, match="one host joins at most 8 h200 GPUs"):
         aisim.estimate("Meta-Llama-3-70B", "h200x16", workload="decode", batch=64, seq=2048, runtime="vllm", tp=16)
+
+
+def test_pipeline_fallback_takes_the_fewest_stages_whose_replicas_divide_the_batch():
+    """Llama-3-70B batch 2 on four 8-GPU nodes: tp 8 x pp 2 x dp 2 (the fallback put every GPU in stages, pp 4, where
+    two replicas of two stages take batch 2, and faster); with --ep 8 on h100x8 the fallback that cannot hold the
+    expert group is not taken (the default plan's own error stays)."""
+    import aisim
+    from aisim.errors import AisimError
+
+    e = aisim.estimate("Meta-Llama-3-70B", "h100x32", workload="decode", batch=2, seq=512, top_ops=None)
+    assert (e.plan.tp, e.plan.pp, e.plan.dp) == (8, 2, 2)
+    with pytest.raises(AisimError, match="default plan for h100x8: tensor parallel 4 x pipeline 1 x data parallel 2"):
+        aisim.estimate("Qwen3-30B-A3B", "h100x8", workload="decode", batch=1, seq=512, ep=8)

@@ -343,7 +343,8 @@ TRTLLM_COMMAND = ("Command: `aisim validate --reference trtllm-perf` (one row: `
 
 VLLM_SERVE_TEXT = (
     "aisim's vllm profile prices these runs as an engine at its kernels' speed: its throughputs are 1.4-4.9x the "
-    "measured ones, its mean TTFT 29-76% and mean TPOT 5-79% short, on the calibrated H100 more than on the A100. The same profile's "
+    "measured ones, its mean TTFT 29-76% and mean TPOT 5-79% short, on the calibrated H100 more than on the A100. "
+    "The same profile's "
     "step costs match TensorRT-LLM's static batches (above) and the GEMMs of a graph-replayed decode step (below), "
     "so these runs point at what aisim leaves out, which of them dominates not known here: the engine's host work "
     "per step with 1,000 requests in flight (V1's scheduler and output processing; the pages' --async-scheduling, "

@@ -142,9 +142,11 @@ def kv_capacity(sc: Scenario, block_size: int, max_batched_tokens: int, utilizat
                   f"under one block of {block_size} tokens at {per_token / 1e6:.3f} MB per token)")
         count, split = sc.device.count, sc.plan.tp * sc.plan.pp
         need = split * 2 ** math.ceil(math.log2(max(weights / max(usable, 1.0), 1.0) * 1.0001))
-        raise DoesNotFit(detail, (f"split each replica over more of the device's {count} GPUs (--tp x --pp >= "
-                                  f"{min(need, count)}, e.g. --tp {min(need, count, 8)})" if count > split
-                                  else "use more GPUs (--tp, --pp)") + ", a smaller --quant or a larger GPU")
+        tp_hint = min(need, 8)
+        example = f"--tp {tp_hint}" + (f" --pp {need // tp_hint}" if need > tp_hint else "")
+        raise DoesNotFit(detail, (f"split each replica over more of the device's {count} GPUs (--tp x --pp >= {need}, "
+                                  f"e.g. {example})" if split < need <= count else "use more GPUs (--tp, --pp)")
+                         + ", a smaller --quant or a larger GPU")
     if sliding:   # one engine block = block_size tokens of one KV group of dims.layers / (full + sliding) layers
         return KvCapacity(int(tokens * (full + sliding) // block_size), blocks * block_size, per_token, budget,
                           weights, how, full, sliding, window_blocks)
