@@ -57,23 +57,25 @@ def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp
         wider = [t for t in _divisors(free) if t > node and t % node == 0] if cross_node else []
         takes = lambda t: batch is None or batch % (given_dp * (free // t)) == 0   # noqa: E731
         fit = lambda t: all(v % t == 0 for v in dims.values())   # noqa: E731
-        staged = False
-        for degrees in (in_node, wider):   # inside a node first; across nodes only where nothing there takes the batch
-            divides = [t for t in degrees if fit(t) and takes(t)]
-            if not divides and replicate_kv:   # batch 1 on 8 GPUs of a 4-KV-head model: tp 8, KV heads replicated
-                divides = [t for t in degrees if _replicates(config, t, tp_scope) and takes(t)]
-            if divides:
-                break
-            if pipeline_fallback and pp == 1 and dp is None and not shard_states:
-                # no data-parallel degree takes the batch: the fewest pipeline stages whose replicas' count does
-                # (vLLM's advice for GPUs past one node's tensor parallelism: tensor parallel within, pipeline across)
-                tp_in = max(t for t in in_node if fit(t))
-                rest = free // tp_in
-                stages = next((p for p in _divisors(rest) if p > 1 and (batch is None or batch % (rest // p) == 0)
-                               and (tp_in * (rest // p)) % ep == 0), None)
-                if stages is not None:
-                    divides, pp, free, staged = [tp_in], stages, tp_in * (rest // stages), True
-                    break
+
+        def taking(degrees: list[int]) -> list[int]:
+            found = [t for t in degrees if fit(t) and takes(t)]
+            if not found and replicate_kv:   # batch 1 on 8 GPUs of a 4-KV-head model: tp 8, KV heads replicated
+                found = [t for t in degrees if _replicates(config, t, tp_scope) and takes(t)]
+            return found
+
+        divides, staged = taking(in_node), False   # inside a node first
+        if not divides and pipeline_fallback and pp == 1 and dp is None and not shard_states:
+            # no data-parallel degree takes the batch: the fewest pipeline stages whose replicas' count does
+            # (vLLM's advice for GPUs past one node's tensor parallelism: tensor parallel within, pipeline across)
+            tp_in = max(t for t in in_node if fit(t))
+            rest = free // tp_in
+            stages = next((p for p in _divisors(rest) if p > 1 and (batch is None or batch % (rest // p) == 0)
+                           and (tp_in * (rest // p)) % ep == 0), None)
+            if stages is not None:
+                divides, pp, free, staged = [tp_in], stages, tp_in * (rest // stages), True
+        if not divides:   # across whole nodes only where nothing inside one takes the batch
+            divides = taking(wider)
         sharded = divides if shard_states else []
         tp = min(sharded) if sharded else max(divides or [t for t in in_node if fit(t)])
         dp = given_dp * (free // tp)

@@ -126,11 +126,12 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
                                   rt.replicate_kv_heads, shard_states, gpu_name=dev.gpu.name,
                                   node_gpus=catalog.node_gpus(dev), cross_node=catalog.spans_nodes(dev),
                                   pipeline_fallback=phase not in TRAIN_PHASES, ep=request.ep)
-    if dev.system is None and dev.gpu.nvlink_kind == "switch" and plan.tp > catalog.node_gpus(dev):
-        raise AisimError(f"tensor parallel {plan.tp} on {dev.name}: one host joins at most {catalog.node_gpus(dev)} "
-                         f"{dev.gpu.name} GPUs and no multi-node system file of them prices the network between "
-                         f"hosts; keep --tp <= {catalog.node_gpus(dev)} (--pp or data parallel across hosts) or add "
-                         "one (gpus_per_node, network) under hardware_specs/systems/")
+    host = catalog.node_gpus(dev)
+    if dev.system is None and dev.gpu.nvlink_kind == "switch" and plan.tp > host:
+        raise AisimError(f"tensor parallel {plan.tp} on {dev.name}: one host joins at most {host} {dev.gpu.name} "
+                         "GPUs and no multi-node system file of them prices the network between hosts; keep --tp "
+                         f"<= {host} (--pp or data parallel across hosts) or add one (gpus_per_node, network) under "
+                         "hardware_specs/systems/")
     from .graph.engine import moe_routing
 
     plan = plan.model_copy(update={"ep": check_ep(config, plan, request.ep),

@@ -13,6 +13,8 @@ TOP_OPS = 12
 
 NOT_FIT_HINT = ("use more GPUs (--tp, --pp), a smaller --batch or --seq, --quant or --kv-dtype fp8, or a GPU with "
                 "more memory")
+
+
 def train_not_fit_hint(zero: int, recompute: str, micro_batch: int, fsdp: str = "none") -> str:
     """What a training step that does not fit can change (--quant and --kv-dtype are refused there), less what the
     plan already does: full sharding (ZeRO 3 or --fsdp full), full recompute, a micro-batch of 1."""

@@ -7,10 +7,8 @@ A replica is the scenario's plan (tp x pp GPUs); the device's other GPUs hold mo
 """
 from __future__ import annotations
 
-import math
-
 from dataclasses import dataclass, replace
-from math import gcd
+from math import ceil, gcd, log2
 from typing import Any
 
 import numpy as np
@@ -141,7 +139,7 @@ def kv_capacity(sc: Scenario, block_size: int, max_batched_tokens: int, utilizat
                   f"{sc.model} on {where} leaves no room for a KV cache ({how} leaves {max(budget, 0.0) / 1e9:.2f} GB, "
                   f"under one block of {block_size} tokens at {per_token / 1e6:.3f} MB per token)")
         count, split = sc.device.count, sc.plan.tp * sc.plan.pp
-        need = split * 2 ** math.ceil(math.log2(max(weights / max(usable, 1.0), 1.0) * 1.0001))
+        need = split * 2 ** ceil(log2(max(weights / max(usable, 1.0), 1.0) * 1.0001))
         tp_hint = min(need, 8)
         example = f"--tp {tp_hint}" + (f" --pp {need // tp_hint}" if need > tp_hint else "")
         raise DoesNotFit(detail, (f"split each replica over more of the device's {count} GPUs (--tp x --pp >= {need}, "
