@@ -292,6 +292,26 @@ def test_committed_microbenchmarks_derive_the_calibrations_host_table(name):
     assert fit["eager_op_host_ratio"]["aten.mm"] > 1.5 > 0.5 > fit["eager_op_host_ratio"]["view"]
 
 
+def test_extra_op_host_runs_fill_the_missing_ops_portably_and_are_printed_only(capsys):
+    """--extra: the H200 host's runs add the ops the H100 file lacks (LayerNorm above one add, the MoE routing ops near
+    one) without touching the ops the H100 file times; the ops both time agree within 20% between the hosts; the
+    refitted framework scale is not the shipped one, and --extra --write is refused (docs/calibration.md)."""
+    from aisim.validation.scripts.derive_op_host import EXTRA, derive, host_table, main, portable_check
+
+    base, extra = host_table(), host_table(extra=EXTRA)
+    assert "aten.native_layer_norm" not in base and extra["aten.native_layer_norm"] > 1.4
+    assert all(0.8 < extra[k] < 1.4 for k in ("aten.floor_divide", "aten.ge.Scalar", "aten.clamp_",
+                                                "aten.masked_fill_.Scalar", "aten.index_put_", "aten.arange"))
+    assert {k: extra[k] for k in base} == base
+    both = portable_check()
+    assert len(both) >= 25 and all(abs(b / a - 1) < 0.2 for a, b in both.values() if a >= 0.5)
+    shipped = load_calibration("h100-sxm").eager_framework_scale
+    assert derive("h100-sxm", with_extra=True)["eager_framework_scale"] != shipped
+    with pytest.raises(SystemExit) as exc:
+        main(["--extra", "--write"])
+    assert exc.value.code == 2 and "printed only" in capsys.readouterr().err
+
+
 def test_per_op_host_table_prices_each_op_by_its_ratio(cal):
     """With eager_op_host_ratio and eager_add_dispatch_s, an op costs add x its ratio (x the framework scale); an op
     the table does not list, the 'kernel' ratio per launch or the 'view' ratio; without the add, the split."""

@@ -37,6 +37,11 @@ def op_calls(device, dtype) -> dict[str, tuple[str, object]]:
     mask = a > 0
     q = torch.randn(1, 8, 1, 64, device=device, dtype=dtype, generator=g)
     kv = torch.randn(1, 8, 16, 64, device=device, dtype=dtype, generator=g)
+    scratch = torch.ones(8, 64, device=device, dtype=dtype)   # the in-place ops' target (its values may run to
+    ids_scratch = ids.clone()                                   # inf or 0: the host cost does not depend on them)
+    perm = torch.randperm(32, device=device, generator=g)
+    inv = torch.empty_like(perm)
+    rows = torch.arange(32, device=device)
     return {
         "add": ("aten.add.Tensor", lambda: torch.add(a, a)),
         "mul": ("aten.mul.Tensor", lambda: a * a),
@@ -69,6 +74,34 @@ def op_calls(device, dtype) -> dict[str, tuple[str, object]]:
         "unsqueeze": ("aten.unsqueeze", lambda: a.unsqueeze(0)),
         "slice": ("aten.slice.Tensor", lambda: a[:, :32]),
         "expand": ("aten.expand", lambda: a.unsqueeze(0).expand(2, 8, 64)),
+        # the rest of what the eager traces hold more than once a step (2026-11-28): LayerNorm models' norms and
+        # activations, the MoE routing of transformers' grouped_mm experts (integrations/moe.py
+        # grouped_mm_experts_forward: perm // top_k, the sentinel mask, clamp_, masked_fill_, the inverse
+        # permutation's index_put_ of an arange), and gpt-oss's / DeepSeek's extra elementwise ops
+        "layer_norm": ("aten.native_layer_norm", lambda: F.layer_norm(a, (64,), b, b)),
+        "relu": ("aten.relu", lambda: F.relu(a)),
+        "tanh": ("aten.tanh", lambda: torch.tanh(a)),
+        "gelu": ("aten.gelu", lambda: F.gelu(a)),
+        "sub": ("aten.sub.Tensor", lambda: a - a),
+        "div_": ("aten.div_.Tensor", lambda: scratch.div_(a)),
+        "add_": ("aten.add_.Tensor", lambda: scratch.add_(a)),
+        "copy_": ("aten.copy_", lambda: scratch.copy_(a)),
+        "clamp": ("aten.clamp", lambda: a.clamp(-1.0, 1.0)),
+        "clamp_": ("aten.clamp_", lambda: ids_scratch.clamp_(max=59)),
+        "masked_fill_": ("aten.masked_fill_.Scalar", lambda: scratch.masked_fill_(mask, 0.0)),
+        "where": ("aten.where.self", lambda: torch.where(mask, a, a)),
+        "max_dim": ("aten.max.dim", lambda: a.max(-1)),
+        "arange": ("aten.arange", lambda: torch.arange(32, device=device)),
+        "zeros": ("aten.zeros", lambda: torch.zeros(8, 64, device=device, dtype=dtype)),
+        "floor_divide": ("aten.floor_divide", lambda: ids // 4),
+        "ge_scalar": ("aten.ge.Scalar", lambda: ids >= 30),
+        "gt_tensor": ("aten.gt.Tensor", lambda: ids > ids),
+        "bitwise_and": ("aten.bitwise_and.Tensor", lambda: mask & mask),
+        "index_put_": ("aten.index_put_", lambda: inv.index_put_((perm,), rows)),
+        "cos": ("aten.cos", lambda: torch.cos(f)),
+        "empty_like": ("aten.empty_like", lambda: torch.empty_like(a)),
+        "split": ("aten.split.Tensor", lambda: a.split(32, -1)),
+        "detach": ("aten.detach", lambda: a.detach()),
     }
 
 
