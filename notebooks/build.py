@@ -62,20 +62,22 @@ SERVING = [
 TRAINING = [
     md("# A training plan: Llama-2-70B on 2T tokens, 256 to 1024 GPUs\n\n`aisim.studies.plan_train` searches "
        "TP x PP x DP x ZeRO stage x recompute x micro-batch on H100 (h100x8-ndr nodes) and A100 (a100x8-hdr "
-       "nodes) and ranks the plans that fit by time to train, with MFU, memory per GPU, $ and MWh. A reduced "
-       "space keeps this near a minute on a CPU; the CLI's defaults search more (`aisim plan train`). Full "
-       "recompute is costed only where no recompute does not fit (it adds a forward and only saves memory)."),
+       "nodes) and ranks the plans that fit by time to train, with MFU, memory per GPU, $ and MWh. The space "
+       "below (tp 1/4/8, pp 1/2/4, ZeRO 1/3, micro-batch 1/2/4) keeps this to seconds on a CPU and holds the "
+       "best plans of the CLI's wider default search (`aisim plan train --model llama-2-70b --tokens 2e12 --seq "
+       "4096 --global-batch 1024 --devices h100,a100 --gpus 256,512,1024`: the same plan per GPU count at 256). "
+       "Full recompute is costed only where no recompute does not fit (it adds a forward and only saves memory)."),
     code("from IPython.display import Image\nfrom aisim import plots\n"
          "from aisim.studies.plan_train import plan_train, plan_train_request\n"
          "req = plan_train_request(model='llama-2-70b', tokens=2e12, seq=4096, global_batch=1024,\n"
-         "                         devices=['h100', 'a100'], gpus=[256, 512, 1024], tp=[4, 8], pp=[2, 4],\n"
-         "                         zero=[1, 3], recompute=['none', 'full'], micro_batch=[1, 2])\n"
+         "                         devices=['h100', 'a100'], gpus=[256, 512, 1024], tp=[1, 4, 8], pp=[1, 2, 4],\n"
+         "                         zero=[1, 3], recompute=['none', 'full'], micro_batch=[1, 2, 4])\n"
          "r = plan_train(req)\n"
          "print(r.considered, 'candidates;', r.pruned, 'pruned;', r.evaluated, 'costed;', r.traces, 'traces')"),
-    code("print(f\"{'device':10} GPUs tp pp   dp ZeRO  MFU  days   GB/GPU        $    MWh\")\n"
+    code("print(f\"{'device':14} GPUs tp pp   dp ZeRO recompute mb  MFU  days GB/GPU          $  MWh\")\n"
          "for c in r.best_per_gpus:\n"
-         "    print(f'{c.device:10} {c.gpus:4} {c.tp:2} {c.pp:2} {c.dp:4} {c.zero:4} {c.mfu:4.0%} {c.time_to_train_days:5.1f}'\n"
-         "          f' {c.memory_per_gpu_gb:8.1f} {c.usd:10,.0f} {c.energy_mwh:6.0f}')"),
+         "    print(f'{c.device:14} {c.gpus:4} {c.tp:2} {c.pp:2} {c.dp:4} {c.zero:4} {c.recompute:>9} {c.micro_batch:2}'\n"
+         "          f' {c.mfu:4.0%} {c.time_to_train_days:5.1f} {c.memory_per_gpu_gb:6.1f} {c.usd:10,.0f} {c.energy_mwh:4.0f}')"),
     code("plots.train_plan_png(r, 'train-plan-llama-2-70b.png')\nImage('train-plan-llama-2-70b.png')"),
 ]
 

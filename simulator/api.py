@@ -256,15 +256,32 @@ def _train(req: EstimateRequest, scenario_fields: dict) -> Estimate:
     fields = dict(scenario_fields, device=multi_node_device(req.device, req.nodes),
                   dtype=PRECISION_DTYPE[plan.precision])
     sharding = (f"ZeRO stage {plan.stage}" if plan.fsdp == "none" else f"FSDP {plan.fsdp}") if plan.stage else None
-    sc = resolve_scenario(ScenarioRequest.model_construct(**fields), "train", req.batch, sharding)
+    train_req = TrainRequest(batch=req.batch, seq=req.seq, plan=plan, token_budget=req.token_budget)
+    result = None
+    if sharding is None and req.tp is None and req.pp == 1 and req.dp is None:
+        # plain DDP with no plan given: data parallel first where a replica's step fits (a model that fits one GPU
+        # trains as torchrun / Lightning run it, every GPU a replica); else tensor parallel first (Megatron)
+        ddp = resolve_scenario(ScenarioRequest.model_construct(**fields), "train", req.batch,
+                               "DDP: data parallel first, each replica's step fits one GPU")
+        if ddp.plan.tp > 1 or ddp.plan.gpus == 1:
+            result = None
+        else:
+            _runtime_trains(ddp)
+            result = train_estimate(ddp, train_req)
+            result = result if result.fits else None
+    if result is None:
+        sc = resolve_scenario(ScenarioRequest.model_construct(**fields), "train", req.batch, sharding)
+        _runtime_trains(sc)
+        result = train_estimate(sc, train_req)
+    return result if req.top_ops is None else result.model_copy(update={"top_ops": result.top_ops[:req.top_ops]})
+
+
+def _runtime_trains(sc) -> None:
     if sc.runtime.name not in TRAIN_RUNTIMES:
         from .errors import AisimError
 
         raise AisimError(f"--runtime {sc.runtime.name} is an inference runtime: a training step runs in eager "
                          f"PyTorch ({', '.join(TRAIN_RUNTIMES)}); drop --runtime")
-    result = train_estimate(sc, TrainRequest(batch=req.batch, seq=req.seq, plan=plan,
-                                             token_budget=req.token_budget))
-    return result if req.top_ops is None else result.model_copy(update={"top_ops": result.top_ops[:req.top_ops]})
 
 
 def serve_bench(model: Union[str, Path], device: Union[str, Path, Device], shards: list[int], batches: list[int],

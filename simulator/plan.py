@@ -48,8 +48,8 @@ def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp
     if tp is None:
         given_dp = dp or 1
         if gpus % (pp * given_dp):
-            raise AisimError(f"--pp {pp} x --dp {given_dp} = {pp * given_dp} does not divide the {gpus} GPUs of "
-                             f"{device_name}")
+            raise AisimError((f"--pp {pp} x --dp {given_dp} = {pp * given_dp}" if dp else f"--pp {pp}")
+                             + f" does not divide the {gpus} GPUs of {device_name}")
         free = gpus // (pp * given_dp)
         dims = tp_dims(config, tp_scope)
         node = min(node_gpus or free, free)
@@ -81,7 +81,8 @@ def choose_plan(config: dict, gpus: int, device_name: str, batch: int | None, tp
         dp = given_dp * (free // tp)
         if gpus > 1:
             note = f"default plan for {device_name}: tensor parallel {tp} x pipeline {pp} x data parallel {dp}" + (
-                f" ({shard_states} shards over the data-parallel ranks: as many as divide the batch)" if sharded
+                (f" ({shard_states} shards over the data-parallel ranks: as many as divide the batch)"
+                 if not shard_states.startswith("DDP") else f" ({shard_states})") if sharded
                 else f" (pipeline stages: no data-parallel degree of one-stage replicas divides batch {batch})"
                 if staged
                 else f" (tensor parallel inside a node of {node} GPUs)" if free > node and tp <= node else

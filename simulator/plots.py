@@ -143,6 +143,8 @@ def train_plan_png(result, path) -> Path:
     ax.set_xscale("log")
     ax.set_xlabel("time to train (days)")
     ax.set_ylabel("cost ($, GPU-hours x price)")
-    ax.set_title(f"{result.model}: {result.tokens:.3g} tokens, seq {result.seq}, batch {result.global_batch}")
+    ax.set_title(f"{result.model}: {result.tokens:.3g} tokens, seq {result.seq}, batch {result.global_batch}\n"
+                 f"marker area by GPU count ({', '.join(str(g) for g in sorted({c.gpus for c in result.ranked}))})",
+                 fontsize=10)
     ax.legend(fontsize=8)
     return _save(fig, path)

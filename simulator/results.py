@@ -48,6 +48,26 @@ class SpeechPhase(BaseModel):
     on: str = Field("gpu", description="gpu (estimated) or cpu (not modelled)")
 
 
+class TrainFigures(BaseModel):
+    """A training step's plan and figures beside the Estimate's runtime and memory (``aisim estimate --workload
+    train``): what ``aisim plan train`` reports per plan."""
+    precision: str = Field(description="Lightning's name: bf16-mixed, 16-mixed, bf16-true, 16-true, 32-true")
+    zero_stage: int
+    fsdp: str
+    recompute: str
+    optimizer: str
+    micro_batch: int
+    grad_accum: int
+    pp_schedule: str
+    tokens_per_step: int
+    tokens_per_s_per_gpu: float | None
+    model_tflops_per_gpu: float | None = Field(description="6 N + causal attention FLOPs per token x tokens/s / GPUs")
+    hardware_tflops_per_gpu: float | None = Field(description="traced FLOPs (recompute included) / step / GPUs")
+    mfu: float | None = Field(description="model TFLOP/s per GPU / mfu_peak_tflops")
+    mfu_peak_tflops: float = Field(description="the GPU's dense peak in the precision's compute dtype")
+    time_to_train_s: float | None = None
+
+
 class Estimate(BaseModel):
     """Top level of ``aisim estimate --json``. Runtime is per step of the workload; memory is the peak per GPU."""
     model: str
@@ -80,3 +100,4 @@ class Estimate(BaseModel):
                                          "GPU's file given with --calibration)")
     assumptions: list[str] = Field(default_factory=list)
     not_fit_reason: str | None = None
+    training: TrainFigures | None = Field(None, description="train workload: the plan and its figures")

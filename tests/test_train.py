@@ -289,7 +289,9 @@ def test_zero_without_data_parallel_ranks_says_it_changes_nothing():
 
 def test_a_sharded_training_plan_defaults_to_data_parallel():
     """ZeRO / FSDP shard over the data-parallel ranks: with no --tp the default plan is data parallel over as many
-    GPUs as divide the batch (it was tensor parallel 8, where ZeRO changed nothing); plain DDP keeps the default."""
+    GPUs as divide the batch (it was tensor parallel 8, where ZeRO changed nothing). Plain DDP: data parallel first
+    where a replica's whole step fits one GPU (bf16-true Llama-3-8B: 80.3 of 82.6 GB), else tensor parallel first
+    (bf16-mixed: fp32 weights, gradients and DDP's buckets, 160 GB a replica)."""
     from aisim.api import estimate
     from aisim.workload import TrainPlan
 
@@ -300,8 +302,13 @@ def test_a_sharded_training_plan_defaults_to_data_parallel():
     fsdp = estimate("Meta-Llama-3-8B", "h100x8", batch=4, train=TrainPlan(precision="bf16-true", fsdp="full"), **kw)
     assert (fsdp.plan.tp, fsdp.plan.dp) == (2, 4)
     ddp = estimate("Meta-Llama-3-8B", "h100x8", batch=8, train=TrainPlan(precision="bf16-true"), **kw)
-    assert (ddp.plan.tp, ddp.plan.dp) == (8, 1)
+    assert (ddp.plan.tp, ddp.plan.dp) == (1, 8) and ddp.fits and any("DDP: data parallel first" in a
+                                                                      for a in ddp.assumptions)
     assert zero3.memory.total_gb < ddp.memory.total_gb
+    mixed = estimate("Meta-Llama-3-8B", "h100x8", batch=8, train=TrainPlan(precision="bf16-mixed"), **kw)
+    assert (mixed.plan.tp, mixed.plan.dp) == (8, 1) and mixed.fits
+    assert not estimate("Meta-Llama-3-8B", "h100x8", batch=8, train=TrainPlan(precision="bf16-mixed"), tp=1,
+                        **kw).fits
 
 
 def test_the_fit_check_counts_the_cuda_context_and_nccls_buffers():

@@ -123,6 +123,11 @@ def train_breakdown(graph: Graph, w: Workload, tp_plan, dp: int, device: Device,
     if stage >= 1 and weight_b != compute_b and tp_plan.fsdp == "none":
         # DeepSpeed-style ZeRO: compute-dtype model weights (sharded at stage 3) + fp32 master copy (sharded)
         weights = on_gpu(3) * compute_b + on_gpu(1) * weight_b
+    elif tp_plan.fsdp == "grad-op":
+        # SHARD_GRAD_OP (FSDP2 reshard_after_forward=False): the parameters are stored sharded in their own dtype and
+        # all-gathered in the compute dtype before forward, the unsharded copy kept until after backward (PyTorch's
+        # fully_shard docstring: "False ... keeps the unsharded parameters in memory after forward")
+        weights = kept_params(parts, 3, 3) * weight_b + p * compute_b
     optimizer = ADAM_STATES * weight_b * on_gpu(1) if w.optimizer == "adamw" else 0.0
     # in the traced weights' dtype; the stage's share of the traced parameters
     traced_grads = 0.0 if w.grad_release else graph.param_bytes * p / max(graph.param_count, 1)

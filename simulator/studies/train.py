@@ -108,6 +108,9 @@ def micro_batching(batch: int, dp: int, plan: TrainPlan) -> tuple[int, int]:
                          f"{dp}")
     local = batch // dp
     if plan.micro_batch is not None:
+        if plan.micro_batch > local:
+            raise AisimError(f"--micro-batch {plan.micro_batch} exceeds the {local} sequences per replica (batch "
+                             f"{batch} / dp {dp}); give at most {local}")
         if local % plan.micro_batch:
             raise AisimError(f"--micro-batch {plan.micro_batch} does not divide the {local} sequences per replica "
                              f"(batch {batch} / dp {dp})")
@@ -165,6 +168,12 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
                      + "; the model as shipped was not trained there")
     cal = calibration_note(sc)
     notes += [cal] if cal else []
+    parts = (memory.weights_gb + memory.activations_gb + memory.gradients_gb + memory.optimizer_gb
+             + memory.workspace_gb)
+    if parts > memory.total_gb * 1.01:
+        notes.append(f"memory: each part is shown at its own largest; they add to {parts:.2f} GB, the peak is "
+                     f"{memory.total_gb:.2f} GB (activations peak at the forward's end, before this micro-batch's "
+                     "gradients exist; the gradients grow as the backward frees activations)")
     tokens = req.batch * req.seq
     reason = not_fit_reason(memory, sc.device.gpu.name, train_not_fit_hint(plan.stage, plan.recompute, b, plan.fsdp))
     rows = [r.model_copy(update={"count": round(r.count * m), "flops": r.flops * m, "bytes": r.bytes * m,
@@ -184,6 +193,8 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     comm = dp_comm(sc, graph, plan, m, t_mb * (1 - bwd_frac), t_mb * bwd_frac, w.autocast, groups)
     p2p_s = pipeline_p2p(sc, b, req.seq, compute_b, plan) if par.pp > 1 else 0.0
     step_s = compute_s + comm.exposed_s + opt.time_s + p2p_s
+    # tensor-parallel collectives run inside the micro-batches' compute (their time is in compute_ms)
+    tp_comm_ms = sum(r.time_ms for r in rows if r.name.startswith("nccl."))
     rows += comm.rows + opt.rows
     rows = sorted((r.model_copy(update={"share": r.time_ms / (step_s * MS_PER_S)}) for r in rows),
                   key=lambda r: -r.time_ms)
@@ -196,7 +207,8 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     idle_w = waiting_power_w(sc.device.gpu, sc.calibration)
     busy_j = mb.energy_j - idle_w * (par.pp - 1) * t_mb * gpus   # the stages ran one after another in mb
     energy_j = m * busy_j + idle_w * gpus * max(step_s - m * t_mb, 0.0)
-    phases = {"compute_ms": m * t_mb * MS_PER_S, "bubble_ms": (compute_s - m * t_mb) * MS_PER_S,
+    phases = {"compute_ms": m * t_mb * MS_PER_S, "tp_comm_in_compute_ms": tp_comm_ms,
+              "bubble_ms": (compute_s - m * t_mb) * MS_PER_S,
               "exposed_comm_ms": (comm.exposed_s + p2p_s) * MS_PER_S, "comm_total_ms": comm.total_s * MS_PER_S,
               "optimizer_ms": opt.time_s * MS_PER_S}
     return TrainResult(
@@ -327,7 +339,7 @@ def train_estimate(sc: Scenario, req: TrainRequest):
     """The training step as an aisim.results.Estimate (what ``aisim estimate --workload train`` prints): runtime =
     one optimizer step, phases = compute / bubble / exposed communication / optimizer, the DP collectives as op
     rows, MFU and time to train among the notes."""
-    from ..results import Estimate
+    from ..results import Estimate, TrainFigures
     from ..workload import Workload
 
     if req.plan.pp_schedule == "interleaved" and sc.plan.pp == 1:
@@ -339,10 +351,12 @@ def train_estimate(sc: Scenario, req: TrainRequest):
     w = Workload(phase="train", batch=req.batch, seq=req.seq, dtype=options["dtype"], autocast=options["autocast"],
                  recompute=req.plan.recompute, grad_release=options["grad_release"])
     notes = list(r.assumptions)
+    dtype = PRECISION_DTYPE[req.plan.precision]
+    peak_tflops = sc.device.gpu.peak_for(dtype) / 1e12
     if r.fits:
-        notes.append(f"MFU {r.mfu:.1%} (model FLOPs 6 N + causal attention per token; "
-                     f"{r.model_tflops_per_gpu:.0f} TFLOP/s per GPU), hardware {r.hardware_tflops_per_gpu:.0f} "
-                     "TFLOP/s per GPU (traced FLOPs, recompute included)")
+        notes.append(f"MFU {r.mfu:.1%} of the {dtype} dense peak, {peak_tflops:.0f} TFLOP/s (model FLOPs 6 N + causal "
+                     f"attention per token; {r.model_tflops_per_gpu:.0f} TFLOP/s per GPU), hardware "
+                     f"{r.hardware_tflops_per_gpu:.0f} TFLOP/s per GPU (traced FLOPs, recompute included)")
         if r.time_to_train_s is not None:
             notes.append(f"time to train {req.token_budget:.3g} tokens: {r.time_to_train_s / 86400:.2f} days")
     step_s = (r.step_ms or 0.0) / MS_PER_S
@@ -354,4 +368,11 @@ def train_estimate(sc: Scenario, req: TrainRequest):
                     tokens=r.tokens_per_step, fits=r.fits,
                     flops=r.flops_per_gpu, bytes=r.bytes_per_gpu, phases=r.phases,
                     top_ops=r.top_ops, unknown_ops=r.unknown_ops, calibrated=sc.calibration_is_own,
-                    assumptions=notes, not_fit_reason=r.not_fit_reason)
+                    assumptions=notes, not_fit_reason=r.not_fit_reason,
+                    training=TrainFigures(
+                        precision=req.plan.precision, zero_stage=req.plan.stage, fsdp=req.plan.fsdp,
+                        recompute=req.plan.recompute, optimizer=sc.optimizer, micro_batch=r.micro_batch,
+                        grad_accum=r.grad_accum, pp_schedule=req.plan.pp_schedule, tokens_per_step=r.tokens_per_step,
+                        tokens_per_s_per_gpu=r.tokens_per_s_per_gpu, model_tflops_per_gpu=r.model_tflops_per_gpu,
+                        hardware_tflops_per_gpu=r.hardware_tflops_per_gpu, mfu=r.mfu, mfu_peak_tflops=peak_tflops,
+                        time_to_train_s=r.time_to_train_s))
