@@ -86,7 +86,10 @@ def resolve_device(name) -> Device:
         return nodes
     match = _MULTI.match(text)
     if match and text not in _gpu_index():
-        gpu, count = resolve_gpu(match["gpu"]), int(match["n"])
+        # a GPU whose name ends in x (mi300x) written NAMEN after it: mi300x8 is mi300x x 8
+        base = match["gpu"] if match["gpu"] in _gpu_index() or f"{match['gpu']}x" not in _gpu_index() \
+            else f"{match['gpu']}x"
+        gpu, count = resolve_gpu(base), int(match["n"])
         if not 1 <= count <= MAX_GPUS:
             raise AisimError(f"device {name!r}: the GPU count must be between 1 and {MAX_GPUS}")
         nodes = _nodes_of_gpus(gpu, count, text)

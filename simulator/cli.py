@@ -310,7 +310,8 @@ def serve(
     device: str = typer.Option(..., "--device", "-d", help="GPU, NAMExN or system; GPUs beyond tp x pp hold replicas"),
     dtype: str = typer.Option("auto", help="auto (as the engine picks it from config.json's torch_dtype and the "
                               "GPU) | fp16 | bf16 | fp32"),
-    tp: Optional[int] = typer.Option(None, help="tensor parallel degree of a replica (default 1)"),
+    tp: Optional[int] = typer.Option(None, help="tensor parallel degree of a replica (default: 1; on a device of "
+                                     "several GPUs the smallest power of two a replica fits at)"),
     pp: int = typer.Option(1, help="pipeline parallel degree of a replica"),
     ep: int = typer.Option(1, "--ep", help="MoE expert parallel degree: experts spread over ep GPUs (within a "
                            "replica's tp GPUs, or, vllm, beyond them over data-parallel ranks stepping together: "
@@ -482,7 +483,8 @@ def plan_serve_cmd(
                                  "fp8"),
     num_requests: int = typer.Option(400, "--num-requests", help="requests per simulation"),
     arrival: str = typer.Option("poisson", help="poisson or gamma:CV (CV > 1: bursty arrivals), as serve's"),
-    tp: str = typer.Option("1,2,4,8", "--tp", help="comma-separated tensor-parallel degrees of a replica to search"),
+    tp: str = typer.Option("", "--tp", help="comma-separated tensor-parallel degrees of a replica to search "
+                           "(default: 1, 2, 4, 8 and each power of two up to --max-gpus)"),
     expert_parallel: bool = typer.Option(False, "--enable-expert-parallel",
                                          help="MoE: experts spread over each replica's tp GPUs, as vLLM's flag"),
     power_limit: Optional[float] = typer.Option(None, "--power-limit", help="board power limit of every GPU in W"),
@@ -506,7 +508,7 @@ def plan_serve_cmd(
                            runtimes=[r.strip() for r in runtimes.split(",") if r.strip()], rate_per_s=rate,
                            input_len=input_len, output_len=output_len, slo=parse_slo(slo), max_gpus=max_gpus,
                            dtype=dtype, quant=quant, kv_dtype=kv_dtype, num_requests=num_requests,
-                           arrival=arrival, prices=_prices(price, price_file), tp=_ints(tp, "--tp"),
+                           arrival=arrival, prices=_prices(price, price_file), tp=_ints(tp, "--tp") if tp else None,
                            enable_expert_parallel=expert_parallel, power_limit_w=power_limit,
                            gpu_clock_mhz=gpu_clock, electricity_usd_per_kwh=electricity, pue=pue,
                            grid_g_co2_per_kwh=grid)

@@ -124,7 +124,9 @@ def quantized(cost: Cost, op: Op, quant: str) -> Cost:
     inside the kernel taken as free; bitsandbytes LLM.int8 is expanded into its own ops by graph.engine)."""
     weight = op.attrs.get("weight_bytes", 0.0)
     # routed expert GEMMs price their stored width themselves (_grouped_mm, moe weight_element_bytes)
-    if quant not in QUANT_BYTES_PER_WEIGHT or cost.kind != "gemm" or not weight or "moe" in op.attrs:
+    # the LM head stays 16-bit (cost.memory.weight_bytes; bitsandbytes, AWQ/GPTQ checkpoints and vLLM's fp8 leave it)
+    if (quant not in QUANT_BYTES_PER_WEIGHT or cost.kind != "gemm" or not weight or "moe" in op.attrs
+            or op.scope.endswith("lm_head")):
         return cost
     w = op.inputs[-1] if op.inputs else None     # the weight operand: mm(x, w_t), addmm(bias, x, w_t)
     element = w.nbytes / max(w.numel, 1) if w is not None else 2.0

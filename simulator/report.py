@@ -266,15 +266,17 @@ def print_plan(result) -> None:
     # the latency columns are the SLO's own metrics where it names one (p90 TTFT, ...), else the medians
     ttft = next((k for k in result.slo if "ttft" in k), "median_ttft_ms")
     tpot = next((k for k in result.slo if "tpot" in k), "median_tpot_ms")
+    extra = [k for k in result.slo if k not in (ttft, tpot)]   # the SLO's other limits (e2el, itl, a 2nd TTFT)
     for col in ("device", "runtime", "tp x replicas", "max seqs", "GPUs", _metric_label(ttft), _metric_label(tpot),
-                "tok/s/GPU", "max tok/s/GPU", "$/hour", "$/M out tok", "J/tok", "kWh/day"):
+                *map(_metric_label, extra), "tok/s/GPU", "max tok/s/GPU", "$/hour", "$/M out tok", "J/tok",
+                "kWh/day"):
         table.add_column(col, justify="right")
     if not result.cheapest_per_device:
         console.print("[red]no configuration meets the SLOs within --max-gpus[/]; why, per GPU and runtime:")
     for c in result.cheapest_per_device.values():
         table.add_row(c.device, c.runtime, f"{c.tp} x {c.replicas}", str(c.max_num_seqs), str(c.gpus),
                       _fmt(_metric(c.metrics, ttft)), _fmt(_metric(c.metrics, tpot)),
-                      _fmt(c.output_tokens_per_s_per_gpu, 1), _fmt(c.max_output_tokens_per_s_per_gpu, 1),
+                      *(_fmt(_metric(c.metrics, k)) for k in extra), _fmt(c.output_tokens_per_s_per_gpu, 1), _fmt(c.max_output_tokens_per_s_per_gpu, 1),
                       _fmt(c.usd_per_hour),
                       _fmt(c.usd_per_million_output_tokens, 3), _fmt(c.joules_per_output_token, 3),
                       _fmt(c.kwh_per_day, 1))

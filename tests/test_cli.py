@@ -185,6 +185,33 @@ def test_options_a_workload_would_ignore_are_refused(args, message):
     assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output
 
 
+def test_weight_only_quant_keeps_the_lm_head_16_bit_and_streams_no_faster_than_a_copy():
+    """--quant int4 reads the linear layers at 4 bits and the LM head at 16 (as the weight memory counts it: the
+    head's GEMM costs what it does unquantized); replayed from a CUDA graph (vllm), no GEMM streams its bytes faster
+    than the calibration's best large copy (the memory curve's plateau; it read 96% of H100's bandwidth before)."""
+    import aisim
+    from aisim import step
+    from aisim.api import ScenarioRequest, build_request, resolve_scenario
+    from aisim.workload import Workload
+
+    costs = {}
+    for quant in ("none", "int4"):
+        sc = resolve_scenario(build_request(ScenarioRequest, model="Meta-Llama-3-8B", device="h100", dtype="bf16",
+                                            runtime="vllm", quant=quant), "decode", 1)
+        a = step.op_arrays(sc, Workload(phase="decode", batch=1, seq=640, dtype="bf16", quant=quant))
+        costs[quant] = {op.scope: c for op, c in zip(a.ops, a.costs) if op.name == "aten.mm"}
+    head = next(k for k in costs["none"] if k.endswith("lm_head"))
+    assert costs["int4"][head] == costs["none"][head]
+    down = next(k for k in costs["none"] if k.endswith("down_proj"))
+    assert costs["int4"][down].bytes < 0.3 * costs["none"][down].bytes
+    e = aisim.estimate("Meta-Llama-3-8B", "h100", workload="decode", batch=1, seq=640, dtype="bf16", runtime="vllm",
+                       quant="int4")
+    mm = next(o for o in e.top_ops if o.name == "aten.mm")
+    cal = resolve_scenario(build_request(ScenarioRequest, model="Meta-Llama-3-8B", device="h100"), "decode").calibration
+    plateau = max(cal.memory_efficiency.efficiency)
+    assert mm.bytes / (mm.time_ms / 1e3) <= 3.35e12 * plateau * 1.001
+
+
 def test_the_title_names_the_weight_quantization():
     result = runner.invoke(app, ["estimate", "--model", "opt-125m", "--device", "h100", "--workload", "decode",
                                  "--quant", "fp8"])

@@ -631,8 +631,44 @@ def test_save_result_writes_vllms_flat_result_json(tmp_path):
 def test_serve_json_that_does_not_fit_prints_the_answer_as_json():
     """serve --json for a model too large printed nothing on stdout (estimate --json prints fits: false); the hint
     names the device's own GPU count."""
-    r = runner.invoke(app, ["serve", "--model", "Meta-Llama-3-70B", "--device", "h100x2", "--json",
+    r = runner.invoke(app, ["serve", "--model", "Meta-Llama-3-70B", "--device", "h100x2", "--tp", "1", "--json",
                             "--num-requests", "10"])
     assert r.exit_code == 1
     out = json.loads(r.stdout[r.stdout.index("{"):])
     assert out["fits"] is False and "141.11 GB per GPU" in out["does_not_fit"] and "--tp 2" in out["hint"]
+
+
+def test_serve_picks_the_smallest_tp_a_replica_fits_at_and_says_so():
+    """New-user test: Llama-3-70B on h100x8 with no --tp was 'does not fit' at tp 1 (exit 1), where estimate filled
+    the device; now the smallest power-of-two degree that fits (2), the other GPUs replicas, with a note. --tp given
+    or one GPU: as asked, the refusal unchanged."""
+    args = ["serve", "--model", "llama-3-70b", "--runtime", "vllm", "--num-requests", "20", "--rate", "inf",
+            "--input-len", "128", "--output-len", "8", "--json"]
+    r = runner.invoke(app, [*args, "--device", "h100x8"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["plan"]["tp"] == 2 and out["replicas"] == 4
+    assert any(a.startswith("--tp not given: tp 2") for a in out["assumptions"])
+    r = runner.invoke(app, [*args, "--device", "h100x8", "--tp", "1"])
+    assert r.exit_code == 1 and "fits" in r.output and "false" in r.output
+
+
+def test_a_long_idle_gap_makes_no_per_second_array_and_bad_plan_serve_input_is_one_line():
+    """New-user test: --rate 1e-9 allocated 50 GiB (the peak-throughput buckets, one per simulated second); an
+    unknown runtime in plan serve is named with close matches; a limit given twice is refused."""
+    r = runner.invoke(app, ["serve", "--model", "opt-125m", "--device", "h100", "--num-requests", "3", "--rate",
+                            "1e-9", "--input-len", "16", "--output-len", "4", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["metrics"]["max_output_tokens_per_s"] >= 1
+    base = ["plan", "serve", "--model", "opt-125m", "--devices", "h100", "--rate", "1"]
+    r = runner.invoke(app, [*base, "--runtimes", "vllm,vlm"])
+    assert r.exit_code == 2 and "unknown runtime 'vlm'" in r.output and "vllm" in r.output, r.output
+    r = runner.invoke(app, [*base, "--slo", "ttft_p90_ms=100,ttft_p90_ms=5000"])
+    assert r.exit_code == 2 and "given twice" in r.output, r.output
+
+
+def test_a_gpu_name_ending_in_x_takes_its_count_without_a_second_x():
+    from aisim.catalog import resolve_device
+
+    assert (resolve_device("mi300x8").gpu.name, resolve_device("mi300x8").count) == ("mi300x", 8)
+    assert resolve_device("mi300x").count == 1 and resolve_device("h100x8").gpu.name == "h100-sxm"

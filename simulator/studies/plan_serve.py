@@ -24,10 +24,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..catalog import HOST_SWITCH_GPUS, gpus_device, node_system, resolve_gpu, resolve_model
-from ..errors import AisimError, DoesNotFit
+from ..errors import AisimError, DoesNotFit, UnknownNameError
 from ..graph.engine import moe_routing
 from ..plan import check_tp
 from ..scenario import Scenario, ScenarioRequest, calibration_note, resolve_scenario, serving_notes
@@ -76,8 +76,8 @@ class PlanServeRequest(BaseModel):
     slo: dict[str, float] = Field(default_factory=dict)
     max_gpus: int = Field(8, ge=1, le=100_000)
     max_num_seqs: list[int | None] = Field(default_factory=lambda: [None, 64, 16])
-    tp: list[int] = Field(default_factory=lambda: [1, 2, 4, 8], min_length=1,
-                          description="tensor-parallel degrees of a replica to search")
+    tp: list[int] = Field(None, min_length=1, description="tensor-parallel degrees of a replica to search "
+                                 "(default: 1, 2, 4, 8 and each power of two up to max_gpus)")
     enable_expert_parallel: bool = Field(False, description="MoE: experts spread over each replica's tp GPUs (vLLM "
                                          "--enable-expert-parallel), not every expert split over them")
     power_limit_w: float | None = Field(None, gt=0, description="board power limit of every GPU (W)")
@@ -97,6 +97,15 @@ class PlanServeRequest(BaseModel):
         if any(t < 1 for t in tp):
             raise ValueError("tensor-parallel degrees are positive integers, e.g. 1,2,4")
         return sorted(set(tp))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_tp(cls, data):
+        if isinstance(data, dict) and data.get("tp") is None:   # a node's degrees, and whole nodes where
+            gpus = data.get("max_gpus", 8)                        # --max-gpus reaches past one (h100 x 16)
+            extra = [2 ** i for i in range(4, 20) if isinstance(gpus, int) and 2 ** i <= gpus]
+            data = {**data, "tp": [1, 2, 4, 8] + extra}
+        return data
 
     @field_validator("slo")
     @classmethod
@@ -171,6 +180,8 @@ def parse_slo(text: str) -> dict[str, float]:
         pct = re.match(r"^p(\d+(?:\.\d+)?)_", key)
         if pct and not 0 < float(pct.group(1)) < 100:
             raise AisimError(f"--slo {part!r}: a percentile between 0 and 100 (exclusive), e.g. p90 or p99.9")
+        if key in out:
+            raise AisimError(f"--slo {part!r}: {key} is given twice; give each limit once")
         try:
             out[key] = float(value)
         except ValueError:
@@ -239,7 +250,10 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
     for device in _devices(req.devices):
         for runtime in dict.fromkeys(req.runtimes):
             if runtime not in all_runtimes() or all_runtimes()[runtime].serving is None:
-                raise AisimError(f"runtime {runtime!r} has no serving profile (aisim list runtimes)")
+                serving = sorted(k for k, v in all_runtimes().items() if v.serving is not None)
+                if runtime not in all_runtimes():
+                    raise UnknownNameError("runtime", runtime, serving, f"Serving runtimes: {', '.join(serving)}.")
+                raise AisimError(f"runtime {runtime!r} has no serving profile: give one of {', '.join(serving)}")
             reason = _search_device(req, device, runtime, percentiles, search, found, notes, progress, moe)
             if reason:
                 infeasible[f"{device}/{runtime}"] = reason

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from ...errors import AisimError
+from ...errors import AisimError, DoesNotFit
 from ...scenario import ScenarioRequest, build_request, resolve_scenario
 from ...workload import ParallelPlan
 from . import ServeRequest, ServeResult, validated
@@ -80,12 +80,42 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
                          f"{dtype!r})")
     base = build_request(ScenarioRequest, model=model, device=device, dtype=dtype, tp=tp, pp=pp, ep=ep, quant=quant,
                          kv_dtype=kv_dtype, runtime=runtime, calibration=calibration)
-    sc = resolve_scenario(base.model_copy(update={"tp": tp or 1}), "prefill")
+    first = resolve_scenario(base.model_copy(update={"tp": tp or 1}), "prefill")
+    # no --tp on a device of several GPUs: the smallest power-of-two degree a replica fits at (as one sets vLLM's
+    # --tensor-parallel-size), the other GPUs replicas; one GPU, or --tp / --replicas given: as asked
+    tries = [tp or 1] if tp is not None or replicas is not None or first.device.count == 1 else \
+        [2 ** i for i in range(0, 17) if 2 ** i * pp <= first.device.count and first.device.count % (2 ** i * pp) == 0]
+    for i, t in enumerate(tries):
+        try:
+            report, run, notes = _run_at_tp(base, t, replicas, model=model, num_requests=num_requests,
+                                            input_len=input_len, output_len=output_len, rate=rate, arrival=arrival,
+                                            seed=seed, trace=trace, router=router, percentiles=percentiles,
+                                            knobs=knobs, progress=progress, ignored=ignored, goodput=goodput,
+                                            max_concurrency=max_concurrency)
+        except DoesNotFit as exc:
+            if i == 0:
+                refusal = exc
+            if i == len(tries) - 1:
+                raise refusal from None
+            continue
+        if i > 0:
+            notes = [f"--tp not given: tp {t}, the smallest tensor-parallel degree a replica of {report.model} fits "
+                     f"at on {report.device} (at tp 1 {refusal.detail})", *notes]
+            report = report.model_copy(update={"assumptions": notes})
+        return report, run, notes
+    raise AssertionError("unreachable")
+
+
+def _run_at_tp(base, tp, replicas, *, model, num_requests, input_len, output_len, rate, arrival, seed, trace,
+               router, percentiles, knobs, progress, ignored, goodput, max_concurrency):
+    sc = resolve_scenario(base.model_copy(update={"tp": tp}), "prefill")
     given = replicas is not None
     replicas = replicas if given else sc.plan.dp
     if not 1 <= replicas <= 4096:
-        raise AisimError("--replicas must be between 1 and 4096" + (
-            f" (got {replicas}); leave it out for GPUs / (tp x pp)" if given else ""))
+        raise AisimError(f"--replicas must be between 1 and 4096 (got {replicas}); leave it out for GPUs / (tp x pp)"
+                         if given else f"{sc.device.name} holds {replicas} replicas of tp {sc.plan.tp} x pp "
+                         f"{sc.plan.pp}, more than the 4096 aisim serve simulates: give --replicas N (the other GPUs "
+                         "idle) or a device with fewer GPUs")
     per_replica = sc.plan.tp * sc.plan.pp
     if replicas * per_replica > sc.device.count:
         raise AisimError(f"--replicas {replicas} x tp {sc.plan.tp} x pp {sc.plan.pp} needs "

@@ -279,7 +279,8 @@ def _peaks(table: RequestTable, times_s: np.ndarray) -> dict:
         return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
     start = float(table.arrival_s[ok].min())
     buckets = np.floor(times_s - start).astype(np.int64) if len(times_s) else np.zeros(0, dtype=np.int64)
-    per_s = np.bincount(buckets[buckets >= 0]) if len(buckets) else np.zeros(1)
+    # the occupied buckets only: a long idle gap (a low rate, a trace's late arrival) makes no array of empty seconds
+    per_s = np.unique(buckets[buckets >= 0], return_counts=True)[1] if len(buckets) else np.zeros(1)
     events = np.concatenate([np.stack([table.arrival_s[ok], np.ones(ok.sum())], 1),
                              np.stack([table.finish_s[ok], -np.ones(ok.sum())], 1)])
     order = np.lexsort((events[:, 1], events[:, 0]))

@@ -27,7 +27,7 @@ import numpy as np
 
 from aisim.errors import AisimError
 
-MAX_REQUESTS = 10_000_000
+MAX_REQUESTS = 1_000_000   # about 3 minutes of simulation on one core (100,000: 16 s)
 MAX_TOKENS = 10_000_000  # per request and direction: beyond any context window built so far
 TRACE_COLUMNS = ("arrival_s", "input_tokens", "output_tokens")
 
