@@ -259,21 +259,51 @@ def _train(req: EstimateRequest, scenario_fields: dict) -> Estimate:
     train_req = TrainRequest(batch=req.batch, seq=req.seq, plan=plan, token_budget=req.token_budget)
     result = None
     if sharding is None and req.tp is None and req.pp == 1 and req.dp is None:
-        # plain DDP with no plan given: data parallel first where a replica's step fits (a model that fits one GPU
-        # trains as torchrun / Lightning run it, every GPU a replica); else tensor parallel first (Megatron)
-        ddp = resolve_scenario(ScenarioRequest.model_construct(**fields), "train", req.batch,
-                               "DDP: data parallel first, each replica's step fits one GPU")
-        if ddp.plan.tp > 1 or ddp.plan.gpus == 1:
-            result = None
-        else:
-            _runtime_trains(ddp)
-            result = train_estimate(ddp, train_req)
-            result = result if result.fits else None
+        result = _ddp_first(fields, req.batch, train_req)
     if result is None:
         sc = resolve_scenario(ScenarioRequest.model_construct(**fields), "train", req.batch, sharding)
         _runtime_trains(sc)
         result = train_estimate(sc, train_req)
     return result if req.top_ops is None else result.model_copy(update={"top_ops": result.top_ops[:req.top_ops]})
+
+
+def _ddp_first(fields: dict, batch: int, train_req) -> Estimate | None:
+    """Plain DDP with no plan given: the fastest split of one node's GPUs into tensor parallel x data parallel whose
+    replicas fit (tp 1: every GPU a DDP replica, as torchrun / Lightning train a model that fits one GPU; a larger
+    tp where the replicas' gradient all-reduce or memory costs more than the tensor-parallel collectives), each
+    costed; None where none fits or none applies (the caller's default: the most tensor parallelism a node takes, as
+    Megatron)."""
+    from . import catalog
+    from .errors import AisimError
+    from .studies.train import train_estimate
+
+    first = resolve_scenario(ScenarioRequest.model_construct(**fields), "train", batch,
+                             "DDP: data parallel first, each replica's step fits one GPU")
+    if first.plan.tp > 1 or first.plan.gpus == 1:
+        return None
+    _runtime_trains(first)
+    node = catalog.node_gpus(first.device)
+    costed = {}
+    for tp in (t for t in (1, 2, 4, 8, 16) if t <= node and node % t == 0):
+        try:
+            sc = first if tp == 1 else resolve_scenario(ScenarioRequest.model_construct(**{**fields, "tp": tp}),
+                                                        "train", batch)
+            result = train_estimate(sc, train_req)
+        except AisimError:      # a degree the model's dims or the batch refuse, or micro-batching at this dp
+            continue
+        if result.fits:
+            costed[tp] = (sc, result)
+    if not costed:
+        return None
+    tp = min(costed, key=lambda t: costed[t][1].runtime_ms)
+    sc, result = costed[tp]
+    if len(costed) == 1 and tp == 1:
+        return result
+    times = ", ".join(f"tp {t} x dp {s.plan.dp}: {r.runtime_ms:,.1f} ms" for t, (s, r) in costed.items())
+    return result.model_copy(update={"assumptions": [
+        f"default plan: tensor parallel {tp} x data parallel {sc.plan.dp}, the fastest split of a node's GPUs whose "
+        f"DDP replicas fit ({times}; --tp sets one)",
+        *(a for a in result.assumptions if not a.startswith(("--dp not given", "default plan for")))]})
 
 
 def _runtime_trains(sc) -> None:

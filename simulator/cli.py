@@ -94,7 +94,8 @@ def estimate(
     tp: Optional[int] = typer.Option(None, help="tensor parallel degree (default: the most GPUs of one node "
                                      "that divide the model's heads and widths, the rest data parallel; "
                                      "across nodes or past the KV heads (vllm) only where nothing else takes the "
-                                     "batch; training with --zero 1-3 or --fsdp: data parallel first)"),
+                                     "batch; training with --zero 1-3 or --fsdp: data parallel first; plain DDP "
+                                     "training: the fastest split of a node whose replicas fit, each costed)"),
     pp: int = typer.Option(1, help="pipeline parallel degree"),
     dp: Optional[int] = typer.Option(None, help="data parallel degree (default: GPUs / (tp x pp))"),
     tp_scope: str = typer.Option("all", help="all (attention+MLP; + the vocabulary under vllm and in training, as "

@@ -276,7 +276,8 @@ def print_plan(result) -> None:
     for c in result.cheapest_per_device.values():
         table.add_row(c.device, c.runtime, f"{c.tp} x {c.replicas}", str(c.max_num_seqs), str(c.gpus),
                       _fmt(_metric(c.metrics, ttft)), _fmt(_metric(c.metrics, tpot)),
-                      *(_fmt(_metric(c.metrics, k)) for k in extra), _fmt(c.output_tokens_per_s_per_gpu, 1), _fmt(c.max_output_tokens_per_s_per_gpu, 1),
+                      *(_fmt(_metric(c.metrics, k)) for k in extra),
+                      _fmt(c.output_tokens_per_s_per_gpu, 1), _fmt(c.max_output_tokens_per_s_per_gpu, 1),
                       _fmt(c.usd_per_hour),
                       _fmt(c.usd_per_million_output_tokens, 3), _fmt(c.joules_per_output_token, 3),
                       _fmt(c.kwh_per_day, 1))

@@ -547,8 +547,9 @@ def _precision_notes(dev: Device, dtype: str, quant: str, plan: ParallelPlan, co
                    f"{dtype} rate")
     elif quant != "none":
         out.append(f"--quant {quant}: linear weights read at {quant} width (weight-only; the LM head 16-bit); each "
-                   "GEMM priced at the 16-bit kernel's efficiency on the fewer bytes, never above the best large "
-                   "copy's bandwidth, its dequantization taken as free: an upper bound for Marlin/AWQ-class kernels")
+                   "GEMM priced at the 16-bit kernel's efficiency on the fewer bytes, never above the bandwidth the "
+                   "largest copies and adds reach, its dequantization taken as free: an upper bound for Marlin/"
+                   "AWQ-class kernels")
     if experts and dtype == "fp16" and runtime in HF_RUNTIMES:
         out.append("MoE in fp16: transformers' grouped_mm experts take bf16 only (torch._grouped_mm), so an HF run "
                    "needs --dtype bf16; the expert GEMMs are costed in fp16 as serving engines' fused MoE kernels "

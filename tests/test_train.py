@@ -289,9 +289,10 @@ def test_zero_without_data_parallel_ranks_says_it_changes_nothing():
 
 def test_a_sharded_training_plan_defaults_to_data_parallel():
     """ZeRO / FSDP shard over the data-parallel ranks: with no --tp the default plan is data parallel over as many
-    GPUs as divide the batch (it was tensor parallel 8, where ZeRO changed nothing). Plain DDP: data parallel first
-    where a replica's whole step fits one GPU (bf16-true Llama-3-8B: 80.3 of 82.6 GB), else tensor parallel first
-    (bf16-mixed: fp32 weights, gradients and DDP's buckets, 160 GB a replica)."""
+    GPUs as divide the batch (it was tensor parallel 8, where ZeRO changed nothing). Plain DDP: the fastest split of a
+    node into tensor x data parallel whose replicas fit, each costed (bf16-true Llama-3-8B at batch 8 x 512: tp 1 x dp 8
+    fits, 80.3 of 82.6 GB, but its 16 GB gradient all-reduce makes it the slowest; bf16-mixed: tp 1 does not fit,
+    fp32 weights, gradients and DDP's buckets being 160 GB a replica); GPT-2, small: every GPU a DDP replica."""
     from aisim.api import estimate
     from aisim.workload import TrainPlan
 
@@ -302,11 +303,17 @@ def test_a_sharded_training_plan_defaults_to_data_parallel():
     fsdp = estimate("Meta-Llama-3-8B", "h100x8", batch=4, train=TrainPlan(precision="bf16-true", fsdp="full"), **kw)
     assert (fsdp.plan.tp, fsdp.plan.dp) == (2, 4)
     ddp = estimate("Meta-Llama-3-8B", "h100x8", batch=8, train=TrainPlan(precision="bf16-true"), **kw)
-    assert (ddp.plan.tp, ddp.plan.dp) == (1, 8) and ddp.fits and any("DDP: data parallel first" in a
-                                                                      for a in ddp.assumptions)
+    note = next(a for a in ddp.assumptions if a.startswith("default plan: tensor parallel"))
+    assert (ddp.plan.tp, ddp.plan.dp) == (4, 2) and ddp.fits and "tp 1 x dp 8" in note and "tp 8 x dp 1" in note
+    times = {t: estimate("Meta-Llama-3-8B", "h100x8", batch=8, train=TrainPlan(precision="bf16-true"), tp=t,
+                         **kw).runtime_ms for t in (1, 8)}
+    assert ddp.runtime_ms < min(times.values()) and ddp.runtime_ms == pytest.approx(float(note.split(
+        "tp 4 x dp 2: ")[1].split(" ms")[0].replace(",", "")), rel=1e-3)
     assert zero3.memory.total_gb < ddp.memory.total_gb
     mixed = estimate("Meta-Llama-3-8B", "h100x8", batch=8, train=TrainPlan(precision="bf16-mixed"), **kw)
-    assert (mixed.plan.tp, mixed.plan.dp) == (8, 1) and mixed.fits
+    assert mixed.fits and "tp 1 x dp 8" not in next(a for a in mixed.assumptions if a.startswith("default plan:"))
+    small = estimate("gpt2", "h100x8", batch=64, train=TrainPlan(precision="bf16-mixed"), **kw)
+    assert (small.plan.tp, small.plan.dp) == (1, 8)
     assert not estimate("Meta-Llama-3-8B", "h100x8", batch=8, train=TrainPlan(precision="bf16-mixed"), tp=1,
                         **kw).fits
 

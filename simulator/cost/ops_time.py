@@ -161,8 +161,8 @@ def op_time(op: Op, cost: Cost, device: Device, cal: CalibrationSpec, workload_d
         kernel_s += baddbmm_copy_s(op, cal, gpu)
     if aten_kernels and op.attrs.get("strided_inputs") and op.outputs:   # PyTorch cat's strided kernel
         kernel_s = max(kernel_s, efficiency.strided_cat_s(cal, gpu, op.outputs[0].numel))
-    if graph_credit_s:   # never faster than the best large copy streams (the memory curve's plateau)
-        stream_s = memory_s / max(max(cal.memory_efficiency.efficiency), 1e-9) if cal.memory_efficiency else 0.0
+    if graph_credit_s:   # never faster than the largest copies and adds stream (stream_bandwidth_fraction)
+        stream_s = memory_s / cal.stream_bandwidth_fraction if cal.stream_bandwidth_fraction else 0.0
         kernel_s = max(kernel_s - graph_credit_s, roofline_s, stream_s, cal.launch_overhead_s)
     kernel_s += replay_gap_s
     launch_s = max(cost.launches - 1, 0) * (cal.launch_overhead_s + replay_gap_s)

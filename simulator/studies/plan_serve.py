@@ -247,13 +247,14 @@ def plan_serve(req: PlanServeRequest, progress: Callable[[str], None] | None = N
                   "--price where they have none): " + ", ".join(others))
     _check_request(req, config, model, percentiles, notes)
     notes.update(price_notes({g.name: g for g in map(resolve_gpu, _devices(req.devices))}, req.prices))
+    serving = sorted(k for k, v in all_runtimes().items() if v.serving is not None)
+    for runtime in dict.fromkeys(req.runtimes):     # every name checked before any search
+        if runtime not in all_runtimes():
+            raise UnknownNameError("runtime", runtime, serving, f"Serving runtimes: {', '.join(serving)}.")
+        if runtime not in serving:
+            raise AisimError(f"runtime {runtime!r} has no serving profile: give one of {', '.join(serving)}")
     for device in _devices(req.devices):
         for runtime in dict.fromkeys(req.runtimes):
-            if runtime not in all_runtimes() or all_runtimes()[runtime].serving is None:
-                serving = sorted(k for k, v in all_runtimes().items() if v.serving is not None)
-                if runtime not in all_runtimes():
-                    raise UnknownNameError("runtime", runtime, serving, f"Serving runtimes: {', '.join(serving)}.")
-                raise AisimError(f"runtime {runtime!r} has no serving profile: give one of {', '.join(serving)}")
             reason = _search_device(req, device, runtime, percentiles, search, found, notes, progress, moe)
             if reason:
                 infeasible[f"{device}/{runtime}"] = reason

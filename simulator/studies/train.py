@@ -172,8 +172,8 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
              + memory.workspace_gb)
     if parts > memory.total_gb * 1.01:
         notes.append(f"memory: each part is shown at its own largest; they add to {parts:.2f} GB, the peak is "
-                     f"{memory.total_gb:.2f} GB (activations peak at the forward's end, before this micro-batch's "
-                     "gradients exist; the gradients grow as the backward frees activations)")
+                     f"{memory.total_gb:.2f} GB (the parts peak at different moments of the step: activations "
+                     "at the forward's end, gradients late in the backward as it frees activations)")
     tokens = req.batch * req.seq
     reason = not_fit_reason(memory, sc.device.gpu.name, train_not_fit_hint(plan.stage, plan.recompute, b, plan.fsdp))
     rows = [r.model_copy(update={"count": round(r.count * m), "flops": r.flops * m, "bytes": r.bytes * m,
@@ -193,8 +193,9 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     comm = dp_comm(sc, graph, plan, m, t_mb * (1 - bwd_frac), t_mb * bwd_frac, w.autocast, groups)
     p2p_s = pipeline_p2p(sc, b, req.seq, compute_b, plan) if par.pp > 1 else 0.0
     step_s = compute_s + comm.exposed_s + opt.time_s + p2p_s
-    # tensor-parallel collectives run inside the micro-batches' compute (their time is in compute_ms)
-    tp_comm_ms = sum(r.time_ms for r in rows if r.name.startswith("nccl."))
+    # the traced collectives (tensor parallel, expert parallel all-to-all) run inside the micro-batches' compute:
+    # their time is part of compute_ms, shown beside it (phases do not add up past it)
+    traced_comm_ms = sum(r.time_ms for r in rows if r.name.startswith("nccl."))
     rows += comm.rows + opt.rows
     rows = sorted((r.model_copy(update={"share": r.time_ms / (step_s * MS_PER_S)}) for r in rows),
                   key=lambda r: -r.time_ms)
@@ -207,7 +208,7 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     idle_w = waiting_power_w(sc.device.gpu, sc.calibration)
     busy_j = mb.energy_j - idle_w * (par.pp - 1) * t_mb * gpus   # the stages ran one after another in mb
     energy_j = m * busy_j + idle_w * gpus * max(step_s - m * t_mb, 0.0)
-    phases = {"compute_ms": m * t_mb * MS_PER_S, "tp_comm_in_compute_ms": tp_comm_ms,
+    phases = {"compute_ms": m * t_mb * MS_PER_S, "collectives_in_compute_ms": traced_comm_ms,
               "bubble_ms": (compute_s - m * t_mb) * MS_PER_S,
               "exposed_comm_ms": (comm.exposed_s + p2p_s) * MS_PER_S, "comm_total_ms": comm.total_s * MS_PER_S,
               "optimizer_ms": opt.time_s * MS_PER_S}

@@ -85,6 +85,7 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
     # --tensor-parallel-size), the other GPUs replicas; one GPU, or --tp / --replicas given: as asked
     tries = [tp or 1] if tp is not None or replicas is not None or first.device.count == 1 else \
         [2 ** i for i in range(0, 17) if 2 ** i * pp <= first.device.count and first.device.count % (2 ** i * pp) == 0]
+    refusal, tried = None, []
     for i, t in enumerate(tries):
         try:
             report, run, notes = _run_at_tp(base, t, replicas, model=model, num_requests=num_requests,
@@ -93,17 +94,24 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
                                             knobs=knobs, progress=progress, ignored=ignored, goodput=goodput,
                                             max_concurrency=max_concurrency)
         except DoesNotFit as exc:
-            if i == 0:
-                refusal = exc
-            if i == len(tries) - 1:
-                raise refusal from None
+            refusal = refusal or exc
+            tried.append(t)
             continue
-        if i > 0:
-            notes = [f"--tp not given: tp {t}, the smallest tensor-parallel degree a replica of {report.model} fits "
-                     f"at on {report.device} (at tp 1 {refusal.detail})", *notes]
-            report = report.model_copy(update={"assumptions": notes})
-        return report, run, notes
-    raise AssertionError("unreachable")
+        except AisimError:
+            if i == 0:
+                raise
+            continue            # a degree the model's heads do not divide: the next one
+        break
+    else:
+        if len(tried) > 1:      # every degree searched: say so, not "e.g. --tp N" for one already tried
+            raise refusal.advise(f"no tensor-parallel degree of {first.device.name}'s GPUs fits "
+                                 f"(tp {', '.join(map(str, tried))} tried): a smaller --quant or a larger GPU")
+        raise refusal
+    if refusal is not None:     # tp 1 did not fit: the degree taken and why
+        notes = [f"--tp not given: tp {t}, the smallest tensor-parallel degree a replica of {report.model} fits at "
+                 f"on {report.device} (at tp 1 {refusal.detail})", *notes]
+        report = report.model_copy(update={"assumptions": notes})
+    return report, run, notes
 
 
 def _run_at_tp(base, tp, replicas, *, model, num_requests, input_len, output_len, rate, arrival, seed, trace,
