@@ -338,8 +338,8 @@ def default_precision(dtype: str, model) -> str:
 
 def train_estimate(sc: Scenario, req: TrainRequest):
     """The training step as an aisim.results.Estimate (what ``aisim estimate --workload train`` prints): runtime =
-    one optimizer step, phases = compute / bubble / exposed communication / optimizer, the DP collectives as op
-    rows, MFU and time to train among the notes."""
+    one optimizer step, phases = compute (of it, the traced collectives) / bubble / exposed communication /
+    optimizer, the DP collectives as op rows, MFU and time to train among the notes and in ``training``."""
     from ..results import Estimate, TrainFigures
     from ..workload import Workload
 

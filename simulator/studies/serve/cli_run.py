@@ -87,6 +87,11 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
         [2 ** i for i in range(0, 17) if 2 ** i * pp <= first.device.count and first.device.count % (2 ** i * pp) == 0]
     refusal, tried = None, []
     for i, t in enumerate(tries):
+        if i > 0:
+            try:                # a degree the model's heads do not divide (or KV heads replicate past): the next
+                resolve_scenario(base.model_copy(update={"tp": t}), "prefill")
+            except AisimError:
+                continue
         try:
             report, run, notes = _run_at_tp(base, t, replicas, model=model, num_requests=num_requests,
                                             input_len=input_len, output_len=output_len, rate=rate, arrival=arrival,
@@ -97,10 +102,6 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
             refusal = refusal or exc
             tried.append(t)
             continue
-        except AisimError:
-            if i == 0:
-                raise
-            continue            # a degree the model's heads do not divide: the next one
         break
     else:
         if len(tried) > 1:      # every degree searched: say so, not "e.g. --tp N" for one already tried
