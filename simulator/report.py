@@ -119,7 +119,9 @@ def print_list(what: str) -> None:
             table.add_column(col)
         for key, g in specs.all_hardware().items():
             try:
-                calibrated = "yes" if specs.load_calibration(g.name).measured else "no (default rules)"
+                own = specs.calibration_path(g.name) is not None
+                calibrated = ("yes" if specs.load_calibration(g.name).measured else
+                              "no (its own rules file)" if own else "no (default rules)")
             except specs.SpecFileError as exc:  # one broken file must not break the listing
                 console.print(f"[yellow]warning:[/] {exc}", soft_wrap=True)
                 calibrated = "calibration file broken"

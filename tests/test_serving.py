@@ -66,3 +66,17 @@ def test_full_vocabulary_prompt_logits_are_not_reported_as_kv_cache():
         e = estimate("Meta-Llama-3-8B", f"l4x{tp}", workload="prefill", batch=64, seq=2048, dtype="fp16",
                      runtime="tgi-2023", tp=tp)
         assert abs(e.memory.kv_cache_gb - kv_gb) < 0.05 and e.memory.activations_gb > 30
+
+
+def test_a_vllm_prefill_that_does_not_fit_in_one_forward_says_the_engine_chunks_it():
+    """New-user test: under vllm, estimate's generate of 64 x 4096 tokens on h100x4 was 'does not fit' (one
+    forward's activations) with no word that vLLM chunks prefills at max_num_batched_tokens, as `aisim serve` runs."""
+    import aisim
+
+    e = aisim.estimate("Meta-Llama-3-70B", "h100x4", workload="generate", batch=64, seq=4096, gen=8, dtype="bf16",
+                       runtime="vllm")
+    assert not e.fits and "chunks prefills at max_num_batched_tokens, 8,192" in e.not_fit_reason
+    assert "aisim serve" in e.not_fit_reason
+    small = aisim.estimate("Meta-Llama-3-70B", "h100", workload="generate", batch=1, seq=1024, gen=8, dtype="bf16",
+                           runtime="vllm")
+    assert not small.fits and "chunks prefills" not in small.not_fit_reason

@@ -209,3 +209,15 @@ def test_whisper_reference_comparison():
     summary = out["summary"]
     assert summary and all(isinstance(r["n"], int) and isinstance(r["mape_pct"], float) for r in summary)
     assert {"backend", "metric", "n", "mape_pct", "max_abs_error_pct"} <= set(summary[0])
+
+
+def test_whisper_generate_is_bounded_by_the_decoders_positions_and_forward_train_are_refused():
+    """New-user test: generate --seq 448 --gen 1000 ran past whisper's 448 decoder positions; forward and train
+    failed inside the model's code; generate's time to first token leaves out the encoder, now said."""
+    with pytest.raises(AisimError, match="448 \\+ 1000 generated exceeds the decoder's 448 positions"):
+        aisim.estimate("whisper-tiny", "h100", workload="generate", seq=448, gen=1000)
+    for workload in ("forward", "train"):
+        with pytest.raises(AisimError, match="encoder-decoder"):
+            aisim.estimate("whisper-tiny", "h100", workload=workload, batch=2, seq=16)
+    e = aisim.estimate("whisper-tiny", "h100", workload="generate", seq=4, gen=16)
+    assert any("encoder's pass" in a for a in e.assumptions)

@@ -32,6 +32,17 @@ def reserve_text(mem: MemoryBreakdown) -> str:
                                                 if mem.nccl_reserved_gb else "")
 
 
+def chunked_prefill_hint(sc: Scenario, prompt_tokens: int) -> str:
+    """Under an engine that chunks prefills: a sentence saying this step prices the whole batch's prompts in one
+    forward, where the engine would not ('' otherwise)."""
+    s = sc.runtime.serving
+    if s is None or not s.enable_chunked_prefill or prompt_tokens <= s.max_num_batched_tokens:
+        return ""
+    return (f" (this step runs all {prompt_tokens:,} prompt tokens in one forward; {sc.runtime.name} chunks prefills "
+            f"at max_num_batched_tokens, {s.max_num_batched_tokens:,} by default, so a server holds far fewer "
+            "activations: `aisim serve` simulates that schedule)")
+
+
 def not_fit_reason(mem: MemoryBreakdown, gpu_name: str, hint: str = NOT_FIT_HINT) -> str | None:
     if mem.total_gb <= mem.usable_gb:
         return None
@@ -162,6 +173,8 @@ def estimate_from(sc: Scenario, w: Workload, cost: StepCost, memory: MemoryBreak
     """The Estimate of a workload whose total cost is ``cost`` (times, energy, work) and peak memory ``memory``.
     A configuration that does not fit gets no times (it would not run) and says why with the numbers."""
     reason = not_fit_reason(memory, sc.device.gpu.name) or engine_memory_reason(sc, w)
+    if reason and reason.startswith("does not fit") and w.phase in ("prefill", "generate"):
+        reason += chunked_prefill_hint(sc, w.batch * w.seq)
     ok = reason is None
     tokens = step_tokens(w) if tokens is None else tokens
     runtime_s = cost.runtime_s

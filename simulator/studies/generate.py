@@ -49,7 +49,13 @@ def generate(sc: Scenario, batch: int, seq: int, gen_tokens: int, static_cache_l
     table = sorted(phase_rows("prefill", prefill.table, runtime_s) + phase_rows("decode", decode.table, runtime_s),
                    key=lambda r: -r.time_ms)
     tpot_s = decode.runtime_s / steps if steps else 0.0   # one token: no decode step (vLLM's TPOT is 0 then)
-    return estimate_from(sc, w, total, memory, table=table, ttft_ms=prefill.runtime_s * MS_PER_S,
-                         tpot_ms=tpot_s * MS_PER_S,
-                         phases={"prefill_ms": prefill.runtime_s * MS_PER_S,
-                                 "decode_total_ms": decode.runtime_s * MS_PER_S})
+    est = estimate_from(sc, w, total, memory, table=table, ttft_ms=prefill.runtime_s * MS_PER_S,
+                        tpot_ms=tpot_s * MS_PER_S,
+                        phases={"prefill_ms": prefill.runtime_s * MS_PER_S,
+                                "decode_total_ms": decode.runtime_s * MS_PER_S})
+    if sc.config.get("is_encoder_decoder"):
+        est = est.model_copy(update={"assumptions": [*est.assumptions, (
+            "generate is the decoder's prompt and new tokens only: the encoder's pass over the 30 s window "
+            "(--workload encode) is not in the runtime or the time to first token; --workload transcribe prices a "
+            "whole recording")]})
+    return est

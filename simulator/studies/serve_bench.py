@@ -25,7 +25,7 @@ from ..errors import AisimError
 from ..scenario import Scenario, ScenarioRequest, resolve_scenario
 from ..step import step_cost
 from ..workload import MAX_BATCH, MAX_TOKENS, StepShape
-from .common import not_fit_reason
+from .common import chunked_prefill_hint, not_fit_reason
 from .generate import decode_steps
 from .single import check_positions
 
@@ -83,10 +83,10 @@ def _row(sc: Scenario, batch: int, req: ServeBenchRequest) -> ServeRow:
         return ServeRow(batch=batch, fits=False, memory_gb=memory,
                         not_fit_reason=f"batch x (seq + decode) = {tokens} tokens > max_batch_total_tokens "
                                        f"{req.max_batch_total_tokens}")
-    for mem in (prefill.memory, decode.memory):
+    for mem, hint in ((prefill.memory, chunked_prefill_hint(sc, batch * req.seq)), (decode.memory, "")):
         reason = not_fit_reason(mem, sc.device.gpu.name, SERVE_BENCH_NOT_FIT_HINT)
         if reason:
-            return ServeRow(batch=batch, fits=False, memory_gb=memory, not_fit_reason=reason)
+            return ServeRow(batch=batch, fits=False, memory_gb=memory, not_fit_reason=reason + hint)
     step_ms = decode.runtime_s / steps * 1e3
     prefill_ms = prefill.runtime_s * 1e3
     return ServeRow(batch=batch, fits=True, memory_gb=memory, prefill_ms=prefill_ms,

@@ -16,6 +16,9 @@ def check_shape(sc: Scenario, w: Workload) -> None:
     if w.phase == "encode" and not enc_dec:
         raise AisimError("--workload encode needs an encoder-decoder model (e.g. whisper-medium.en); this one is "
                          "decoder-only: use forward or prefill")
+    if enc_dec and w.phase in ("forward", "forward-backward", "train"):
+        raise AisimError(f"--workload {w.phase} is not modelled for an encoder-decoder model: use encode (one 30 s "
+                         "window), prefill / decode / generate (the decoder) or transcribe (a recording)")
     if w.phase == "transcribe":
         if w.batch != 1:
             raise AisimError("--workload transcribe estimates one recording: leave --batch at 1")
@@ -43,8 +46,11 @@ def check_positions(config: dict, w, learned_only: bool = False) -> None:
         return
     if config.get("is_encoder_decoder"):  # the decoder's table; encode takes a fixed 30 s window
         limit = config.get("max_target_positions")
-        if limit and w.phase in ("decode", "prefill", "generate") and w.seq > limit:
-            raise AisimError(f"seq {w.seq} exceeds the decoder's {limit} positions; give a shorter --seq")
+        length = w.seq + (w.gen_tokens if w.phase == "generate" else 0)
+        if limit and w.phase in ("decode", "prefill", "generate") and length > limit:
+            given = f"seq {w.seq}" + (f" + {w.gen_tokens} generated" if w.phase == "generate" else "")
+            raise AisimError(f"{given} exceeds the decoder's {limit} positions; give a shorter --seq"
+                             + (" or fewer generated tokens (--gen)" if w.phase == "generate" else ""))
         return
     limit = config.get("max_position_embeddings") or config.get("n_positions")
     length = w.seq + (w.gen_tokens if w.phase == "generate" else 0)

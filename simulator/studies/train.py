@@ -139,6 +139,9 @@ def train(sc: Scenario, req: TrainRequest) -> TrainResult:
     from ..cost.memory import TRAIN_STATE_BYTES, train_breakdown, with_runtime_reserve
 
     plan, par = req.plan, sc.plan
+    if sc.config.get("is_encoder_decoder"):
+        raise AisimError("a training step is not modelled for an encoder-decoder model: estimate its encode, "
+                         "prefill / decode / generate or transcribe workloads")
     b, m = micro_batching(req.batch, par.dp, plan)
     if plan.pp_schedule == "interleaved" and par.pp > 1:
         check_interleaved(sc.config, par.pp, plan.virtual_stages, m)
