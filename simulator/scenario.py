@@ -150,7 +150,10 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     if phase in TRAIN_PHASES and plan.tp > 1 and plan.tp_scope == "full":
         plan_notes.append(f"training tensor parallel {plan.tp}: the embedding and LM head vocab-parallel and the loss on "
                           "each rank's slice of the logits (Megatron's VocabParallelEmbedding, output layer and "
-                          "vocab-parallel cross entropy)")
+                          "vocab-parallel cross entropy); no sequence parallelism: the norms, residual adds and "
+                          "other elementwise ops run over the whole sequence on every rank, in HF's unfused kernels "
+                          "(Megatron's --sequence-parallel splits them tp ways and its fused kernels are fewer): "
+                          "read tensor-parallel training steps as an upper bound")
     notes = list(dev.assumptions) + [n for n in (catalog.defaults_note(config), *plan_notes, default_note, cal_note,
                                                  host_note, power_note, dtype_note, quant_note) if n]
     notes += _precision_notes(dev, dtype, quant, plan, config, rt, phase)

@@ -393,6 +393,9 @@ def test_training_tensor_parallel_is_vocab_parallel_as_megatron_runs_it():
     assert "nccl.all_gather" not in ops["two"] and "nccl.reduce_scatter" not in ops["two"]
     assert ops["two"]["aten._log_softmax"].bytes == pytest.approx(ops["one"]["aten._log_softmax"].bytes / 2)
     assert any("vocab-parallel cross entropy" in a for a in two.assumptions)
+    # a new-user test read TP plans' step times as Megatron's: the note says what is not modelled
+    assert any("no sequence parallelism" in a and "upper bound" in a for a in two.assumptions)
+    assert not any("no sequence parallelism" in a for a in one.assumptions)
     plan = TrainPlan(precision="bf16-mixed", micro_batch=1, recompute="full")
     llama = {s: estimate(model="Meta-Llama-3-8B", device="h100x8", workload="train", batch=8, seq=4096, tp=8,
                          tp_scope=s, train=plan, top_ops=None) for s in ("all", "layers")}
