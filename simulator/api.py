@@ -209,14 +209,15 @@ def _pipeline_note(sc) -> str | None:
 def _chunked_prefill_note(sc, req: EstimateRequest) -> str | None:
     """An engine with chunked prefill never runs a prompt step of more tokens than its max_num_batched_tokens:
     say so where the estimated step is larger (its time and activations are one step over every prompt token)."""
-    s = sc.runtime.serving
+    from .studies.common import chunked_prefill_budget
+
     tokens = req.batch * req.seq
-    if req.workload not in ("prefill", "forward", "generate") or s is None or not s.enable_chunked_prefill \
-            or tokens <= s.max_num_batched_tokens:
+    budget = chunked_prefill_budget(sc, tokens) if req.workload in ("prefill", "forward", "generate") else None
+    if budget is None:
         return None
-    return (f"{sc.runtime.name} prefills at most {s.max_num_batched_tokens:,} tokens per step (chunked prefill, "
+    return (f"{sc.runtime.name} prefills at most {budget:,} tokens per step (chunked prefill, "
             f"max_num_batched_tokens): this prompt of {tokens:,} tokens runs as "
-            f"{-(-tokens // s.max_num_batched_tokens)} steps, each holding that chunk's activations; the estimate "
+            f"{-(-tokens // budget)} steps, each holding that chunk's activations; the estimate "
             "is one step over every prompt token (`aisim serve --input-len N` runs the chunks)")
 
 

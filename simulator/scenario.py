@@ -122,11 +122,11 @@ def resolve_scenario(request: ScenarioRequest, phase: str = "forward", batch: in
     vocab_parallel = rt.vocab_parallel_head or phase in TRAIN_PHASES
     tp_scope = "full" if vocab_parallel and request.tp_scope == "all" else request.tp_scope
     check_ep_experts(config, request.ep)
+    host = catalog.node_gpus(dev)
     plan, plan_notes = choose_plan(config, dev.count, dev.name, batch, request.tp, request.pp, request.dp, tp_scope,
                                   rt.replicate_kv_heads, shard_states, gpu_name=dev.gpu.name,
-                                  node_gpus=catalog.node_gpus(dev), cross_node=catalog.spans_nodes(dev),
+                                  node_gpus=host, cross_node=catalog.spans_nodes(dev),
                                   pipeline_fallback=phase not in TRAIN_PHASES, ep=request.ep)
-    host = catalog.node_gpus(dev)
     if dev.system is None and dev.gpu.nvlink_kind == "switch" and plan.tp > host:
         raise AisimError(f"tensor parallel {plan.tp} on {dev.name}: one host joins at most {host} {dev.gpu.name} "
                          "GPUs and no multi-node system file of them prices the network between hosts; keep --tp "

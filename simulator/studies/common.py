@@ -32,14 +32,23 @@ def reserve_text(mem: MemoryBreakdown) -> str:
                                                 if mem.nccl_reserved_gb else "")
 
 
-def chunked_prefill_hint(sc: Scenario, prompt_tokens: int) -> str:
-    """Under an engine that chunks prefills: a sentence saying this step prices the whole batch's prompts in one
-    forward, where the engine would not ('' otherwise)."""
+def chunked_prefill_budget(sc: Scenario, prompt_tokens: int) -> int | None:
+    """The engine's max_num_batched_tokens where it chunks prefills and one step of ``prompt_tokens`` exceeds it
+    (the estimate prices them in one forward, the engine would not); else None."""
     s = sc.runtime.serving
     if s is None or not s.enable_chunked_prefill or prompt_tokens <= s.max_num_batched_tokens:
+        return None
+    return s.max_num_batched_tokens
+
+
+def chunked_prefill_hint(sc: Scenario, prompt_tokens: int) -> str:
+    """Under an engine that chunks prefills: a sentence for a refusal saying this step prices the whole batch's
+    prompts in one forward, where the engine would not ('' otherwise)."""
+    budget = chunked_prefill_budget(sc, prompt_tokens)
+    if budget is None:
         return ""
     return (f" (this step runs all {prompt_tokens:,} prompt tokens in one forward; {sc.runtime.name} chunks prefills "
-            f"at max_num_batched_tokens, {s.max_num_batched_tokens:,} by default, so a server holds far fewer "
+            f"at max_num_batched_tokens, {budget:,} by default, so a server holds far fewer "
             "activations: `aisim serve` simulates that schedule)")
 
 

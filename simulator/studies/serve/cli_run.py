@@ -86,14 +86,13 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
     tries = [tp or 1] if tp is not None or replicas is not None or first.device.count == 1 else \
         [2 ** i for i in range(0, 17) if 2 ** i * pp <= first.device.count and first.device.count % (2 ** i * pp) == 0]
     refusal, tried = None, []
-    for i, t in enumerate(tries):
-        if i > 0:
-            try:                # a degree the model's heads do not divide (or KV heads replicate past): the next
-                resolve_scenario(base.model_copy(update={"tp": t}), "prefill")
-            except AisimError:
-                continue
+    for i, t in enumerate(tries):   # tries[0] is the degree ``first`` resolved
+        try:                # a degree the model's heads do not divide (or KV heads replicate past): the next
+            sc = first if i == 0 else resolve_scenario(base.model_copy(update={"tp": t}), "prefill")
+        except AisimError:
+            continue
         try:
-            report, run, notes = _run_at_tp(base, t, replicas, model=model, num_requests=num_requests,
+            report, run, notes = _run_at_tp(sc, replicas, num_requests=num_requests,
                                             input_len=input_len, output_len=output_len, rate=rate, arrival=arrival,
                                             seed=seed, trace=trace, router=router, percentiles=percentiles,
                                             knobs=knobs, progress=progress, ignored=ignored, goodput=goodput,
@@ -115,9 +114,9 @@ def run_serve(*, model, device, dtype, tp, pp, quant, runtime, calibration, num_
     return report, run, notes
 
 
-def _run_at_tp(base, tp, replicas, *, model, num_requests, input_len, output_len, rate, arrival, seed, trace,
+def _run_at_tp(sc, replicas, *, num_requests, input_len, output_len, rate, arrival, seed, trace,
                router, percentiles, knobs, progress, ignored, goodput, max_concurrency):
-    sc = resolve_scenario(base.model_copy(update={"tp": tp}), "prefill")
+    """One serve run of the resolved scenario ``sc`` (its tp), its replicas on the device's other GPUs."""
     given = replicas is not None
     replicas = replicas if given else sc.plan.dp
     if not 1 <= replicas <= 4096:
